@@ -1,0 +1,45 @@
+"""The structure every Flint zoo model follows: embed, a stack of identical blocks, head.
+
+``flint.capture`` captures a :class:`StagedLM` part by part: ``embed``
+(tokens -> hidden), ONE block of ``layers`` (hidden -> hidden), and ``head``
+(hidden, labels -> loss). The stack is then the block body repeated
+``len(layers)`` times, so capture time and graph size do not grow with depth.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class StagedLM(nn.Module):
+    """A language model as ``head(layers[n-1](... layers[0](embed(tokens))), labels)``.
+
+    Subclasses set ``self.embed``, ``self.layers`` (an ``nn.ModuleList`` of
+    blocks with identical parameter shapes, each mapping a hidden-state tensor
+    to one of the same shape) and ``self.head`` (a module taking the hidden
+    state and the labels and returning the scalar loss).
+    """
+
+    embed: nn.Module
+    layers: nn.ModuleList
+    head: nn.Module
+
+    def forward(self, tokens: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        h = self.embed(tokens)
+        for layer in self.layers:
+            h = layer(h)
+        return self.head(h, labels)
+
+
+class CrossEntropyHead(nn.Module):
+    """Final norm, output projection to the vocabulary and the mean cross-entropy loss."""
+
+    def __init__(self, norm: nn.Module, dim: int, vocab_size: int, bias: bool = False) -> None:
+        super().__init__()
+        self.norm = norm
+        self.output = nn.Linear(dim, vocab_size, bias=bias)
+
+    def forward(self, h: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        logits = self.output(self.norm(h))
+        return nn.functional.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(0, 1))
