@@ -1,0 +1,430 @@
+"""Read any Chakra ET trace directory back into a :class:`flint.trace.Trace`.
+
+Accepted inputs:
+
+- Flint's own output (``writer.py``): a write -> read -> write round trip
+  gives byte-identical files.
+- ``chakra_converter PyTorch`` output of real runs: METADATA_NODEs, compute
+  nodes that are really collectives (named after c10d / gloo operators),
+  ``is_cpu_op`` true, inputs/outputs, send/recv without ``comm_src`` /
+  ``comm_dst`` / ``comm_tag``, possibly no ``GlobalMetadata`` record.
+- symbolic_tensor_graph-style traces: empty metadata version, compute nodes
+  without ``duration_micros``, ``is_cpu_op`` as int32.
+- Any integer attribute type (int32/int64/uint*/sint*/fixed*/bool) for the
+  attributes Flint understands.
+
+The result has *concrete* tables (group ids and peer ranks in the columns).
+Ranks whose files are byte-identical share one table object. Each table is a
+:class:`ReadNodeTable`: besides the columns it keeps what a rewrite needs
+verbatim (unknown attributes and node fields, ``is_cpu_op`` true) and the
+dependencies that name a node absent from the file (``dangling``), which
+:func:`flint.chakra.check_trace` reports. Proto3 cannot tell an absent
+``duration_micros`` from 0, so both read as NaN ("no duration").
+
+Rows keep file order when it is topological (every file Flint writes);
+otherwise they are put in a stable topological order, with nodes on cycles
+last in file order.
+
+Errors are :class:`TraceError`, naming the file, the node id and the problem.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from flint.chakra import wire
+from flint.chakra.groups import load_comm_groups
+from flint.chakra.wire import TraceError, WireError
+from flint.trace import NodeKind, NodeTable, RankProgram, Trace, _csr
+
+_RANK_FILE = re.compile(r"^(?P<prefix>.+)\.(?P<rank>\d+)\.et$")
+
+# Attributes Flint turns into columns (whatever their integer type).
+_CANONICAL = frozenset({"num_ops", "tensor_size", "comm_type", "comm_size", "comm_src", "comm_dst", "comm_tag", "pg_name", "is_cpu_op"})
+
+
+@dataclass(eq=False)
+class ReadNodeTable(NodeTable):
+    """A concrete :class:`NodeTable` read from one ET file, plus what the columns cannot hold."""
+
+    #: row -> raw protobuf bytes of unknown node fields and attributes, re-emitted verbatim.
+    extra_bytes: dict[int, bytes] = field(default_factory=dict)
+    #: rows whose ``is_cpu_op`` was true (kept in ``extra_bytes``).
+    cpu_op_rows: frozenset[int] = frozenset()
+    #: (node id, missing dependency id) for dependencies on nodes not in the file.
+    dangling: list[tuple[int, int]] = field(default_factory=list)
+    #: the file this table came from (first one, when ranks share it).
+    source: str = ""
+    #: the GlobalMetadata version, ``None`` when the file has no metadata record.
+    metadata_version: str | None = None
+
+
+@dataclass(frozen=True)
+class _Row:
+    node_id: int
+    name: str
+    kind: int
+    duration_us: float
+    flops: int
+    tensor_bytes: int
+    comm_type: int
+    comm_bytes: int
+    group: int
+    peer: int
+    tag: int
+    ctrl: tuple[int, ...]
+    data: tuple[int, ...]
+    extra: bytes
+    cpu_op: bool
+
+
+def _packed_or_single(buf, wt: int, value) -> list[int]:
+    if wt == 0:
+        return [value]
+    out = []
+    pos, end = value
+    while pos < end:
+        v, pos = wire.read_varint(buf, pos, end)
+        out.append(v)
+    return out
+
+
+def _parse_attr(buf, begin: int, end: int) -> tuple[str, object, bool]:
+    """-> (name, value, is_list)."""
+    name = ""
+    value = None
+    is_list = False
+    for f, wt, v, _, _ in wire.iter_fields(buf, begin, end):
+        if f == 1:
+            if wt != 2:
+                raise WireError("attribute name is not a string")
+            name = bytes(buf[v[0] : v[1]]).decode("utf-8", errors="replace")
+        elif f == 2:
+            continue
+        elif f % 2 == 0:
+            is_list = True
+        else:
+            value = wire.decode_attr_value(buf, f, wt, v)
+    return name, value, is_list
+
+
+def _int_attr(name: str, value, is_list: bool) -> int:
+    if is_list:
+        raise WireError(f"attribute '{name}' is a list, expected a number")
+    if isinstance(value, bool) or isinstance(value, int):
+        return int(value)
+    if isinstance(value, float) and math.isfinite(value) and value == int(value):
+        return int(value)
+    if isinstance(value, str):
+        try:
+            return int(value)
+        except ValueError:
+            pass
+    raise WireError(f"attribute '{name}' has value {value!r}, expected an integer")
+
+
+def _parse_node(buf) -> _Row:
+    end = len(buf)
+    node_id = 0
+    name = ""
+    kind = 0
+    ctrl: list[int] = []
+    data: list[int] = []
+    duration = math.nan
+    attrs: dict[str, int | str] = {}
+    cpu_op = False
+    extra: list[bytes] = []
+    for f, wt, v, start, stop in wire.iter_fields(buf, 0, end):
+        if f == 1 and wt == 0:
+            node_id = v
+        elif f == 2 and wt == 2:
+            name = bytes(buf[v[0] : v[1]]).decode("utf-8", errors="replace")
+        elif f == 3 and wt == 0:
+            kind = v
+        elif f == 4 and wt in (0, 2):
+            ctrl.extend(_packed_or_single(buf, wt, v))
+        elif f == 5 and wt in (0, 2):
+            data.extend(_packed_or_single(buf, wt, v))
+        elif f == 7 and wt == 0:
+            duration = float(v) if v else math.nan
+        elif f == 10 and wt == 2:
+            aname, aval, is_list = _parse_attr(buf, v[0], v[1])
+            if aname == "is_cpu_op":
+                if _int_attr(aname, aval, is_list):
+                    cpu_op = True
+                    extra.append(bytes(buf[start:stop]))
+            elif aname in _CANONICAL and aname not in attrs:
+                if aname == "pg_name":
+                    if is_list:
+                        raise WireError("attribute 'pg_name' is a list, expected a string")
+                    attrs[aname] = "" if aval is None else str(aval)
+                else:
+                    attrs[aname] = _int_attr(aname, aval, is_list)
+            elif aname not in _CANONICAL:
+                extra.append(bytes(buf[start:stop]))
+        else:
+            extra.append(bytes(buf[start:stop]))
+    group = 0
+    pg = attrs.get("pg_name", "")
+    if pg != "":
+        try:
+            group = int(pg)
+        except ValueError:
+            raise WireError(f"pg_name '{pg}' is not a comm-group id (Chakra group ids are integers)") from None
+        if group < 1:
+            raise WireError(f"pg_name '{pg}' is not a valid comm-group id (ids start at 1)")
+    peer = -1
+    if kind == NodeKind.SEND:
+        peer = attrs.get("comm_dst", -1)
+    elif kind == NodeKind.RECV:
+        peer = attrs.get("comm_src", -1)
+    comm_type = attrs.get("comm_type", -1) if kind == NodeKind.COLL else -1
+    return _Row(
+        node_id=node_id, name=name, kind=kind, duration_us=duration,
+        flops=attrs.get("num_ops", -1), tensor_bytes=attrs.get("tensor_size", -1),
+        comm_type=comm_type, comm_bytes=attrs.get("comm_size", -1),
+        group=group if kind == NodeKind.COLL else 0, peer=peer,
+        tag=attrs.get("comm_tag", -1) if kind in (NodeKind.SEND, NodeKind.RECV) else -1,
+        ctrl=tuple(ctrl), data=tuple(data), extra=b"".join(extra), cpu_op=cpu_op,
+    )
+
+
+def _is_metadata(buf) -> bool:
+    """A GlobalMetadata record has only fields 1 (version) and 2 (attr), both length-delimited."""
+    try:
+        return all(f in (1, 2) and wt == 2 for f, wt, *_ in wire.iter_fields(buf, 0, len(buf)))
+    except WireError:
+        return False
+
+
+def _split_records(data: bytes, path: Path) -> list[tuple[int, int]]:
+    out = []
+    pos = 0
+    end = len(data)
+    while pos < end:
+        try:
+            n, body = wire.read_varint(data, pos, end)
+        except WireError:
+            raise TraceError(f"{path}: truncated file: record {len(out)} at byte {pos} has a cut-off length prefix") from None
+        if body + n > end:
+            raise TraceError(f"{path}: truncated file: record {len(out)} at byte {pos} declares {n} bytes but only {end - body} remain")
+        if n == 0 and out:
+            raise TraceError(f"{path}: zero-length record {len(out)} at byte {pos} (Chakra's decoder stops reading there)")
+        out.append((body, body + n))
+        pos = body + n
+    return out
+
+
+class _FileReader:
+    def __init__(self) -> None:
+        self.node_cache: dict[bytes, _Row] = {}
+        self.table_cache: dict[bytes, ReadNodeTable] = {}  # file digest -> table
+
+    def read(self, path: Path) -> ReadNodeTable:
+        try:
+            data = path.read_bytes()
+        except OSError as e:
+            raise TraceError(f"{path}: cannot read ({e.strerror})") from None
+        if data[:2] == b"\x1f\x8b":
+            raise TraceError(f"{path}: file is gzip-compressed; ASTRA-sim cannot read that either, decompress it first")
+        digest = hashlib.blake2b(data, digest_size=20).digest()
+        cached = self.table_cache.get(digest)
+        if cached is not None:
+            return cached
+        records = _split_records(data, path)
+        version: str | None = None
+        mv = memoryview(data)
+        if records and _is_metadata(mv[records[0][0] : records[0][1]]):
+            b, e = records.pop(0)
+            version = ""
+            for f, wt, v, _, _ in wire.iter_fields(mv, b, e):
+                if f == 1:
+                    version = bytes(mv[v[0] : v[1]]).decode("utf-8", errors="replace")
+        rows: list[_Row] = []
+        cache = self.node_cache
+        for i, (b, e) in enumerate(records):
+            raw = data[b:e]
+            row = cache.get(raw)
+            if row is None:
+                try:
+                    row = _parse_node(raw)
+                except WireError as err:
+                    nid = _best_effort_id(raw)
+                    where = f"node {nid}" if nid is not None else f"node record {i}"
+                    raise TraceError(f"{path}: {where} (byte {b}): corrupt node: {err}") from None
+                cache[raw] = row
+            rows.append(row)
+        table = _build_table(rows, path)
+        table.metadata_version = version
+        self.table_cache[digest] = table
+        return table
+
+
+def _best_effort_id(raw: bytes) -> int | None:
+    try:
+        for f, wt, v, _, _ in wire.iter_fields(raw, 0, len(raw)):
+            if f == 1 and wt == 0:
+                return v
+            break
+    except WireError:
+        pass
+    return None
+
+
+def _build_table(rows: list[_Row], path: Path) -> ReadNodeTable:
+    n = len(rows)
+    pos_of: dict[int, int] = {}
+    for i, r in enumerate(rows):
+        if r.node_id in pos_of:
+            raise TraceError(f"{path}: node {r.node_id} appears more than once (rows {pos_of[r.node_id]} and {i})")
+        pos_of[r.node_id] = i
+    dangling: list[tuple[int, int]] = []
+    data_pos: list[list[int]] = []
+    ctrl_pos: list[list[int]] = []
+    ordered = True
+    for i, r in enumerate(rows):
+        for deps, out in ((r.data, data_pos), (r.ctrl, ctrl_pos)):
+            ps = []
+            for d in deps:
+                p = pos_of.get(d)
+                if p is None:
+                    dangling.append((r.node_id, d))
+                    continue
+                if p >= i:
+                    ordered = False
+                ps.append(p)
+            out.append(ps)
+    order = list(range(n)) if ordered else _stable_topo_order(n, data_pos, ctrl_pos)
+    if not ordered:
+        inv = [0] * n
+        for new, old in enumerate(order):
+            inv[old] = new
+        rows = [rows[o] for o in order]
+        data_pos = [[inv[p] for p in data_pos[o]] for o in order]
+        ctrl_pos = [[inv[p] for p in ctrl_pos[o]] for o in order]
+    dptr, didx = _csr(data_pos)
+    cptr, cidx = _csr(ctrl_pos)
+    return ReadNodeTable(
+        names=[r.name for r in rows],
+        kind=np.fromiter((r.kind for r in rows), dtype=np.int8, count=n),
+        duration_us=np.fromiter((r.duration_us for r in rows), dtype=np.float64, count=n),
+        flops=np.fromiter((r.flops for r in rows), dtype=np.int64, count=n),
+        tensor_bytes=np.fromiter((r.tensor_bytes for r in rows), dtype=np.int64, count=n),
+        comm_type=np.fromiter((r.comm_type for r in rows), dtype=np.int8, count=n),
+        comm_bytes=np.fromiter((r.comm_bytes for r in rows), dtype=np.int64, count=n),
+        comm_group=np.fromiter((r.group for r in rows), dtype=np.int32, count=n),
+        comm_peer=np.fromiter((r.peer for r in rows), dtype=np.int32, count=n),
+        comm_tag=np.fromiter((r.tag for r in rows), dtype=np.int32, count=n),
+        data_dep_ptr=dptr, data_dep_idx=didx, ctrl_dep_ptr=cptr, ctrl_dep_idx=cidx,
+        node_ids=np.fromiter((r.node_id for r in rows), dtype=np.int64, count=n),
+        extra_bytes={i: r.extra for i, r in enumerate(rows) if r.extra},
+        cpu_op_rows=frozenset(i for i, r in enumerate(rows) if r.cpu_op),
+        dangling=dangling,
+        source=str(path),
+    )
+
+
+def _stable_topo_order(n: int, data_pos: list[list[int]], ctrl_pos: list[list[int]]) -> list[int]:
+    """Kahn's algorithm preferring the earliest file position; nodes on cycles go last."""
+    indeg = [0] * n
+    children: list[list[int]] = [[] for _ in range(n)]
+    for i in range(n):
+        for p in set(data_pos[i]) | set(ctrl_pos[i]):
+            indeg[i] += 1
+            children[p].append(i)
+    heap = [i for i in range(n) if indeg[i] == 0]
+    heapq.heapify(heap)
+    out = []
+    while heap:
+        i = heapq.heappop(heap)
+        out.append(i)
+        for c in children[i]:
+            indeg[c] -= 1
+            if indeg[c] == 0:
+                heapq.heappush(heap, c)
+    if len(out) < n:
+        seen = set(out)
+        out.extend(i for i in range(n) if i not in seen)
+    return out
+
+
+def find_rank_files(dir_or_prefix: str | Path) -> tuple[Path, str, list[Path]]:
+    """Resolve a trace directory, a ``DIR/PREFIX`` or one rank file to ``(dir, prefix, files)``.
+
+    Raises :class:`TraceError` when no rank file exists, the directory holds
+    several prefixes, or a rank file between 0 and the highest is missing.
+    """
+    p = Path(dir_or_prefix)
+    if p.is_dir():
+        directory = p
+        prefixes = sorted({m["prefix"] for m in map(_RANK_FILE.match, os.listdir(p)) if m})
+        if not prefixes:
+            raise TraceError(f"{p}: no Chakra rank files (<prefix>.<rank>.et) in this directory")
+        if len(prefixes) > 1:
+            raise TraceError(f"{p}: several traces in this directory ({', '.join(prefixes)}); pass {p}/<prefix> to choose one")
+        prefix = prefixes[0]
+    else:
+        m = _RANK_FILE.match(p.name)
+        if m and p.is_file():
+            directory, prefix = p.parent, m["prefix"]
+        else:
+            directory, prefix = p.parent, p.name
+        if not directory.is_dir():
+            raise TraceError(f"{directory}: trace directory does not exist")
+    ranks = set()
+    for name in os.listdir(directory):
+        m = _RANK_FILE.match(name)
+        if m and m["prefix"] == prefix:
+            ranks.add(int(m["rank"]))
+    if not ranks:
+        raise TraceError(f"{directory / prefix}: no rank files {prefix}.<rank>.et")
+    world = max(ranks) + 1
+    for r in range(world):
+        if r not in ranks:
+            raise TraceError(f"{directory / f'{prefix}.{r}.et'}: missing rank file (found ranks up to {world - 1})")
+    return directory, prefix, [directory / f"{prefix}.{r}.et" for r in range(world)]
+
+
+def read_trace(dir_or_prefix: str | Path, *, comm_groups: Mapping[int, Sequence[int]] | str | Path | None = None) -> Trace:
+    """Read ``<prefix>.<rank>.et`` for ranks 0..N-1 (and the comm-group file) into a :class:`Trace`.
+
+    ``comm_groups`` overrides ``<prefix>.comm_groups.json``: a mapping id ->
+    ranks or a path to such a JSON file. Every group id a node uses must be
+    covered, or a :class:`TraceError` names the file, node and group.
+    """
+    directory, prefix, files = find_rank_files(dir_or_prefix)
+    groups_source = None
+    if comm_groups is None:
+        gpath = directory / f"{prefix}.comm_groups.json"
+        groups = load_comm_groups(gpath) if gpath.exists() else {}
+        groups_source = str(gpath) if gpath.exists() else None
+    elif isinstance(comm_groups, (str, Path)):
+        groups = load_comm_groups(comm_groups)
+        groups_source = str(comm_groups)
+    else:
+        groups = {int(k): tuple(int(r) for r in v) for k, v in comm_groups.items()}
+        groups_source = "the comm_groups argument"
+    reader = _FileReader()
+    ranks: list[RankProgram] = []
+    checked: set[int] = set()
+    for path in files:
+        table = reader.read(path)
+        if id(table) not in checked:
+            checked.add(id(table))
+            used = np.unique(table.comm_group[(table.kind == NodeKind.COLL) & (table.comm_group > 0)])
+            for gid in used:
+                if int(gid) not in groups:
+                    row = int(np.flatnonzero((table.kind == NodeKind.COLL) & (table.comm_group == gid))[0])
+                    where = f"{groups_source} does not define it" if groups_source else f"there is no {prefix}.comm_groups.json and no comm_groups was given"
+                    raise TraceError(f"{path}: node {int(table.node_ids[row])} ('{table.names[row]}') uses comm group {int(gid)}, but {where}")
+        ranks.append(RankProgram(table))
+    return Trace(world_size=len(files), ranks=ranks, comm_groups=groups)
