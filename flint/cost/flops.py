@@ -1,0 +1,248 @@
+"""The one FLOP and byte count of an ATen op, from shapes, dtypes and scalar args.
+
+FLOPs come from PyTorch's own formula registry
+(``torch.utils.flop_counter.flop_registry``), so Flint counts exactly what
+``FlopCounterMode`` counts: a multiply-add is 2 FLOPs, only matrix-multiply
+work is counted (mm, addmm, bmm, baddbmm, _scaled_mm, convolutions and every
+fused attention kernel, forward and backward), pointwise / norm / softmax /
+reduction ops count 0 (they are memory bound; their time comes from bytes).
+Causal masking is *not* discounted, as in PyTorch; :func:`op_cost` reports the
+fraction of that work a causal kernel really executes, for timing only.
+A few composite or newer ops PyTorch's registry lacks (``linear``,
+``matmul``, ``mv``, ``dot``, ``addmv``, ``_grouped_mm``) use the same
+2·M·N·K convention here.
+
+Bytes are the sum of the op's input and output tensor bytes (each tensor read
+or written once); metadata-only ops (class ``view``) move 0 bytes.
+
+Arguments
+---------
+``target``      ATen overload name: ``"aten.mm.default"``, ``"aten::mm"`` or ``"mm"``.
+``in_shapes``   shapes of the op's tensor arguments in schema order; ``None``
+                for an absent optional tensor; a list of shapes for a
+                ``Tensor[]`` argument.
+``out_shapes``  shapes of the op's tensor results.
+``args``        the non-tensor arguments: a sequence in schema order or a
+                mapping name -> value; missing ones take the schema default.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Mapping, Sequence
+
+import torch
+from torch.utils import flop_counter as _fc
+
+from flint.cost.dtypes import tensor_bytes
+from flint.cost.opclass import OpClass, _packet, classify_aten
+from flint.errors import FlintError
+
+Shape = Sequence[int]
+
+_ATTN_FWD = {"_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+             "_scaled_dot_product_cudnn_attention", "_flash_attention_forward", "_efficient_attention_forward",
+             "scaled_dot_product_attention", "_scaled_dot_product_flash_attention_for_cpu",
+             "_scaled_dot_product_attention_math"}
+_ATTN_BWD = {"_scaled_dot_product_flash_attention_backward", "_scaled_dot_product_efficient_attention_backward",
+             "_scaled_dot_product_cudnn_attention_backward", "_flash_attention_backward",
+             "_efficient_attention_backward", "_scaled_dot_product_flash_attention_for_cpu_backward"}
+
+
+@lru_cache(maxsize=None)
+def _schema(ns: str, name: str, overload: str):
+    packet = getattr(getattr(torch.ops, ns), name, None)
+    if packet is None:
+        return None, None
+    try:
+        op = getattr(packet, overload)
+    except AttributeError:
+        return packet, None
+    return packet, op._schema
+
+
+def _overload(target: str) -> str:
+    parts = target.replace("::", ".").split(".")
+    return parts[2] if len(parts) > 2 else "default"
+
+
+def _is_tensor_type(t: Any) -> tuple[bool, bool]:
+    """(is a tensor argument, is a tensor list) for a schema argument type."""
+    if isinstance(t, torch.OptionalType):
+        t = t.getElementType()
+    if isinstance(t, torch.TensorType):
+        return True, False
+    if isinstance(t, torch.ListType):
+        e = t.getElementType()
+        if isinstance(e, torch.OptionalType):
+            e = e.getElementType()
+        return (True, True) if isinstance(e, torch.TensorType) else (False, False)
+    return False, False
+
+
+def _shape(s: Any) -> tuple[int, ...]:
+    return tuple(int(x) for x in s)
+
+
+def _registry_args(schema, in_shapes: Sequence[Any], args: Sequence[Any] | Mapping[str, Any] | None
+                   ) -> tuple[list[Any], dict[str, Any]]:
+    """Positional and keyword-only arguments in schema order, tensors replaced by their shapes."""
+    shapes = list(in_shapes)
+    scalars = list(args) if isinstance(args, Sequence) and not isinstance(args, str) else None
+    named = args if isinstance(args, Mapping) else {}
+    out: list[Any] = []
+    kwargs: dict[str, Any] = {}
+    for a in schema.arguments:
+        if a.kwarg_only:
+            if a.name in named:
+                kwargs[a.name] = named[a.name]
+            continue
+        is_t, is_list = _is_tensor_type(a.type)
+        if is_t:
+            v = shapes.pop(0) if shapes else None
+            out.append(None if v is None else ([_shape(x) for x in v] if is_list else _shape(v)))
+        elif scalars:
+            out.append(scalars.pop(0))
+        elif a.name in named:
+            out.append(named[a.name])
+        else:
+            out.append(a.default_value if a.has_default_value() else None)
+    return out, kwargs
+
+
+def _scalar(schema, args, name: str, default: Any) -> Any:
+    if schema is None or args is None:
+        return default
+    if isinstance(args, Mapping):
+        return args.get(name, default)
+    scalars = [a for a in schema.arguments if not _is_tensor_type(a.type)[0]]
+    for a, v in zip(scalars, args):
+        if a.name == name:
+            return v
+    return default
+
+
+def _attention_shapes(target: str, in_shapes: Sequence[Any], n: int) -> list[tuple[int, ...]]:
+    got = [s for s in in_shapes[:n]]
+    if len(got) < n or any(s is None for s in got):
+        raise FlintError(f"{target}: expected the first {n} tensor shapes (q, k, v{', grad_out' if n == 4 else ''}), got {list(in_shapes)}")
+    shapes = [_shape(s) for s in got]
+    if any(len(s) != 4 for s in shapes):
+        raise FlintError(f"{target}: only dense [batch, heads, seq, head_dim] attention is supported, got shapes {shapes}")
+    return shapes
+
+
+def op_flops(target: str, in_shapes: Sequence[Any], out_shapes: Sequence[Shape] = (),
+             args: Sequence[Any] | Mapping[str, Any] | None = None) -> int:
+    """FLOPs of one call of ATen op ``target`` (see the module docstring)."""
+    ns, name = _packet(target)
+    if ns != "aten":
+        return 0
+    if name in _ATTN_FWD:
+        q, k, v = _attention_shapes(target, in_shapes, 3)
+        return int(_fc.sdpa_flop_count(q, k, v))
+    if name in _ATTN_BWD:
+        go, q, k, v = _attention_shapes(target, in_shapes, 4)
+        return int(_fc.sdpa_backward_flop_count(go, q, k, v))
+    packet, schema = _schema(ns, name, _overload(target))
+    if packet is not None and packet in _fc.flop_registry and schema is not None:
+        full, kwargs = _registry_args(schema, in_shapes, args)
+        outs = [_shape(s) for s in out_shapes]
+        out_val = outs[0] if len(outs) == 1 else tuple(outs)
+        return int(_fc.flop_registry[packet](*full, out_val=out_val, **kwargs))
+    return _extra_flops(name, [None if s is None else _shape(s) for s in in_shapes if not isinstance(s, list)],
+                        [_shape(s) for s in out_shapes])
+
+
+def _extra_flops(name: str, ins: list, outs: list) -> int:
+    """Matrix-multiply ops PyTorch's registry does not cover (2 FLOPs per multiply-add)."""
+    if name == "linear":  # input [..., K], weight [N, K]
+        x, w = ins[0], ins[1]
+        return 2 * math.prod(x[:-1]) * x[-1] * w[0]
+    if name == "matmul":
+        a = ins[0]
+        return 2 * math.prod(outs[0]) * a[-1] if outs else 0
+    if name in ("mv", "addmv"):
+        m = ins[0] if name == "mv" else ins[1]
+        return 2 * m[0] * m[1]
+    if name == "dot":
+        return 2 * ins[0][0]
+    if name in ("_grouped_mm", "_scaled_grouped_mm"):
+        a, b = ins[0], ins[1]
+        if len(a) == 2 and len(b) == 2:  # [K, T] x [T, N] -> [G, K, N] (weight gradient)
+            return 2 * a[0] * a[1] * b[1]
+        return 2 * math.prod(outs[0]) * a[-1]
+    return 0
+
+
+def _flatten(shapes: Sequence[Any], dtypes: Sequence[Any] | Any) -> list[tuple[tuple[int, ...], Any]]:
+    if dtypes is None or isinstance(dtypes, (str, torch.dtype)):
+        dtypes = [dtypes] * len(shapes)
+    out = []
+    for s, d in zip(shapes, dtypes):
+        if s is None:
+            continue
+        if isinstance(s, list) and (not s or not isinstance(s[0], int)):
+            ds = d if isinstance(d, (list, tuple)) else [d] * len(s)
+            out.extend((_shape(x), dx) for x, dx in zip(s, ds))
+        else:
+            out.append((_shape(s), d))
+    return out
+
+
+def op_bytes(in_shapes: Sequence[Any], in_dtypes: Sequence[Any] | Any,
+             out_shapes: Sequence[Shape], out_dtypes: Sequence[Any] | Any) -> int:
+    """Bytes an op moves: the sum of its input and output tensor bytes.
+
+    ``in_dtypes`` / ``out_dtypes`` are one dtype per shape or a single dtype
+    for all; ``None`` shapes (absent optional tensors) are skipped.
+    """
+    pairs = _flatten(in_shapes, in_dtypes) + _flatten(out_shapes, out_dtypes)
+    if any(d is None for _, d in pairs):
+        raise FlintError("op_bytes needs a dtype for every tensor")
+    return sum(tensor_bytes(s, d) for s, d in pairs)
+
+
+@dataclass(frozen=True)
+class OpCost:
+    """The cost inputs of one op call.
+
+    ``flops``          model FLOPs (PyTorch's count).
+    ``bytes``          bytes read + written.
+    ``op_class``       which efficiency factor applies.
+    ``work_fraction``  the fraction of ``flops`` the kernel executes (0.5-ish
+                       for causal attention, else 1); use ``flops *
+                       work_fraction`` for timing and ``flops`` for MFU.
+    """
+
+    op_class: OpClass
+    flops: int
+    bytes: int
+    work_fraction: float = 1.0
+
+
+def op_cost(target: str, in_shapes: Sequence[Any], in_dtypes: Sequence[Any] | Any, out_shapes: Sequence[Shape],
+            out_dtypes: Sequence[Any] | Any, args: Sequence[Any] | Mapping[str, Any] | None = None) -> OpCost:
+    """FLOPs, bytes and op class of one op call (``view`` ops cost nothing)."""
+    cls = classify_aten(target)
+    if cls is OpClass.VIEW:
+        return OpCost(cls, 0, 0)
+    flops = op_flops(target, in_shapes, out_shapes, args)
+    nbytes = op_bytes(in_shapes, in_dtypes, out_shapes, out_dtypes)
+    frac = 1.0
+    if cls is OpClass.ATTENTION:
+        ns, name = _packet(target)
+        _, schema = _schema(ns, name, _overload(target))
+        if _scalar(schema, args, "is_causal", False):
+            q = _shape(in_shapes[1] if name in _ATTN_BWD else in_shapes[0])
+            k = _shape(in_shapes[2] if name in _ATTN_BWD else in_shapes[1])
+            s_q, s_k = q[2], k[2]
+            # PyTorch's causal mask is top-left aligned: query row i sees min(i + 1, s_k) keys
+            if s_q <= s_k:
+                seen = s_q * (s_q + 1) // 2
+            else:
+                seen = s_k * (s_k + 1) // 2 + (s_q - s_k) * s_k
+            frac = seen / (s_q * s_k)
+    return OpCost(cls, flops, nbytes, frac)

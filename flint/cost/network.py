@@ -1,0 +1,201 @@
+"""Network models: dimensions of links, loaded from TOML data.
+
+A network is a list of *dimensions*, innermost first, like ASTRA-sim's
+network config: each has a size (ranks along it), a topology (``switch``,
+``fully-connected``, ``ring``, ``mesh``), a per-rank one-direction bandwidth
+and a per-hop latency. The common shapes are presets in ``flint/networks``:
+
+- switch:     one ``switch`` dimension (e.g. a flat InfiniBand fabric);
+- ring:       one ``ring`` dimension;
+- 2D mesh:    two ``mesh`` dimensions (wafer-scale: a grid without wraparound);
+- two-level:  an NVLink ``switch`` island inside a scale-out ``switch``.
+
+Rank placement: rank ``r`` sits at network coordinate ``c_d = (r // prod(size[:d]))
+% size[d]`` (innermost fastest), i.e. consecutive ranks fill a node first,
+which is how ``torch.distributed`` launches ranks. The outermost size may be
+``0`` ("as many as needed"); :meth:`Network.for_world` fills it in.
+
+A group is priced on the dimensions along which its members differ
+(:meth:`Network.group_levels`); if the members do not form a full product of
+those dimensions (an irregular group), the whole group is priced on the
+slowest of them. A send/recv between two ranks pays the latency × hops of
+every dimension they differ in and the bandwidth of the slowest one.
+
+TOML::
+
+    name = "dgx-h100"
+    [[dims]]
+    name = "nvlink"; topology = "switch"; size = 8
+    bandwidth_gbytes_per_s = 450.0; latency_us = 1.0
+    [[dims]]
+    name = "ib"; topology = "switch"; size = 0
+    bandwidth_gbits_per_s = 400.0; latency_us = 3.0   # gbits is accepted and divided by 8
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from flint.cost.collective import Link, Topology, p2p_time_us, topology
+from flint.errors import FlintError
+
+NETWORKS_DIR = Path(__file__).resolve().parent.parent / "networks"
+_DIM_KEYS = {"name", "topology", "size", "bandwidth_gbytes_per_s", "bandwidth_gbits_per_s", "latency_us"}
+
+
+@dataclass(frozen=True)
+class NetworkDim:
+    """One network dimension: ``size`` ranks wired by ``link`` (size 0: fill to the world size)."""
+
+    name: str
+    size: int
+    link: Link
+
+
+@dataclass(frozen=True)
+class Network:
+    """A network of dimensions, innermost first (module docstring)."""
+
+    name: str
+    dims: tuple[NetworkDim, ...]
+    description: str = ""
+
+    def for_world(self, world_size: int) -> "Network":
+        """This network with its outermost ``size = 0`` filled in for ``world_size`` ranks.
+
+        Raises ``FlintError`` when the fixed sizes do not divide ``world_size``.
+        A world smaller than the inner dimension shrinks that dimension.
+        """
+        sizes = [d.size for d in self.dims]
+        if any(s == 0 for s in sizes[:-1]):
+            raise FlintError(f"network '{self.name}': only the outermost dimension may have size 0")
+        if sizes[-1] == 0:
+            inner = math.prod(sizes[:-1])
+            if world_size <= inner and len(sizes) == 2:
+                sizes = [world_size, 1]
+            elif world_size % inner:
+                raise FlintError(f"network '{self.name}': world size {world_size} is not a multiple of the "
+                                 f"inner dimensions' {inner} ranks")
+            else:
+                sizes[-1] = world_size // inner
+        if math.prod(sizes) < world_size:
+            raise FlintError(f"network '{self.name}' has {math.prod(sizes)} ranks {sizes}, fewer than the "
+                             f"world size {world_size}")
+        return replace(self, dims=tuple(replace(d, size=s) for d, s in zip(self.dims, sizes)))
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        return tuple(d.size for d in self.dims)
+
+    def coords(self, ranks: Sequence[int] | np.ndarray) -> np.ndarray:
+        """Network coordinates ``[len(ranks), ndims]`` (innermost dimension first)."""
+        r = np.asarray(ranks, dtype=np.int64)
+        out = np.empty((r.size, len(self.dims)), dtype=np.int64)
+        stride = 1
+        for i, d in enumerate(self.dims):
+            size = d.size if d.size > 0 else np.iinfo(np.int64).max
+            out[:, i] = (r // stride) % size
+            stride *= max(d.size, 1)
+        return out
+
+    def group_levels(self, members: Sequence[int]) -> list[tuple[Link, int]]:
+        """``[(link, ranks along it), ...]`` inner first for a group, as :func:`collective_time_us` takes.
+
+        Only dimensions along which members differ appear. An irregular group
+        (not a full product of its per-dimension counts) becomes one level on
+        the slowest spanned link with the whole group size.
+        """
+        c = self.coords(members)
+        levels = []
+        for i, d in enumerate(self.dims):
+            k = len(np.unique(c[:, i]))
+            if k > 1:
+                levels.append((d.link, k))
+        if math.prod(k for _, k in levels) != len(set(int(m) for m in members)):
+            slowest = min((lk for lk, _ in levels), key=lambda lk: lk.bandwidth_gbytes_per_s)
+            return [(slowest, len(members))]
+        return levels
+
+    def p2p_time_us(self, src: int, dst: int, nbytes: float) -> float:
+        """A send/recv transfer from ``src`` to ``dst`` (module docstring)."""
+        c = self.coords([src, dst])
+        latency, bw_link = 0.0, None
+        for i, d in enumerate(self.dims):
+            a, b = int(c[0, i]), int(c[1, i])
+            if a == b:
+                continue
+            dist = abs(a - b)
+            if d.link.topology is Topology.RING:
+                dist = min(dist, d.size - dist)
+            elif d.link.topology in (Topology.SWITCH, Topology.FULLY_CONNECTED):
+                dist = 1
+            latency += d.link.latency_us * dist
+            if bw_link is None or d.link.bandwidth_gbytes_per_s < bw_link.bandwidth_gbytes_per_s:
+                bw_link = d.link
+        if bw_link is None:
+            return 0.0
+        return latency + p2p_time_us(nbytes, replace(bw_link, latency_us=0.0))
+
+
+def list_networks() -> list[str]:
+    """Names of the network presets shipped in ``flint/networks``."""
+    return sorted(p.stem for p in NETWORKS_DIR.glob("*.toml"))
+
+
+def network_from_dict(d: Mapping[str, Any], where: str = "network") -> Network:
+    """Build a :class:`Network` from a parsed network TOML (validating every key)."""
+    unknown = set(d) - {"name", "description", "dims"}
+    if unknown:
+        raise FlintError(f"{where}: unknown keys {sorted(unknown)} (allowed: name, description, dims)")
+    if not d.get("dims"):
+        raise FlintError(f"{where}: needs at least one [[dims]] entry")
+    dims = []
+    for i, dd in enumerate(d["dims"]):
+        bad = set(dd) - _DIM_KEYS
+        if bad:
+            raise FlintError(f"{where}: dims[{i}] has unknown keys {sorted(bad)} (allowed: {', '.join(sorted(_DIM_KEYS))})")
+        if "bandwidth_gbytes_per_s" in dd:
+            bw = float(dd["bandwidth_gbytes_per_s"])
+        elif "bandwidth_gbits_per_s" in dd:
+            bw = float(dd["bandwidth_gbits_per_s"]) / 8.0
+        else:
+            raise FlintError(f"{where}: dims[{i}] needs bandwidth_gbytes_per_s or bandwidth_gbits_per_s")
+        name = str(dd.get("name", f"d{i}"))
+        size = int(dd.get("size", 0))
+        if size < 0:
+            raise FlintError(f"{where}: dims[{i}] size {size} must be >= 0")
+        topo = topology(dd.get("topology", "switch"))
+        dims.append(NetworkDim(name, size, Link(bw, float(dd.get("latency_us", 0.0)), topo, name)))
+    return Network(str(d.get("name", where)), tuple(dims), str(d.get("description", "")))
+
+
+def load_network(name_or_path: str | Path, sizes: Sequence[int] | None = None) -> Network:
+    """Load a network preset by name (``"dgx-h100"``) or from a TOML file path.
+
+    ``sizes`` overrides the dimensions' sizes (inner first) for a sweep.
+    An unknown name raises ``FlintError`` listing the valid names.
+    """
+    s = str(name_or_path)
+    p = Path(s)
+    if not (s.endswith(".toml") or p.is_file()):
+        p = NETWORKS_DIR / f"{s}.toml"
+        if not p.is_file():
+            raise FlintError(f"unknown network '{s}' (valid: {', '.join(list_networks())}; or give a .toml path)")
+    try:
+        with open(p, "rb") as f:
+            net = network_from_dict(tomllib.load(f), where=str(p))
+    except FileNotFoundError:
+        raise FlintError(f"network file '{p}' does not exist") from None
+    except tomllib.TOMLDecodeError as e:
+        raise FlintError(f"network file '{p}' is not valid TOML: {e}") from None
+    if sizes is not None:
+        if len(sizes) != len(net.dims):
+            raise FlintError(f"network '{net.name}' has {len(net.dims)} dimensions, got {len(sizes)} sizes")
+        net = replace(net, dims=tuple(replace(d, size=int(z)) for d, z in zip(net.dims, sizes)))
+    return net
