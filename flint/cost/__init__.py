@@ -10,12 +10,22 @@ links a group or a send/recv uses. Presets are TOML data in
 from flint.cost.collective import Algorithm, Link, Topology, coll_kind, collective_time_us, p2p_time_us
 from flint.cost.device import Device, list_devices, load_device
 from flint.cost.dtypes import dtype_bytes, tensor_bytes
-from flint.cost.flops import OpCost, op_bytes, op_cost, op_flops
 from flint.cost.network import Network, NetworkDim, list_networks, load_network
-from flint.cost.opclass import OpClass, classify_aten
+from flint.cost.opclass import COST_CLASSES, classify_target
+
+_LAZY = {"OpCost", "op_bytes", "op_cost", "op_flops"}  # need torch: imported on first use
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        from flint.cost import flops
+
+        return getattr(flops, name)
+    raise AttributeError(f"module 'flint.cost' has no attribute '{name}'")
+
 
 __all__ = [
-    "Algorithm", "Device", "Link", "Network", "NetworkDim", "OpClass", "OpCost", "Topology", "classify_aten",
+    "COST_CLASSES", "Algorithm", "Device", "Link", "Network", "NetworkDim", "OpCost", "Topology", "classify_target",
     "coll_kind", "collective_time_us", "dtype_bytes", "list_devices", "list_networks", "load_device",
     "load_network", "op_bytes", "op_cost", "op_flops", "p2p_time_us", "tensor_bytes",
 ]

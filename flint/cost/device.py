@@ -34,7 +34,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from flint.cost.dtypes import canonical_dtype
-from flint.cost.opclass import OpClass
+from flint.cost.opclass import COST_CLASSES, GEMM, VIEW
 from flint.errors import FlintError
 
 DEVICES_DIR = Path(__file__).resolve().parent.parent / "devices"
@@ -43,7 +43,7 @@ _PEAK_KEY = {"f32": "fp32", "tf32": "tf32", "bf16": "bf16", "f16": "fp16",
              "f8e4m3fn": "fp8", "f8e5m2": "fp8", "f8e4m3fnuz": "fp8", "f8e5m2fnuz": "fp8"}
 _TOP_KEYS = {"name", "description", "hbm_capacity_gib", "hbm_bandwidth_gbytes_per_s", "kernel_floor_us",
              "compute_efficiency", "memory_efficiency"} | {f"peak_tflops_{k}" for k in set(_PEAK_KEY.values())}
-_CLASSES = {c.value for c in OpClass} | {"default"}
+_CLASSES = set(COST_CLASSES) | {"default"}
 
 
 @dataclass(frozen=True)
@@ -78,15 +78,15 @@ class Device:
     def memory_eff(self, op_class: str) -> float:
         return self.memory_efficiency.get(str(op_class), self.memory_efficiency["default"])
 
-    def compute_time_us(self, flops: float, nbytes: float, op_class: str = OpClass.GEMM, dtype: object = "bf16") -> float:
+    def compute_time_us(self, flops: float, nbytes: float, op_class: str = GEMM, dtype: object = "bf16") -> float:
         """Roofline duration of one kernel in microseconds (module docstring)."""
-        if str(op_class) == OpClass.VIEW:
+        if str(op_class) == VIEW:
             return 0.0
         t_flops = flops / (self.peak_flops_per_s(dtype) * self.compute_eff(op_class)) * 1e6
         t_bytes = nbytes / (self.hbm_bandwidth_gbytes_per_s * 1e9 * self.memory_eff(op_class)) * 1e6
         return max(t_flops, t_bytes, self.kernel_floor_us)
 
-    def compute_time_us_array(self, flops: np.ndarray, nbytes: np.ndarray, op_class: str = OpClass.GEMM,
+    def compute_time_us_array(self, flops: np.ndarray, nbytes: np.ndarray, op_class: str = GEMM,
                               dtype: object = "bf16") -> np.ndarray:
         """:meth:`compute_time_us` over arrays (negative flops / bytes count as 0)."""
         f = np.maximum(np.asarray(flops, dtype=np.float64), 0.0)

@@ -37,7 +37,7 @@ import torch
 from torch.utils import flop_counter as _fc
 
 from flint.cost.dtypes import tensor_bytes
-from flint.cost.opclass import OpClass, _packet, classify_aten
+from flint.cost.opclass import ATTENTION, VIEW, classify_target, split_target
 from flint.errors import FlintError
 
 Shape = Sequence[int]
@@ -61,11 +61,6 @@ def _schema(ns: str, name: str, overload: str):
     except AttributeError:
         return packet, None
     return packet, op._schema
-
-
-def _overload(target: str) -> str:
-    parts = target.replace("::", ".").split(".")
-    return parts[2] if len(parts) > 2 else "default"
 
 
 def _is_tensor_type(t: Any) -> tuple[bool, bool]:
@@ -137,7 +132,7 @@ def _attention_shapes(target: str, in_shapes: Sequence[Any], n: int) -> list[tup
 def op_flops(target: str, in_shapes: Sequence[Any], out_shapes: Sequence[Shape] = (),
              args: Sequence[Any] | Mapping[str, Any] | None = None) -> int:
     """FLOPs of one call of ATen op ``target`` (see the module docstring)."""
-    ns, name = _packet(target)
+    ns, name, overload = split_target(target)
     if ns != "aten":
         return 0
     if name in _ATTN_FWD:
@@ -146,7 +141,7 @@ def op_flops(target: str, in_shapes: Sequence[Any], out_shapes: Sequence[Shape] 
     if name in _ATTN_BWD:
         go, q, k, v = _attention_shapes(target, in_shapes, 4)
         return int(_fc.sdpa_backward_flop_count(go, q, k, v))
-    packet, schema = _schema(ns, name, _overload(target))
+    packet, schema = _schema(ns, name, overload)
     if packet is not None and packet in _fc.flop_registry and schema is not None:
         full, kwargs = _registry_args(schema, in_shapes, args)
         outs = [_shape(s) for s in out_shapes]
@@ -217,7 +212,7 @@ class OpCost:
                        work_fraction`` for timing and ``flops`` for MFU.
     """
 
-    op_class: OpClass
+    op_class: str
     flops: int
     bytes: int
     work_fraction: float = 1.0
@@ -226,15 +221,15 @@ class OpCost:
 def op_cost(target: str, in_shapes: Sequence[Any], in_dtypes: Sequence[Any] | Any, out_shapes: Sequence[Shape],
             out_dtypes: Sequence[Any] | Any, args: Sequence[Any] | Mapping[str, Any] | None = None) -> OpCost:
     """FLOPs, bytes and op class of one op call (``view`` ops cost nothing)."""
-    cls = classify_aten(target)
-    if cls is OpClass.VIEW:
+    cls = classify_target(target)
+    if cls == VIEW:
         return OpCost(cls, 0, 0)
     flops = op_flops(target, in_shapes, out_shapes, args)
     nbytes = op_bytes(in_shapes, in_dtypes, out_shapes, out_dtypes)
     frac = 1.0
-    if cls is OpClass.ATTENTION:
-        ns, name = _packet(target)
-        _, schema = _schema(ns, name, _overload(target))
+    if cls == ATTENTION:
+        ns, name, overload = split_target(target)
+        _, schema = _schema(ns, name, overload)
         if _scalar(schema, args, "is_causal", False):
             q = _shape(in_shapes[1] if name in _ATTN_BWD else in_shapes[0])
             k = _shape(in_shapes[2] if name in _ATTN_BWD else in_shapes[1])
