@@ -1,0 +1,96 @@
+"""The `aten` dialect: compute ops exactly as PyTorch's compiler captured them.
+
+One op, ``aten.op``, stands for one ATen call of the captured FX graph:
+
+    %2 = aten.op "aten.mm.default"(%0, %1) phase = fwd module = "layers.0.attn.wq"
+           : (tensor<8x16xbf16>, tensor<16x32xbf16>) -> tensor<8x32xbf16>
+
+- ``target``: the ATen overload, as ``torch.ops`` spells it
+  (``<namespace>.<op>.<overload>``), e.g. ``aten.mm.default``.
+- operands: the tensor arguments, in call order (tensor lists flattened);
+  results: the tensor results with full types (shape and dtype).
+- ``args``: the non-tensor arguments (ints, floats, bools, int lists,
+  dtypes as strings), keyed by their ATen schema name.
+- ``phase``: ``fwd``, ``bwd`` or ``optim``, when known.
+- ``module``: the ``nn.Module`` path the call came from (``layers.0.attn``).
+- the op's location: the user's source line (``loc("model.py":42:0)``).
+
+The op has no side effects on its operands: captured graphs are functional.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Mapping, Sequence
+
+from xdsl.dialects.builtin import DictionaryAttr, StringAttr, TensorType
+from xdsl.ir import Attribute, Dialect, SSAValue
+from xdsl.irdl import (
+    IRDLOperation,
+    irdl_op_definition,
+    opt_prop_def,
+    prop_def,
+    var_operand_def,
+    var_result_def,
+)
+from xdsl.utils.exceptions import VerifyException
+
+PHASES = ("fwd", "bwd", "optim")
+_TARGET = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@irdl_op_definition
+class AtenOp(IRDLOperation):
+    """One ATen call of a captured program (see the module docstring)."""
+
+    name = "aten.op"
+
+    target = prop_def(StringAttr)
+    args = opt_prop_def(DictionaryAttr)
+    phase = opt_prop_def(StringAttr)
+    module = opt_prop_def(StringAttr)
+
+    inputs = var_operand_def(TensorType)
+    outputs = var_result_def(TensorType)
+
+    assembly_format = (
+        "$target `(` $inputs `)` (`phase` `=` $phase^)? (`module` `=` $module^)? (`args` `=` $args^)? "
+        "attr-dict `:` functional-type($inputs, $outputs)"
+    )
+
+    def __init__(
+        self,
+        target: str,
+        inputs: Sequence[SSAValue],
+        result_types: Sequence[Attribute],
+        *,
+        args: Mapping[str, Attribute] | None = None,
+        phase: str | None = None,
+        module: str | None = None,
+    ):
+        props: dict[str, Attribute] = {"target": StringAttr(target)}
+        if args:
+            props["args"] = DictionaryAttr(dict(args))
+        if phase is not None:
+            props["phase"] = StringAttr(phase)
+        if module is not None:
+            props["module"] = StringAttr(module)
+        super().__init__(operands=[list(inputs)], result_types=[list(result_types)], properties=props)
+
+    @property
+    def overload(self) -> str:
+        return self.target.data
+
+    def verify_(self) -> None:
+        if not _TARGET.match(self.target.data):
+            raise VerifyException(
+                f"'aten.op' op target \"{self.target.data}\" is not an overload name of the form "
+                "namespace.op.overload (e.g. \"aten.mm.default\")"
+            )
+        if self.phase is not None and self.phase.data not in PHASES:
+            raise VerifyException(
+                f"'aten.op' op phase \"{self.phase.data}\" is not one of {', '.join(PHASES)}"
+            )
+
+
+Aten = Dialect("aten", [AtenOp], [])

@@ -1,0 +1,453 @@
+"""The `dist` dialect: SPMD collectives and point-to-point communication.
+
+Every op is rank-independent: it names a device grid (a ``shard.grid``
+symbol) and the grid axes it runs over, never concrete ranks. The group of a
+rank along axes ``A`` is every rank that shares its coordinates on the other
+axes (see :mod:`flint.mesh`, the one rank <-> coordinate mapping).
+
+Collectives come in two forms, as in PyTorch's functional collectives:
+
+- synchronous: the result is the tensor itself;
+- asynchronous: the result is a ``!dist.future<tensor<...>>`` and a separate
+  ``dist.wait`` yields the tensor, so scheduling passes can move the start and
+  the wait independently.
+
+``dist.send`` / ``dist.recv`` name their peer as an ``offset`` along one grid
+axis: the peer of the rank at coordinate ``c`` is at ``(c + offset) mod n``.
+A send with offset ``k`` matches the recv with offset ``-k`` and the same tag.
+"""
+
+from __future__ import annotations
+
+from abc import ABC
+from typing import ClassVar, Sequence
+
+from xdsl.dialects.builtin import (
+    BytesAttr,
+    FlatSymbolRefAttr,
+    IntegerAttr,
+    I64,
+    NoneType,
+    SymbolRefAttr,
+    TensorType,
+    i16,
+    i64,
+)
+from xdsl.dialects.shard import GridOp, ReductionKind, ReductionKindAttr, ShardAxesAttr
+from xdsl.ir import Attribute, Dialect, Operation, ParametrizedAttribute, SSAValue, TypeAttribute
+from xdsl.irdl import (
+    IRDLOperation,
+    irdl_attr_definition,
+    irdl_op_definition,
+    operand_def,
+    opt_result_def,
+    prop_def,
+    result_def,
+    traits_def,
+)
+from xdsl.parser import Parser
+from xdsl.printer import Printer
+from xdsl.traits import SymbolTable
+from xdsl.utils.exceptions import VerifyException
+
+
+@irdl_attr_definition
+class FutureType(ParametrizedAttribute, TypeAttribute):
+    """The pending result of an asynchronous communication op.
+
+    ``!dist.future<T>`` holds a value of type ``T`` (a tensor, or ``none`` for
+    ops without a payload such as ``dist.send`` and ``dist.barrier``) that is
+    available only after the matching ``dist.wait``.
+    """
+
+    name = "dist.future"
+
+    value_type: Attribute
+
+    def __init__(self, value_type: Attribute):
+        super().__init__(value_type)
+
+
+def axes_attr(axes: Sequence[int]) -> ShardAxesAttr:
+    """Build the grid-axes property (a ``array<i16: ...>``) from a list of ints."""
+    return ShardAxesAttr(i16, BytesAttr(i16.pack(list(axes))))
+
+
+def lookup_grid(op: Operation, grid: SymbolRefAttr) -> GridOp:
+    """Find the ``shard.grid`` named by ``grid`` from ``op``, or raise."""
+    found = SymbolTable.lookup_symbol(op, grid)
+    if not isinstance(found, GridOp):
+        raise VerifyException(f"'{op.name}' op grid {grid} does not name a 'shard.grid'")
+    return found
+
+
+def grid_shape(op: Operation, grid: SymbolRefAttr) -> tuple[int, ...]:
+    return tuple(lookup_grid(op, grid).shape.get_values())
+
+
+class DistCommOp(IRDLOperation, ABC):
+    """Base of every `dist` communication op: a grid and the axes it spans."""
+
+    grid = prop_def(FlatSymbolRefAttr)
+    grid_axes = prop_def(ShardAxesAttr)
+
+    def axes(self) -> tuple[int, ...]:
+        return tuple(self.grid_axes.get_values())
+
+    def group_size(self) -> int:
+        """Number of ranks in each group along this op's axes."""
+        shape = grid_shape(self, self.grid)
+        n = 1
+        for a in self.axes():
+            n *= shape[a]
+        return n
+
+    def verify_axes(self) -> None:
+        axes = self.axes()
+        shape = grid_shape(self, self.grid)
+        if not axes:
+            raise VerifyException(f"'{self.name}' op needs at least one grid axis")
+        if len(set(axes)) != len(axes):
+            raise VerifyException(f"'{self.name}' op grid axes {list(axes)} repeat an axis")
+        for a in axes:
+            if not 0 <= a < len(shape):
+                raise VerifyException(
+                    f"'{self.name}' op grid axis {a} out of range for rank-{len(shape)} grid {self.grid}"
+                )
+
+
+def _payload_type(op: Operation, result: Attribute) -> Attribute:
+    """The tensor a (possibly asynchronous) result carries."""
+    if isinstance(result, FutureType):
+        return result.value_type
+    return result
+
+
+def _tensor(op: Operation, t: Attribute, what: str) -> TensorType:
+    if not isinstance(t, TensorType):
+        raise VerifyException(f"'{op.name}' op {what} must be a tensor, got {t}")
+    return t
+
+
+class CollectiveOp(DistCommOp, ABC):
+    """A collective over the group along ``grid_axes``: one input, one result.
+
+    The result is the output tensor (synchronous form) or a
+    ``!dist.future`` of it (asynchronous form, completed by ``dist.wait``).
+    """
+
+    input = operand_def(TensorType)
+    result = result_def(TensorType | FutureType)
+
+    def __init__(
+        self,
+        input: SSAValue,
+        grid: str,
+        axes: Sequence[int],
+        result_type: Attribute,
+        *,
+        reduction: str | None = None,
+        **int_props: int,
+    ):
+        """Build from Python: ``AllGatherOp(x, "grid", [1], out_t, gather_dim=0)``.
+
+        ``result_type`` is the output tensor type, or a ``FutureType`` of it
+        for the asynchronous form; ``int_props`` are the op's integer
+        properties (``gather_dim``, ``scatter_dim``, ``split_dim``,
+        ``concat_dim``, ``root``).
+        """
+        props: dict[str, Attribute] = {"grid": FlatSymbolRefAttr(grid), "grid_axes": axes_attr(axes)}
+        props.update({k: IntegerAttr(v, i64) for k, v in int_props.items()})
+        if reduction is not None:
+            props["reduction"] = ReductionKindAttr(ReductionKind(reduction))
+        super().__init__(operands=[input], result_types=[result_type], properties=props)
+
+    @property
+    def is_async(self) -> bool:
+        return isinstance(self.result.type, FutureType)
+
+    def output_type(self) -> TensorType:
+        return _tensor(self, _payload_type(self, self.result.type), "result")
+
+    def expected_shape(self, in_shape: list[int], n: int) -> list[int]:
+        return in_shape
+
+    def verify_dim(self, dim: int, rank: int, what: str) -> None:
+        if not 0 <= dim < rank:
+            raise VerifyException(f"'{self.name}' op {what} {dim} out of range for rank-{rank} tensor")
+
+    def verify_(self) -> None:
+        self.verify_axes()
+        in_t = self.input.type
+        assert isinstance(in_t, TensorType)
+        out_t = self.output_type()
+        if in_t.element_type != out_t.element_type:
+            raise VerifyException(
+                f"'{self.name}' op element type {out_t.element_type} of the result does not match "
+                f"{in_t.element_type} of the input"
+            )
+        in_shape = list(in_t.get_shape())
+        expected = self.expected_shape(in_shape, self.group_size())
+        if list(out_t.get_shape()) != expected:
+            raise VerifyException(
+                f"'{self.name}' op result shape {list(out_t.get_shape())} does not match expected "
+                f"{expected} for input {in_shape} over a group of {self.group_size()}"
+            )
+
+
+_COLL_FORMAT = "$input `on` $grid `grid_axes` `=` $grid_axes {extra} attr-dict `:` type($input) `->` type($result)"
+
+
+@irdl_op_definition
+class AllReduceOp(CollectiveOp):
+    """Reduce the input over the group; every member receives the full result.
+
+    Chakra ``comm_size`` is the input's bytes. Output shape = input shape.
+    """
+
+    name = "dist.all_reduce"
+
+    reduction = prop_def(ReductionKindAttr, default_value=ReductionKindAttr(ReductionKind.SUM))
+
+    assembly_format = _COLL_FORMAT.format(extra="(`reduction` `=` $reduction^)?")
+
+
+@irdl_op_definition
+class AllGatherOp(CollectiveOp):
+    """Concatenate every member's input along ``gather_dim``, in group order.
+
+    Output shape = input shape with ``gather_dim`` multiplied by the group size.
+    """
+
+    name = "dist.all_gather"
+
+    gather_dim = prop_def(IntegerAttr[I64])
+
+    assembly_format = _COLL_FORMAT.format(extra="`gather_dim` `=` $gather_dim")
+
+    def expected_shape(self, in_shape: list[int], n: int) -> list[int]:
+        d = self.gather_dim.value.data
+        self.verify_dim(d, len(in_shape), "gather_dim")
+        return [s * n if i == d else s for i, s in enumerate(in_shape)]
+
+
+@irdl_op_definition
+class ReduceScatterOp(CollectiveOp):
+    """Reduce the inputs over the group, then give member ``i`` the ``i``-th
+    slice along ``scatter_dim``.
+
+    Output shape = input shape with ``scatter_dim`` divided by the group size
+    (which must divide it).
+    """
+
+    name = "dist.reduce_scatter"
+
+    scatter_dim = prop_def(IntegerAttr[I64])
+    reduction = prop_def(ReductionKindAttr, default_value=ReductionKindAttr(ReductionKind.SUM))
+
+    assembly_format = _COLL_FORMAT.format(extra="`scatter_dim` `=` $scatter_dim (`reduction` `=` $reduction^)?")
+
+    def expected_shape(self, in_shape: list[int], n: int) -> list[int]:
+        d = self.scatter_dim.value.data
+        self.verify_dim(d, len(in_shape), "scatter_dim")
+        if in_shape[d] % n:
+            raise VerifyException(
+                f"'{self.name}' op scatter_dim {d} of size {in_shape[d]} is not divisible by the group size {n}"
+            )
+        return [s // n if i == d else s for i, s in enumerate(in_shape)]
+
+
+@irdl_op_definition
+class AllToAllOp(CollectiveOp):
+    """Split the input into group-size chunks along ``split_dim``, send chunk
+    ``j`` to member ``j``, and concatenate what arrives along ``concat_dim``.
+    """
+
+    name = "dist.all_to_all"
+
+    split_dim = prop_def(IntegerAttr[I64])
+    concat_dim = prop_def(IntegerAttr[I64])
+
+    assembly_format = _COLL_FORMAT.format(extra="`split_dim` `=` $split_dim `concat_dim` `=` $concat_dim")
+
+    def expected_shape(self, in_shape: list[int], n: int) -> list[int]:
+        s, c = self.split_dim.value.data, self.concat_dim.value.data
+        self.verify_dim(s, len(in_shape), "split_dim")
+        self.verify_dim(c, len(in_shape), "concat_dim")
+        if in_shape[s] % n:
+            raise VerifyException(
+                f"'{self.name}' op split_dim {s} of size {in_shape[s]} is not divisible by the group size {n}"
+            )
+        out = list(in_shape)
+        out[s] //= n
+        out[c] *= n
+        return out
+
+
+@irdl_op_definition
+class BroadcastOp(CollectiveOp):
+    """Every member receives the input of the member at position ``root`` of the group."""
+
+    name = "dist.broadcast"
+
+    root = prop_def(IntegerAttr[I64])
+
+    assembly_format = _COLL_FORMAT.format(extra="`root` `=` $root")
+
+    def verify_(self) -> None:
+        super().verify_()
+        r = self.root.value.data
+        if not 0 <= r < self.group_size():
+            raise VerifyException(f"'{self.name}' op root {r} out of range for a group of {self.group_size()}")
+
+
+class _NoPayloadMixin:
+    def verify_no_payload_result(self: DistCommOp, res) -> None:  # type: ignore[misc]
+        if res is not None and res.type != FutureType(NoneType()):
+            raise VerifyException(f"'{self.name}' op asynchronous result must be !dist.future<none>, got {res.type}")
+
+
+@irdl_op_definition
+class BarrierOp(DistCommOp, _NoPayloadMixin):
+    """Every member waits until all members of the group arrived.
+
+    With a ``!dist.future<none>`` result the barrier is asynchronous.
+    """
+
+    name = "dist.barrier"
+
+    token = opt_result_def(FutureType)
+
+    assembly_format = "`on` $grid `grid_axes` `=` $grid_axes attr-dict (`:` type($token)^)?"
+
+    def verify_(self) -> None:
+        self.verify_axes()
+        self.verify_no_payload_result(self.token)
+
+
+class PointToPointOp(DistCommOp, ABC):
+    """Base of send and recv: one grid axis, a peer offset along it, a tag."""
+
+    offset = prop_def(IntegerAttr[I64])
+    tag = prop_def(IntegerAttr[I64])
+
+    def verify_p2p(self) -> None:
+        self.verify_axes()
+        if len(self.axes()) != 1:
+            raise VerifyException(f"'{self.name}' op needs exactly one grid axis, got {list(self.axes())}")
+        n = self.group_size()
+        k = self.offset.value.data
+        if k % n == 0:
+            raise VerifyException(
+                f"'{self.name}' op offset {k} names the rank itself on an axis of size {n}"
+            )
+        if self.tag.value.data < 0:
+            raise VerifyException(f"'{self.name}' op tag {self.tag.value.data} must be non-negative")
+
+
+@irdl_op_definition
+class SendOp(PointToPointOp, _NoPayloadMixin):
+    """Send the input to the rank at ``offset`` along the single grid axis.
+
+    Matches the ``dist.recv`` on that rank with offset ``-offset`` and the same
+    tag. With a ``!dist.future<none>`` result the send is asynchronous.
+    """
+
+    name = "dist.send"
+
+    input = operand_def(TensorType)
+    token = opt_result_def(FutureType)
+
+    assembly_format = (
+        "$input `to` $grid `grid_axes` `=` $grid_axes `offset` `=` $offset `tag` `=` $tag "
+        "attr-dict `:` type($input) (`->` type($token)^)?"
+    )
+
+    def verify_(self) -> None:
+        self.verify_p2p()
+        self.verify_no_payload_result(self.token)
+
+
+@irdl_op_definition
+class RecvOp(PointToPointOp):
+    """Receive a tensor from the rank at ``offset`` along the single grid axis.
+
+    Matches the ``dist.send`` on that rank with offset ``-offset`` and the
+    same tag. The result is the tensor, or a ``!dist.future`` of it.
+    """
+
+    name = "dist.recv"
+
+    result = result_def(TensorType | FutureType)
+
+    assembly_format = (
+        "`from` $grid `grid_axes` `=` $grid_axes `offset` `=` $offset `tag` `=` $tag attr-dict `:` type($result)"
+    )
+
+    @property
+    def is_async(self) -> bool:
+        return isinstance(self.result.type, FutureType)
+
+    def verify_(self) -> None:
+        self.verify_p2p()
+        _tensor(self, _payload_type(self, self.result.type), "result")
+
+
+@irdl_op_definition
+class WaitOp(IRDLOperation):
+    """Complete an asynchronous communication op.
+
+    ``%t = dist.wait %f : T`` takes a ``!dist.future<T>`` and yields the ``T``;
+    for ``!dist.future<none>`` there is no result (``dist.wait %f``).
+    """
+
+    name = "dist.wait"
+
+    future = operand_def(FutureType)
+    result = opt_result_def(TensorType)
+
+    def __init__(self, future: SSAValue):
+        t = future.type
+        assert isinstance(t, FutureType)
+        payload = t.value_type
+        super().__init__(operands=[future], result_types=[[] if isinstance(payload, NoneType) else [payload]])
+
+    def verify_(self) -> None:
+        t = self.future.type
+        assert isinstance(t, FutureType)
+        if isinstance(t.value_type, NoneType):
+            if self.result is not None:
+                raise VerifyException(f"'dist.wait' op waits on {t} and must not have a result")
+        elif self.result is None or self.result.type != t.value_type:
+            got = "no result" if self.result is None else str(self.result.type)
+            raise VerifyException(f"'dist.wait' op result must be {t.value_type} to match {t}, got {got}")
+
+    @classmethod
+    def parse(cls, parser: Parser) -> WaitOp:
+        unresolved = parser.parse_unresolved_operand()
+        attrs = parser.parse_optional_attr_dict()
+        payload: Attribute = NoneType()
+        if parser.parse_optional_punctuation(":") is not None:
+            payload = parser.parse_type()
+        future = parser.resolve_operand(unresolved, FutureType(payload))
+        op = cls(future)
+        op.attributes.update(attrs)
+        return op
+
+    def print(self, printer: Printer) -> None:
+        printer.print_string(" ")
+        printer.print_operand(self.future)
+        if self.attributes:
+            printer.print_op_attributes(self.attributes)
+        if self.result is not None:
+            printer.print_string(" : ")
+            printer.print_attribute(self.result.type)
+
+
+COLLECTIVE_OPS: tuple[type[CollectiveOp], ...] = (AllReduceOp, AllGatherOp, ReduceScatterOp, AllToAllOp, BroadcastOp)
+
+Dist = Dialect(
+    "dist",
+    [AllReduceOp, AllGatherOp, ReduceScatterOp, AllToAllOp, BroadcastOp, BarrierOp, SendOp, RecvOp, WaitOp],
+    [FutureType],
+)

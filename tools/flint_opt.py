@@ -1,0 +1,192 @@
+"""`flint-opt`: Flint's `mlir-opt`-style driver.
+
+Built on xDSL's opt driver: parse textual MLIR, run a `-p` pipeline of
+passes (with options, e.g. ``-p 'canonicalize-dist{fold-waits=false}'``),
+print the result (or hand it to a target with ``-t``). Errors in the input
+or raised by a pass are reported as ``file:line:col: error: message`` with
+a non-zero exit; ``--verify-diagnostics`` / ``--parsing-diagnostics`` print
+them and exit 0, for lit tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import tempfile
+from io import StringIO
+from typing import IO
+
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.ir import Operation
+from xdsl.parser import Parser
+from xdsl.printer import Printer
+from xdsl.utils.exceptions import DiagnosticException, ParseError
+from xdsl.xdsl_opt_main import xDSLOptMain
+
+from flint.errors import FlintError
+from flint.ir import FLINT_DIALECTS
+from flint.passes.registry import FLINT_PASSES, all_passes, summary
+
+# Generic xDSL passes that are useful on Flint IR too.
+XDSL_PASSES = ("canonicalize", "cse", "dce")
+
+
+class _RecordingParser(Parser):
+    """A parser that remembers where each operation started in the source."""
+
+    def __init__(self, *args, positions: dict[Operation, tuple[int, int]], line_offset: int = 0, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._positions = positions
+        self._line_offset = line_offset
+
+    def parse_operation(self) -> Operation:
+        loc = self._current_token.span.get_location()
+        op = super().parse_operation()
+        self._positions[op] = (loc.line + self._line_offset, loc.col)
+        return op
+
+
+class FlintOptMain(xDSLOptMain):
+    """The driver: xDSL's, with Flint's dialects, passes and error reporting."""
+
+    version_format = "flint-opt (Flint 0.1.0) built on xdsl {xdsl_version}"
+
+    def __init__(self, args=None):
+        self._positions: dict[Operation, tuple[int, int]] = {}
+        super().__init__(description="Flint's optimizer driver: parse IR, run passes, print the result.", args=args)
+
+    def register_all_dialects(self) -> None:
+        super().register_all_dialects()
+        for dialect in FLINT_DIALECTS:
+            self.ctx.register_dialect(dialect.name, lambda d=dialect: d)
+
+    def register_all_passes(self) -> None:
+        super().register_all_passes()
+        keep = {n: f for n, f in self.available_passes.items() if n in XDSL_PASSES}
+        self.available_passes = {**keep, **all_passes()}
+
+    def register_all_arguments(self, arg_parser: argparse.ArgumentParser) -> None:
+        super().register_all_arguments(arg_parser)
+        arg_parser.formatter_class = argparse.RawDescriptionHelpFormatter
+        lines = ["Flint passes (run with -p 'name{option=value,...}', comma-separated):"]
+        for name, factory in self.available_passes.items():
+            if name in XDSL_PASSES:
+                continue
+            try:
+                text = summary(factory())
+            except Exception as e:  # a broken plug-in must not break --help
+                text = f"(cannot load: {e})"
+            origin = "" if name in FLINT_PASSES or name in XDSL_PASSES else "  [plug-in]"
+            lines.append(f"  {name:<24} {text}{origin}")
+        lines.append("")
+        lines.append(f"Generic xDSL passes: {', '.join(XDSL_PASSES)}.")
+        lines.append("Print the IR after each pass with --print-between-passes.\n")
+        arg_parser.epilog = "\n".join(lines)
+
+    # -- input ---------------------------------------------------------------
+    def parse_chunk(self, chunk: IO[bytes], file_extension: str, start_offset: int = 0) -> ModuleOp | None:
+        if self.args.frontend or file_extension != "mlir":
+            return super().parse_chunk(chunk, file_extension, start_offset)
+        parser = _RecordingParser(
+            self.ctx, chunk.read(), self.get_input_name(), positions=self._positions, line_offset=start_offset
+        )
+        return parser.parse_module(not self.args.no_implicit_module)
+
+    # -- errors --------------------------------------------------------------
+    def _failing_op(self, module: ModuleOp | None, err: Exception) -> Operation | None:
+        op = getattr(err, "op", None)
+        if isinstance(op, Operation) or module is None:
+            return op
+        for candidate in module.walk():
+            try:
+                candidate.verify(verify_nested_ops=False)
+            except Exception:
+                return candidate
+        return None
+
+    def _locate(self, op: Operation | None) -> str:
+        name = self.get_input_name()
+        if op is not None and op in self._positions:
+            line, col = self._positions[op]
+            return f"{name}:{line}:{col}"
+        return name
+
+    def _diagnostic(self, module: ModuleOp | None, err: Exception) -> str:
+        if isinstance(err, ParseError):
+            loc = err.span.get_location()
+            context = "\n".join(err.span.print_with_context().rstrip().splitlines()[1:])
+            return f"{loc.file}:{loc.line}:{loc.col}: error: {err.msg}\n{context}"
+        where = self._locate(self._failing_op(module, err))
+        msg = str(err).strip() or type(err).__name__
+        return f"{where}: error: {msg}"
+
+    # -- main loop -----------------------------------------------------------
+    def run(self) -> int:
+        chunks, file_extension = self.prepare_input()
+        output = StringIO()
+        status = 0
+        for i, (chunk, offset) in enumerate(chunks):
+            if i > 0:
+                output.write("// -----\n")
+            module: ModuleOp | None = None
+            try:
+                module = self.parse_chunk(chunk, file_extension, offset)
+                if module is not None:
+                    self.apply_passes(module)
+                    output.write(self.output_resulting_program(module))
+            except ParseError as e:
+                e.span = dataclasses.replace(e.span, line_offset=offset)
+                if not self.args.parsing_diagnostics:
+                    print(self._diagnostic(module, e), file=sys.stderr)
+                    return 1
+                output.write(self._diagnostic(module, e) + "\n")
+            except (DiagnosticException, FlintError) as e:
+                if not self.args.verify_diagnostics:
+                    print(self._diagnostic(module, e), file=sys.stderr)
+                    return 1
+                output.write(self._diagnostic(module, e) + "\n")
+            finally:
+                chunk.close()
+        self._write(output.getvalue())
+        return status
+
+    def _write(self, text: str) -> None:
+        """Print, or write ``-o`` atomically (temp file, then rename)."""
+        if self.args.output_file is None:
+            sys.stdout.write(text)
+            return
+        path = os.path.abspath(self.args.output_file)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".flint-opt.")
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        return FlintOptMain(args=argv).run()
+    except (FlintError, ValueError, OSError) as e:
+        print(f"flint-opt: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:  # never a bare traceback for users
+        if os.environ.get("FLINT_TRACEBACK"):
+            raise
+        print(
+            f"flint-opt: internal error: {type(e).__name__}: {e}\n"
+            "(this is a bug in Flint or a plug-in; set FLINT_TRACEBACK=1 to see the traceback)",
+            file=sys.stderr,
+        )
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
