@@ -42,4 +42,7 @@ class CrossEntropyHead(nn.Module):
 
     def forward(self, h: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         logits = self.output(self.norm(h))
-        return nn.functional.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(0, 1))
+        # cross_entropy spelled out: under torch.compile on meta tensors (torch 2.13) the
+        # fused aten::nll_loss has no autograd kernel and silently yields zero gradients.
+        logp = nn.functional.log_softmax(logits.float(), dim=-1)
+        return -logp.gather(-1, labels.unsqueeze(-1)).mean()

@@ -1,0 +1,30 @@
+"""Capture real PyTorch training steps at any cluster size, on one CPU.
+
+>>> from flint.capture import capture_step
+>>> from flint.models import factory
+>>> step = capture_step(factory("llama3-8b"), {"tokens": (1024, 8192), "labels": (1024, 8192)},
+...                     world_size=1024, mesh_shape=(128, 8), mesh_axis_names=("dp", "tp"),
+...                     plan="fsdp+tp", dtype="bfloat16")   # doctest: +SKIP
+>>> step.part("block").repeat                             # doctest: +SKIP
+32
+
+See :func:`capture_step` (flint/capture/step.py) for the inputs and
+:class:`CapturedStep` for what comes back; recipes are in
+:mod:`flint.capture.recipes`, op classes in :mod:`flint.capture.opclass`.
+"""
+
+from flint.capture.errors import CaptureError
+from flint.capture.opclass import classify_aten
+from flint.capture.recipes import RECIPES, ParamInfo, default_mesh
+from flint.capture.step import (
+    CapturedGraph,
+    CapturedPart,
+    CapturedStep,
+    Role,
+    StepSummary,
+    capture_step,
+    summarize,
+)
+
+__all__ = ["capture_step", "CapturedStep", "CapturedPart", "CapturedGraph", "Role", "StepSummary",
+           "summarize", "classify_aten", "CaptureError", "RECIPES", "ParamInfo", "default_mesh"]

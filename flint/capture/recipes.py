@@ -1,0 +1,306 @@
+"""Parallelism recipes written with PyTorch's own APIs, selectable by name.
+
+======================  ==========================================================
+recipe                  what it does
+======================  ==========================================================
+``dp``                  replicated parameters; one gradient all-reduce (avg) per
+                        parameter group in backward (DDP / ``replicate`` bucketing
+                        at group granularity)
+``fsdp``                ZeRO-3 / FSDP2 semantics, SimpleFSDP-style: parameters are
+                        dim-0 shards; per group one all-gather before use in
+                        forward, one again in backward (selective-checkpoint
+                        MUST_RECOMPUTE), one gradient reduce-scatter
+``tp``                  Megatron tensor parallel with ``parallelize_module``:
+                        colwise wq/wk/wv/w1/w3, rowwise wo/w2 (all-reduce)
+``tp+sp``               ``tp`` plus sequence parallel norms (all-gather before,
+                        reduce-scatter after attention and MLP)
+``fsdp+tp``, ``dp+tp``  2-D: TP on axis ``tp``, then FSDP / DP on axis ``dp``
+``fsdp+tp+sp``          2-D with sequence parallel
+======================  ==========================================================
+
+A *parameter group* is what FSDP2 would wrap with ``fully_shard``: the
+embedding, each transformer block, and the head (final norm + output).
+Data-parallel axes are named ``dp``; the tensor-parallel axis ``tp``.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed._functional_collectives as funcol
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+from flint.capture.errors import CaptureError
+
+RECIPES = ("dp", "fsdp", "tp", "tp+sp", "dp+tp", "fsdp+tp", "fsdp+tp+sp")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A parsed recipe name."""
+
+    name: str
+    data: str | None  # None, "dp" or "fsdp"
+    tp: bool
+    sp: bool
+
+    @staticmethod
+    def parse(name: str) -> "Recipe":
+        if name not in RECIPES:
+            raise CaptureError("plan", f"unknown recipe '{name}'; known recipes: {', '.join(RECIPES)}")
+        parts = set(name.split("+"))
+        data = "fsdp" if "fsdp" in parts else "dp" if "dp" in parts else None
+        return Recipe(name, data, "tp" in parts, "sp" in parts)
+
+    def axes(self) -> tuple[str, ...]:
+        """Mesh axis names this recipe needs, outermost first."""
+        return tuple(a for a, on in (("dp", self.data is not None), ("tp", self.tp)) if on)
+
+
+def default_mesh(plan: str, world_size: int, tp: int = 1) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """(mesh_shape, mesh_axis_names) for ``plan`` at ``world_size`` with TP degree ``tp``."""
+    recipe = Recipe.parse(plan)
+    if recipe.tp and world_size % tp:
+        raise CaptureError("tp", f"TP degree {tp} does not divide world size {world_size}")
+    sizes = {"dp": world_size // (tp if recipe.tp else 1), "tp": tp if recipe.data else world_size}
+    axes = recipe.axes()
+    return tuple(sizes[a] for a in axes), axes
+
+
+@dataclass
+class ParamInfo:
+    """What a captured leaf parameter is: which model parameter, its global and local shapes."""
+
+    name: str
+    global_shape: tuple[int, ...]
+    local_shape: tuple[int, ...]
+    dtype: torch.dtype
+    sharding: dict[str, int] = field(default_factory=dict)  # mesh axis name -> sharded tensor dim
+
+
+# --------------------------------------------------------------------------- TP
+
+
+def _check_heads(model: nn.Module, tp: int) -> None:
+    cfg = getattr(model, "config", None)
+    for fname in ("n_heads", "n_kv_heads"):
+        value = getattr(cfg, fname, None)
+        if value is not None and value % tp:
+            raise CaptureError(fname, f"{value} heads are not divisible by the tensor-parallel degree {tp}")
+    if getattr(cfg, "n_experts", None) is not None:
+        raise CaptureError("plan", "tensor parallelism of mixture-of-experts layers is not implemented; "
+                           "use 'dp' or 'fsdp' for MoE models")
+
+
+def _block_plan(block: nn.Module, sp: bool) -> dict:
+    rowwise_out = Shard(1) if sp else Replicate()
+    plan: dict = {sub: ColwiseParallel() for sub in ("attention.wq", "attention.wk", "attention.wv", "feed_forward.w1")}
+    if hasattr(block.feed_forward, "w3"):
+        plan["feed_forward.w3"] = ColwiseParallel()
+    plan["attention.wo"] = RowwiseParallel(output_layouts=rowwise_out)
+    plan["feed_forward.w2"] = RowwiseParallel(output_layouts=rowwise_out)
+    if sp:
+        plan["attention_norm"] = SequenceParallel()
+        plan["ffn_norm"] = SequenceParallel()
+        plan["attention"] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+        plan["feed_forward"] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+    return plan
+
+
+def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sp: bool) -> None:
+    """Tensor (and sequence) parallelism with ``parallelize_module``, torchtitan's Llama plan."""
+    _check_heads(model, tp_mesh.size())
+    out_layout = Shard(1) if sp else Replicate()
+    emb_plan = {"tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=out_layout)}
+    if hasattr(model.embed, "pos_embeddings"):
+        # learned positions: replicated table, sliced to the local sequence shard by the model
+        emb_plan = {"tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())}
+    parallelize_module(model.embed, tp_mesh, emb_plan)
+    for block in model.layers:
+        parallelize_module(block, tp_mesh, _block_plan(block, sp))
+    head_plan: dict = {"output": ColwiseParallel(input_layouts=out_layout, output_layouts=Replicate())}
+    if sp:
+        head_plan["norm"] = SequenceParallel()
+    parallelize_module(model.head, tp_mesh, head_plan)
+    if sp and hasattr(model.embed, "pos_embeddings"):
+        model.embed = _ToSequenceShard(model.embed, tp_mesh)
+
+
+class _ToSequenceShard(nn.Module):
+    """Hand a replicated embedding output to sequence-parallel blocks as a Shard(1) local tensor."""
+
+    def __init__(self, module: nn.Module, tp_mesh: DeviceMesh) -> None:
+        super().__init__()
+        self.module = module
+        self.tp_mesh = tp_mesh
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.module(tokens)
+        h = DTensor.from_local(h, self.tp_mesh, [Replicate()], run_check=False)
+        return h.redistribute(placements=[Shard(1)]).to_local()
+
+
+# ------------------------------------------------------------------ DP / FSDP
+
+
+def _recompute_all(ctx, op, *args, **kwargs):  # noqa: ANN001
+    return CheckpointPolicy.MUST_RECOMPUTE
+
+
+_RECOMPUTE = functools.partial(create_selective_checkpoint_contexts, _recompute_all)
+
+
+class _GradAllReduce(torch.autograd.Function):
+    """Identity in forward; backward packs the group's gradients and all-reduces them (avg)."""
+
+    @staticmethod
+    def forward(ctx, group_name: str, *params: torch.Tensor):  # noqa: ANN001
+        ctx.group_name = group_name
+        return tuple(p.view_as(p) for p in params)
+
+    @staticmethod
+    def backward(ctx, *grads: torch.Tensor):  # noqa: ANN001
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        flat = funcol.wait_tensor(torch.ops._c10d_functional.all_reduce(flat, "avg", ctx.group_name))
+        outs = flat.split([g.numel() for g in grads])
+        return (None, *(o.view_as(g) for o, g in zip(outs, grads)))
+
+
+class _BackwardUnshard(torch.autograd.Function):
+    """FSDP2's pre-backward all-gather for groups whose backward does not read the weights.
+
+    FSDP2 unshards every group before its backward (a hook on the forward
+    output) even when, as for an embedding, the gradient does not need the
+    gathered weights. AOTAutograd would not recompute an unused all-gather,
+    so this re-issues it explicitly when the gradient reaches the output.
+    """
+
+    @staticmethod
+    def forward(ctx, out: torch.Tensor, flat_shard: torch.Tensor, group_size: int, group_name: str):  # noqa: ANN001
+        ctx.save_for_backward(flat_shard)
+        ctx.group = (group_size, group_name)
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # noqa: ANN001
+        (flat_shard,) = ctx.saved_tensors
+        # FSDP2's all-gather copy-in; allocating from ``grad`` keeps it in the backward graph.
+        buffer = grad.new_empty(flat_shard.shape, dtype=flat_shard.dtype).copy_(flat_shard)
+        funcol.wait_tensor(torch.ops._c10d_functional.all_gather_into_tensor(buffer, *ctx.group))
+        return grad, None, None, None
+
+
+class ParamGroup(nn.Module):
+    """One data-parallel parameter group (what FSDP2's ``fully_shard`` would wrap).
+
+    Holds the group's local parameters in ``self.local`` (dim-0 shards for
+    ``fsdp``; the whole, or TP-local, tensors for ``dp``) and runs the wrapped
+    module with ``torch.func.functional_call`` on the unsharded values.
+    """
+
+    def __init__(self, module: nn.Module, dp_mesh: DeviceMesh, mode: str, prefix: str,
+                 infos: dict[int, ParamInfo]) -> None:
+        super().__init__()
+        self.module = module
+        self.mode = mode
+        self.dp_size = dp_mesh.size()
+        self.group_name = dp_mesh.get_group().group_name
+        self.backward_unshard = False
+        self.names: list[str] = []
+        self.specs: list = []
+        self.local_shapes: list[tuple[int, ...]] = []
+        self.local = nn.ParameterDict()
+        for name, p in list(module.named_parameters()):
+            local = p.to_local() if isinstance(p, DTensor) else p
+            spec = (p.device_mesh, p.placements, p.shape, p.stride()) if isinstance(p, DTensor) else None
+            old = infos.pop(id(p), None)
+            full_name = old.name if old else f"{prefix}.{name}"
+            sharding = dict(old.sharding) if old else {}
+            if mode == "fsdp":
+                rows = local.shape[0]
+                shard_rows = -(-rows // self.dp_size)
+                leaf = nn.Parameter(torch.empty((shard_rows, *local.shape[1:]), dtype=local.dtype, device=local.device))
+                sharding["dp"] = 0
+            else:
+                leaf = nn.Parameter(local.detach())
+            key = name.replace(".", "__")
+            self.local[key] = leaf
+            self.names.append(name)
+            self.specs.append(spec)
+            self.local_shapes.append(tuple(local.shape))
+            infos[id(leaf)] = ParamInfo(full_name, tuple(p.shape), tuple(leaf.shape), p.dtype, sharding)
+            owner, _, leaf_name = name.rpartition(".")
+            del module.get_submodule(owner)._parameters[leaf_name]
+
+    def _unshard(self, *shards: torch.Tensor) -> list[torch.Tensor]:
+        flat = torch.cat([s.reshape(-1) for s in shards])
+        full = funcol.all_gather_tensor_autograd(flat, 0, self.group_name).view(self.dp_size, -1)
+        out, offset = [], 0
+        for shard, shape in zip(shards, self.local_shapes):
+            n = shard.numel()
+            out.append(full[:, offset:offset + n].reshape(-1, *shape[1:])[: shape[0]])
+            offset += n
+        return out
+
+    def forward(self, *args: torch.Tensor) -> torch.Tensor:
+        leaves = [self.local[n.replace(".", "__")] for n in self.names]
+        if self.mode == "fsdp":
+            values = checkpoint(self._unshard, *leaves, use_reentrant=False, context_fn=_RECOMPUTE)
+        else:
+            values = _GradAllReduce.apply(self.group_name, *leaves)
+        params = {}
+        for name, value, spec in zip(self.names, values, self.specs):
+            if spec is not None:
+                mesh, placements, shape, stride = spec
+                value = DTensor.from_local(value, mesh, placements, run_check=False, shape=shape, stride=stride)
+            params[name] = value
+        out = torch.func.functional_call(self.module, params, args)
+        if self.mode == "fsdp" and self.backward_unshard:
+            flat = torch.cat([leaf.detach().reshape(-1) for leaf in leaves])
+            out = _BackwardUnshard.apply(out, flat, self.dp_size, self.group_name)
+        return out
+
+
+def apply_data_parallel(model: nn.Module, dp_mesh: DeviceMesh, mode: str, infos: dict[int, ParamInfo]) -> None:
+    """Wrap embed, every block and head of a StagedLM as parameter groups."""
+    model.embed = ParamGroup(model.embed, dp_mesh, mode, "embed", infos)
+    for i in range(len(model.layers)):
+        model.layers[i] = ParamGroup(model.layers[i], dp_mesh, mode, f"layers.{i}", infos)
+    model.head = ParamGroup(model.head, dp_mesh, mode, "head", infos)
+
+
+def apply(plan: str, model: nn.Module, mesh: DeviceMesh) -> tuple[Recipe, dict[int, ParamInfo]]:
+    """Parallelise ``model`` in place by recipe ``plan``; return the ParamInfo table (by id of leaf)."""
+    recipe = Recipe.parse(plan)
+    names = tuple(mesh.mesh_dim_names or ())
+    missing = [a for a in recipe.axes() if a not in names]
+    if missing:
+        raise CaptureError("mesh_axis_names", f"recipe '{plan}' needs mesh axes {list(recipe.axes())}, "
+                           f"got {list(names)}")
+    infos: dict[int, ParamInfo] = {}
+    for name, p in model.named_parameters():
+        infos[id(p)] = ParamInfo(name, tuple(p.shape), tuple(p.shape), p.dtype)
+    if recipe.tp:
+        apply_tp(model, mesh["tp"], recipe.sp)
+        by_name = {info.name: info for info in infos.values()}
+        infos.clear()
+        for name, p in model.named_parameters():
+            info = by_name[name.replace("embed.module.", "embed.")]
+            local = p.to_local() if isinstance(p, DTensor) else p
+            sharding = {"tp": pl.dim for pl in getattr(p, "placements", ()) if isinstance(pl, Shard)}
+            infos[id(p)] = ParamInfo(info.name, info.global_shape, tuple(local.shape), p.dtype, sharding)
+    if recipe.data:
+        apply_data_parallel(model, mesh["dp"], recipe.data, infos)
+    return recipe, infos

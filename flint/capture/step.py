@@ -1,0 +1,512 @@
+"""Capture one training step (forward, loss, backward, optimizer) as FX graphs.
+
+Parameters and inputs live on the meta device, so nothing the size of the
+model is ever allocated; the process group is PyTorch's fake backend, so any
+world size runs in this one process as rank 0. ``torch.compile`` with
+AOTAutograd (min-cut partitioner, which honours selective-checkpoint
+recompute tags) yields the forward and backward graphs with functional
+collectives; the AdamW update over the local parameter shards is traced with
+``make_fx``.
+
+A :class:`~flint.models.StagedLM` is captured part by part: ``embed``, ONE
+block of ``layers`` (repeated ``len(layers)`` times) and ``head``; any other
+module is captured whole as a single part ``model`` called as
+``model(**batch)`` returning the loss.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import traceback
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch._dynamo.backends.common import aot_autograd
+from torch._functorch.aot_autograd import make_boxed_func
+from torch._functorch.partitioners import min_cut_rematerialization_partition
+from torch.distributed.tensor import DTensor
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from flint.capture import opclass
+from flint.capture.errors import CaptureError
+from flint.capture.fake_dist import device_mesh, fake_world, group_axes
+from flint.capture.recipes import ParamGroup, ParamInfo, Recipe, apply
+from flint.mesh import Mesh
+
+
+@dataclass
+class Role:
+    """What one graph placeholder is.
+
+    ``kind`` is one of ``parameter`` (a local parameter shard), ``buffer``,
+    ``input`` (batch data), ``activation`` (the hidden state entering the
+    part), ``saved`` (a forward value saved for backward), ``tangent`` (the
+    gradient of a forward output), ``gradient`` (of a parameter, optimizer
+    input), ``exp_avg`` / ``exp_avg_sq`` (AdamW state) or ``step``.
+    """
+
+    kind: str
+    local_shape: tuple[int, ...]
+    dtype: torch.dtype
+    param: str | None = None
+    global_shape: tuple[int, ...] | None = None
+    sharding: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class CapturedGraph:
+    """One FX graph of a part: phase ``fwd``, ``bwd`` or ``optim``."""
+
+    phase: str
+    gm: torch.fx.GraphModule
+    roles: dict[str, Role]  # placeholder node name -> role
+
+    def nodes(self) -> Iterator[torch.fx.Node]:
+        return (n for n in self.gm.graph.nodes if n.op == "call_function")
+
+
+@dataclass
+class CapturedPart:
+    """A distinct part of the step and how many times it runs per step.
+
+    For the repeated block, parameter names are those of block 0
+    (``layers.0.…``); block ``i`` has the same shapes under ``layers.i.…``.
+    """
+
+    name: str
+    repeat: int
+    fwd: CapturedGraph
+    bwd: CapturedGraph | None
+    optim: CapturedGraph | None
+    params: list[ParamInfo]
+
+    def graphs(self) -> list[CapturedGraph]:
+        return [g for g in (self.fwd, self.bwd, self.optim) if g is not None]
+
+
+@dataclass
+class CapturedStep:
+    """One captured training step.
+
+    ``group_axes`` maps every process-group name seen in the graphs'
+    functional collectives to the mesh axis indices the group spans.
+    """
+
+    parts: list[CapturedPart]
+    mesh: Mesh
+    plan: str
+    group_axes: dict[str, tuple[int, ...]]
+    param_dtype: torch.dtype
+    batch_local_shapes: dict[str, tuple[int, ...]]
+    global_params: dict[str, tuple[int, ...]]
+
+    def part(self, name: str) -> CapturedPart:
+        return next(p for p in self.parts if p.name == name)
+
+    def summary(self) -> "StepSummary":
+        return summarize(self)
+
+
+@dataclass
+class StepSummary:
+    """Per-rank, per-step totals (repeated parts counted ``repeat`` times)."""
+
+    op_classes: Counter  # class -> count
+    flops: int
+    collectives: Counter  # (kind, axes, phase) -> count
+    collective_bytes: Counter  # (kind, axes, phase) -> input bytes
+    graph_ops: int  # call_function nodes actually captured (not multiplied by repeat)
+
+
+def summarize(step: CapturedStep) -> StepSummary:
+    """Count ops by class, FLOPs and collectives over the whole step."""
+    classes, colls, coll_bytes = Counter(), Counter(), Counter()
+    flops = graph_ops = 0
+    for part in step.parts:
+        for g in part.graphs():
+            for node in g.nodes():
+                graph_ops += 1
+                cls = opclass.classify_aten(node.target)
+                classes[cls] += part.repeat
+                flops += opclass.node_flops(node) * part.repeat
+                if cls in opclass.COLLECTIVES:
+                    axes = step.group_axes.get(opclass.collective_group(node), ())
+                    key = (cls, tuple(step.mesh.axis_names[a] for a in axes), g.phase)
+                    colls[key] += part.repeat
+                    coll_bytes[key] += opclass.tensor_bytes(node.args[0].meta.get("val")) * part.repeat
+    return StepSummary(classes, flops, colls, coll_bytes, graph_ops)
+
+
+# ----------------------------------------------------------------- internals
+
+
+_FRAME = re.compile(r'File "([^"]+)", line (\d+)(?:, in (\S+))?')
+
+
+def _user_source(exc: BaseException) -> str | None:
+    """'file:line in fn' of the innermost user frame of a dynamo error."""
+    frames = []
+    real = getattr(exc, "real_stack", None)
+    if real:
+        frames = [(f.filename, f.lineno, f.name) for f in real]
+    if not frames:
+        frames = [(m.group(1), int(m.group(2)), m.group(3)) for m in _FRAME.finditer(str(exc))]
+    user = [f for f in frames if "/torch/" not in f[0] and "/flint/capture/" not in f[0]]
+    if not user:
+        return None
+    file, line, fn = user[-1]
+    return f"{file}:{line}" + (f" in {fn}" if fn else "")
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+@dataclass
+class _Capture:
+    fwd: torch.fx.GraphModule | None = None
+    bwd: torch.fx.GraphModule | None = None
+    inputs: list[tuple[str, Any]] = field(default_factory=list)  # dynamo placeholder (source, example)
+
+
+def _compile_part(module: nn.Module, args: Sequence[torch.Tensor], part: str) -> tuple[_Capture, torch.Tensor]:
+    """Run ``module(*args)`` and its backward through torch.compile, keeping the graphs."""
+    cap = _Capture()
+
+    def fw_compiler(gm: torch.fx.GraphModule, example_inputs: Any) -> Callable:
+        if cap.fwd is not None:
+            raise CaptureError(part, "the part compiled into more than one forward graph")
+        cap.fwd = gm
+        return make_boxed_func(gm.forward)
+
+    def bw_compiler(gm: torch.fx.GraphModule, example_inputs: Any) -> Callable:
+        cap.bwd = gm
+        return make_boxed_func(gm.forward)
+
+    aot = aot_autograd(fw_compiler=fw_compiler, bw_compiler=bw_compiler,
+                       partition_fn=min_cut_rematerialization_partition)
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: Any) -> Callable:
+        for node in gm.graph.nodes:
+            if node.op == "placeholder":
+                ga = node.meta.get("grapharg")
+                source = ga.source.name if ga is not None and ga.source is not None else node.name
+                source = source() if callable(source) else source
+                example = ga.example if ga is not None else None
+                cap.inputs.append((source, example))
+        return aot(gm, example_inputs)
+
+    compiled = torch.compile(module, backend=backend, fullgraph=True, dynamic=False)
+    try:
+        out = compiled(*args)
+        if out.requires_grad:
+            if out.ndim == 0:
+                out.backward()
+            else:
+                out.backward(torch.empty_like(out))
+    except CaptureError:
+        raise
+    except (torch._dynamo.exc.Unsupported, torch._dynamo.exc.UserError) as exc:
+        raise CaptureError("model", f"graph break in part '{part}': {_reason(exc)}", _user_source(exc)) from exc
+    except torch._dynamo.exc.TorchDynamoException as exc:
+        raise CaptureError("model", f"cannot capture part '{part}': {_reason(exc)}", _user_source(exc)) from exc
+    return cap, out
+
+
+def _shape(val: Any) -> tuple[int, ...]:
+    return tuple(int(s) for s in getattr(val, "shape", ()))
+
+
+def _fwd_roles(cap: _Capture, infos: dict[int, ParamInfo], buffers: dict[int, str],
+               input_kinds: Sequence[str]) -> dict[str, Role]:
+    placeholders = [n for n in cap.fwd.graph.nodes if n.op == "placeholder"]
+    roles: dict[str, Role] = {}
+    user_inputs = iter(input_kinds)
+    aligned = len(placeholders) == len(cap.inputs)
+    for i, node in enumerate(placeholders):
+        val = node.meta.get("val")
+        shape, dtype = _shape(val), getattr(val, "dtype", None)
+        source, example = cap.inputs[i] if aligned else (node.name, None)
+        if isinstance(example, DTensor):
+            example_id = id(example)
+        else:
+            example_id = id(example) if example is not None else None
+        if example_id in infos:
+            info = infos[example_id]
+            roles[node.name] = Role("parameter", shape, dtype, info.name, info.global_shape, dict(info.sharding))
+        elif example_id in buffers:
+            roles[node.name] = Role("buffer", shape, dtype, buffers[example_id])
+        elif aligned and source.startswith("L[") and "self" not in source.split("]")[0]:
+            roles[node.name] = Role(next(user_inputs, "input"), shape, dtype)
+        else:
+            roles[node.name] = Role("unknown", shape, dtype)
+    return roles
+
+
+def _bwd_roles(bwd: torch.fx.GraphModule, fwd_roles: dict[str, Role]) -> dict[str, Role]:
+    roles = {}
+    for node in bwd.graph.nodes:
+        if node.op != "placeholder":
+            continue
+        val = node.meta.get("val")
+        if node.name in fwd_roles:
+            roles[node.name] = fwd_roles[node.name]
+        elif node.name.startswith("tangents"):
+            roles[node.name] = Role("tangent", _shape(val), getattr(val, "dtype", None))
+        else:
+            roles[node.name] = Role("saved", _shape(val), getattr(val, "dtype", None))
+    return roles
+
+
+def adamw_step(params: list[torch.Tensor], grads: list[torch.Tensor], exp_avgs: list[torch.Tensor],
+               exp_avg_sqs: list[torch.Tensor], step: torch.Tensor, lr: float = 3e-4,
+               beta1: float = 0.9, beta2: float = 0.95, eps: float = 1e-8, weight_decay: float = 0.1) -> None:
+    """torch.optim.AdamW's update (for-loop form, tensor step as with ``capturable=True``)."""
+    step.add_(1)
+    bias_correction1 = 1 - torch.pow(beta1, step)
+    bias_correction2_sqrt = torch.sqrt(1 - torch.pow(beta2, step))
+    step_size = lr / bias_correction1
+    for p, g, m, v in zip(params, grads, exp_avgs, exp_avg_sqs):
+        p.mul_(1 - lr * weight_decay)
+        m.lerp_(g, 1 - beta1)
+        v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+        denom = (v.sqrt() / bias_correction2_sqrt).add_(eps)
+        p.addcdiv_(m, denom * (1 / step_size).neg())
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def _capture_optimizer(module: nn.Module, infos: dict[int, ParamInfo]) -> CapturedGraph | None:
+    params = [p for p in module.parameters() if p.requires_grad]
+    if not params:
+        return None
+    local = [_local(p).detach() for p in params]
+    grads = [torch.empty_like(t) for t in local]
+    m = [torch.empty_like(t) for t in local]
+    v = [torch.empty_like(t) for t in local]
+    step = torch.zeros((), device=local[0].device)
+    n = len(local)
+
+    def flat_step(*flat: torch.Tensor) -> None:
+        adamw_step(list(flat[:n]), list(flat[n:2 * n]), list(flat[2 * n:3 * n]), list(flat[3 * n:4 * n]), flat[-1])
+
+    gm = make_fx(flat_step)(*local, *grads, *m, *v, step)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    roles: dict[str, Role] = {}
+    kinds = ["parameter", "gradient", "exp_avg", "exp_avg_sq"]
+    for i, node in enumerate(placeholders):
+        if i == len(placeholders) - 1:
+            roles[node.name] = Role("step", (), step.dtype)
+            continue
+        kind, j = kinds[i // len(params)], i % len(params)
+        info = infos.get(id(params[j]))
+        roles[node.name] = Role(kind, tuple(local[j].shape), local[j].dtype, info.name if info else None,
+                                info.global_shape if info else None, dict(info.sharding) if info else {})
+    return CapturedGraph("optim", gm, roles)
+
+
+def _capture_part(name: str, module: nn.Module, args: Sequence[torch.Tensor], input_kinds: Sequence[str],
+                  repeat: int, infos: dict[int, ParamInfo], buffers: dict[int, str], optimizer: str | None,
+                  dp_group: str | None) -> tuple[CapturedPart, torch.Tensor]:
+    cap, out = _compile_part(module, args, name)
+    if dp_group is not None and _needs_backward_unshard(cap, dp_group):
+        # FSDP2 re-gathers every group before its backward; AOTAutograd dropped an unused one.
+        for sub in module.modules():
+            if isinstance(sub, ParamGroup):
+                sub.backward_unshard = True
+        torch._dynamo.reset()
+        for p in module.parameters():
+            p.grad = None
+        cap, out = _compile_part(module, args, name)
+    fwd_roles = _fwd_roles(cap, infos, buffers, input_kinds)
+    fwd = CapturedGraph("fwd", cap.fwd, fwd_roles)
+    bwd = CapturedGraph("bwd", cap.bwd, _bwd_roles(cap.bwd, fwd_roles)) if cap.bwd is not None else None
+    optim = _capture_optimizer(module, infos) if optimizer else None
+    params = [infos[id(p)] for p in module.parameters() if id(p) in infos]
+    return CapturedPart(name, repeat, fwd, bwd, optim, params), out
+
+
+def _needs_backward_unshard(cap: _Capture, dp_group: str) -> bool:
+    def gathers(gm: torch.fx.GraphModule | None) -> int:
+        if gm is None:
+            return 0
+        return sum(1 for n in gm.graph.nodes if n.op == "call_function"
+                   and opclass.classify_aten(n.target) == opclass.ALL_GATHER
+                   and opclass.collective_group(n) == dp_group)
+    return cap.bwd is not None and gathers(cap.bwd) < gathers(cap.fwd)
+
+
+def _check_layers(layers: nn.ModuleList) -> None:
+    ref = [(n, tuple(p.shape)) for n, p in layers[0].named_parameters()]
+    for i, layer in enumerate(layers):
+        got = [(n, tuple(p.shape)) for n, p in layer.named_parameters()]
+        if got != ref or type(layer) is not type(layers[0]):
+            raise CaptureError("layers", f"layer {i} differs from layer 0 in type or parameter shapes; "
+                               "only a stack of identical blocks can be captured as one repeated body "
+                               "(pass repeat=False to capture the stack whole)")
+
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def capture_step(
+    model_factory: Callable[[], nn.Module],
+    batch_shapes: Mapping[str, Sequence[int]],
+    *,
+    world_size: int,
+    mesh_shape: Sequence[int] | None = None,
+    mesh_axis_names: Sequence[str] | None = None,
+    plan: str | Callable[[nn.Module, Any], nn.Module | None] = "dp",
+    repeat: bool = True,
+    optimizer: str | None = "adamw",
+    dtype: str | torch.dtype | None = None,
+) -> CapturedStep:
+    """Capture one training step of ``model_factory()`` as rank 0 of ``world_size`` ranks.
+
+    ``model_factory`` is called under ``torch.device("meta")``. ``batch_shapes``
+    gives GLOBAL shapes, e.g. ``{"tokens": (B, S), "labels": (B, S)}``; dim 0 is
+    split over the data-parallel axis ``dp``. ``mesh_shape`` /
+    ``mesh_axis_names`` default to ``(world_size,)`` / the recipe's axes.
+    ``plan`` is a recipe name (see :mod:`flint.capture.recipes`) or a function
+    ``plan(model, device_mesh)`` that parallelises the model with PyTorch
+    APIs (then every mesh axis named ``dp`` is taken as data parallel).
+    ``repeat=True`` captures one block of a StagedLM and repeats it;
+    ``repeat=False`` captures the whole stack as one part (for checks).
+    ``optimizer`` is ``"adamw"`` or ``None``. ``dtype`` casts the model
+    (default: as built, float32).
+    """
+    if world_size < 1:
+        raise CaptureError("world_size", f"must be a positive integer, got {world_size}")
+    if mesh_shape is None:
+        mesh_shape = (world_size,)
+    if mesh_axis_names is None:
+        mesh_axis_names = Recipe.parse(plan).axes()[-len(mesh_shape):] if isinstance(plan, str) else ()
+        if len(mesh_axis_names) != len(mesh_shape):
+            mesh_axis_names = ("dp",) if len(mesh_shape) == 1 else ()
+    mesh = Mesh(tuple(mesh_shape), tuple(mesh_axis_names))
+    if mesh.world_size != world_size:
+        raise CaptureError("mesh_shape", f"mesh {list(mesh.shape)} has {mesh.world_size} ranks, "
+                           f"but world_size is {world_size}")
+    if optimizer not in (None, "adamw"):
+        raise CaptureError("optimizer", f"unknown optimizer '{optimizer}'; supported: 'adamw' or None")
+    torch_dtype = _DTYPES.get(dtype, dtype) if isinstance(dtype, str) else dtype
+    if isinstance(dtype, str) and dtype not in _DTYPES:
+        raise CaptureError("dtype", f"unknown dtype '{dtype}'; supported: {', '.join(_DTYPES)}")
+
+    with fake_world(world_size):
+        dm = device_mesh(mesh.shape, mesh.axis_names)
+        torch._dynamo.reset()
+        with torch.device("meta"):
+            model = model_factory()
+        if torch_dtype is not None:
+            model.to(torch_dtype)
+        param_dtype = next(model.parameters()).dtype
+        global_params = {n: tuple(p.shape) for n, p in model.named_parameters()}
+        staged = all(hasattr(model, a) for a in ("embed", "layers", "head"))
+        if staged and repeat:
+            _check_layers(model.layers)
+        if staged:
+            _check_batch(batch_shapes, ("tokens", "labels"))
+        if isinstance(plan, str):
+            if not staged and plan != "dp":
+                raise CaptureError("plan", f"recipe '{plan}' needs a StagedLM (embed, layers, head); "
+                                   "pass a parallelisation function instead")
+            recipe, infos = apply(plan, model, dm)
+            plan_name = plan
+        else:
+            result = plan(model, dm)
+            model = result if isinstance(result, nn.Module) else model
+            infos = {id(p): ParamInfo(n, tuple(p.shape), tuple(_local(p).shape), p.dtype)
+                     for n, p in model.named_parameters()}
+            recipe, plan_name = Recipe("custom", "dp" if "dp" in mesh.axis_names else None, False, False), \
+                getattr(plan, "__name__", "custom")
+        buffers = {id(b): n for n, b in model.named_buffers()}
+        dp = mesh.shape[mesh.axis_names.index("dp")] if "dp" in mesh.axis_names else 1
+        local = _local_batch(batch_shapes, dp)
+        dp_group = dm["dp"].get_group().group_name if recipe.data == "fsdp" else None
+        kw = dict(infos=infos, buffers=buffers, optimizer=optimizer, dp_group=dp_group)
+        parts: list[CapturedPart] = []
+        if staged:
+            tokens = torch.zeros(local["tokens"], dtype=torch.long, device="meta")
+            labels = torch.zeros(local["labels"], dtype=torch.long, device="meta")
+            part, h = _capture_part("embed", model.embed, (tokens,), ("input",), 1, **kw)
+            parts.append(part)
+            if repeat:
+                h = h.detach().requires_grad_()
+                part, h = _capture_part("block", model.layers[0], (h,), ("activation",), len(model.layers), **kw)
+                parts.append(part)
+            else:
+                h = h.detach().requires_grad_()
+                part, h = _capture_part("layers", _Stack(model.layers), (h,), ("activation",), 1, **kw)
+                parts.append(part)
+            h = h.detach().requires_grad_()
+            part, _ = _capture_part("head", model.head, (h, labels), ("activation", "input"), 1, **kw)
+            parts.append(part)
+        else:
+            args = tuple(torch.zeros(s, device="meta") for s in local.values())
+            part, _ = _capture_part("model", _Kwargs(model, tuple(local)), args, ("input",) * len(args), 1, **kw)
+            parts.append(part)
+        axes = group_axes(dm)
+        _check_groups(parts, axes)
+        torch._dynamo.reset()
+    return CapturedStep(parts, mesh, plan_name, axes, param_dtype, local, global_params)
+
+
+class _Stack(nn.Module):
+    """The whole layer stack as one module (``repeat=False``)."""
+
+    def __init__(self, layers: nn.ModuleList) -> None:
+        super().__init__()
+        self.layers = layers
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            h = layer(h)
+        return h
+
+
+class _Kwargs(nn.Module):
+    def __init__(self, model: nn.Module, names: tuple[str, ...]) -> None:
+        super().__init__()
+        self.model = model
+        self.names = names
+
+    def forward(self, *args: torch.Tensor) -> torch.Tensor:
+        return self.model(**dict(zip(self.names, args)))
+
+
+def _check_batch(batch_shapes: Mapping[str, Sequence[int]], needed: Sequence[str]) -> None:
+    for key in needed:
+        if key not in batch_shapes:
+            raise CaptureError("batch_shapes", f"missing '{key}' (a StagedLM takes {list(needed)})")
+
+
+def _local_batch(batch_shapes: Mapping[str, Sequence[int]], dp: int) -> dict[str, tuple[int, ...]]:
+    local = {}
+    for key, shape in batch_shapes.items():
+        shape = tuple(int(s) for s in shape)
+        if not shape or shape[0] % dp:
+            raise CaptureError(f"batch_shapes['{key}'][0]",
+                               f"global batch {shape[0] if shape else None} is not divisible by the "
+                               f"data-parallel degree {dp}")
+        local[key] = (shape[0] // dp, *shape[1:])
+    return local
+
+
+def _check_groups(parts: list[CapturedPart], axes: dict[str, tuple[int, ...]]) -> None:
+    for part in parts:
+        for g in part.graphs():
+            for node in g.nodes():
+                if opclass.classify_aten(node.target) in opclass.COLLECTIVES:
+                    name = opclass.collective_group(node)
+                    if name not in axes:
+                        raise CaptureError("plan", f"collective {node.target} in part '{part.name}' uses "
+                                           f"process group '{name}', which spans no mesh axis set Flint knows")
