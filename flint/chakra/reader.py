@@ -379,14 +379,14 @@ def find_rank_files(dir_or_prefix: str | Path) -> tuple[Path, str, list[Path]]:
         else:
             directory, prefix = p.parent, p.name
         if not directory.is_dir():
-            raise TraceError(f"{directory}: trace directory does not exist")
+            raise TraceError(f"{p}: no such trace directory or prefix ({directory} does not exist)")
     ranks = set()
     for name in os.listdir(directory):
         m = _RANK_FILE.match(name)
         if m and m["prefix"] == prefix:
             ranks.add(int(m["rank"]))
     if not ranks:
-        raise TraceError(f"{directory / prefix}: no rank files {prefix}.<rank>.et")
+        raise TraceError(f"{directory / prefix}: no such trace: neither a directory nor a prefix with rank files {prefix}.<rank>.et")
     world = max(ranks) + 1
     for r in range(world):
         if r not in ranks:

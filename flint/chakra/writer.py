@@ -42,6 +42,8 @@ import re
 import shutil
 import tempfile
 import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from operator import itemgetter
 from pathlib import Path
@@ -358,6 +360,9 @@ def _write_file(path: str, data: bytes) -> None:
         f.write(data)
 
 
+_WRITER_THREADS = 3
+_MAX_IN_FLIGHT = 12  # rendered files waiting for a writer thread (bounds memory)
+
 _RANK_FILE = re.compile(r"^(?P<prefix>.+)\.(?P<rank>\d+)\.et$")
 
 
@@ -397,17 +402,29 @@ def write_trace(trace: Trace, out_dir: str | Path, prefix: str = "trace") -> Wri
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=parent))
     total = 0
     nodes = 0
+    # Rendering holds the GIL; file creation and writes release it, so a few
+    # writer threads overlap the file system with the next rank's rendering.
+    pool = ThreadPoolExecutor(max_workers=_WRITER_THREADS)
+    pending: deque = deque()
     try:
         for rank, prog in enumerate(trace.ranks):
             data = emitter.render(rank, prog)
-            _write_file(str(tmp / f"{prefix}.{rank}.et"), data)
+            pending.append(pool.submit(_write_file, str(tmp / f"{prefix}.{rank}.et"), data))
             total += len(data)
             nodes += len(prog.table)
+            while len(pending) > _MAX_IN_FLIGHT:
+                pending.popleft().result()
         groups_text = format_comm_groups(trace.comm_groups).encode()
-        _write_file(str(tmp / f"{prefix}.comm_groups.json"), groups_text)
+        pending.append(pool.submit(_write_file, str(tmp / f"{prefix}.comm_groups.json"), groups_text))
         total += len(groups_text)
+        while pending:
+            pending.popleft().result()
+        pool.shutdown()
         _commit(tmp, out_dir.resolve(), prefix, trace.world_size)
     except BaseException:
+        for f in pending:
+            f.cancel()
+        pool.shutdown(wait=True)
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return WriteStats(
