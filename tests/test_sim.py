@@ -1,0 +1,274 @@
+"""The simulator on small graphs with known answers."""
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from flint.cost import Link, collective_time_us, load_device
+from flint.cost.network import Network, NetworkDim
+from flint.mesh import Mesh, assign_group_ids
+from flint.sim import SimDeadlock, simulate, write_chrome_trace
+from flint.trace import CollKind, NodeTableBuilder, RankProgram, Trace
+
+# 1 GB/s and no latency: a transfer of N bytes takes N / 1000 us
+NET = Network("test", (NetworkDim("x", 0, Link(1.0, 0.0)),))
+AR_2 = 40_000  # all-reduce of 40,000 bytes over 2 ranks: 2 * 1/2 * 40,000 / 1000 = 40 us
+
+
+def spmd(table, world=2, groups=None, group_ids=(1,)):
+    groups = groups or {1: tuple(range(world))}
+    progs = [RankProgram(table, np.asarray(group_ids, dtype=np.int64), np.zeros(0, dtype=np.int64)) for _ in range(world)]
+    return Trace(world, progs, groups)
+
+
+def test_compute_overlaps_independent_collective():
+    b = NodeTableBuilder()
+    b.add_comp("c", duration_us=100.0)
+    b.add_coll("ar", CollKind.ALL_REDUCE, AR_2, 0)
+    r = simulate(spmd(b.build()), None, NET)
+    assert r.iteration_time_us == pytest.approx(100.0)
+    assert r.comm_time_us[0] == pytest.approx(40.0)
+    assert r.exposed_comm_us[0] == pytest.approx(0.0)
+
+
+def test_dependent_collective_is_exposed():
+    b = NodeTableBuilder()
+    c = b.add_comp("c", duration_us=100.0)
+    ar = b.add_coll("ar", CollKind.ALL_REDUCE, AR_2, 0, data_deps=[c])
+    b.add_comp("d", duration_us=10.0, data_deps=[ar])
+    r = simulate(spmd(b.build()), None, NET)
+    assert r.iteration_time_us == pytest.approx(150.0)
+    assert r.exposed_comm_us[0] == pytest.approx(40.0)
+    assert r.compute_busy_us[0] == pytest.approx(110.0)
+    assert r.busy_us[0] == pytest.approx(150.0)
+
+
+def test_partial_overlap_exposed_part():
+    b = NodeTableBuilder()
+    b.add_coll("ar", CollKind.ALL_REDUCE, AR_2, 0)        # 0..40
+    b.add_comp("c", duration_us=25.0)                      # 0..25
+    r = simulate(spmd(b.build()), None, NET)
+    assert r.exposed_comm_us[0] == pytest.approx(15.0)
+
+
+def test_two_collectives_on_one_stream_serialize():
+    b = NodeTableBuilder()
+    b.add_coll("ar1", CollKind.ALL_REDUCE, AR_2, 0)
+    b.add_coll("ar2", CollKind.ALL_REDUCE, AR_2, 0)
+    r = simulate(spmd(b.build()), None, NET)
+    assert r.iteration_time_us == pytest.approx(80.0)
+
+
+def test_dependency_chain_and_parallel_streams():
+    b = NodeTableBuilder()
+    a = b.add_comp("a", duration_us=10.0)
+    c = b.add_comp("b", duration_us=20.0, data_deps=[a])
+    b.add_comp("c", duration_us=30.0, ctrl_deps=[c])
+    r = simulate(spmd(b.build(), world=1, groups={1: (0,)}), None, NET)
+    assert r.iteration_time_us == pytest.approx(60.0)
+    # independent compute nodes still share the one compute stream
+    b = NodeTableBuilder()
+    b.add_comp("a", duration_us=10.0)
+    b.add_comp("b", duration_us=20.0)
+    assert simulate(spmd(b.build(), world=1, groups={1: (0,)}), None, NET).iteration_time_us == pytest.approx(30.0)
+
+
+def _straggler_trace(slow_us):
+    def table(pre_us):
+        b = NodeTableBuilder()
+        c = b.add_comp("fwd", duration_us=pre_us)
+        ar = b.add_coll("ar", CollKind.ALL_REDUCE, 60_000, 0, data_deps=[c])
+        b.add_comp("after", duration_us=5.0, data_deps=[ar])
+        return b.build()
+
+    fast, slow = table(10.0), table(slow_us)
+    gid = np.array([1])
+    progs = [RankProgram(slow if r == 2 else fast, gid, np.zeros(0, dtype=np.int64)) for r in range(4)]
+    return Trace(4, progs, {1: (0, 1, 2, 3)})
+
+
+def test_straggler_delays_the_collective_for_everyone():
+    ar_us = collective_time_us("all_reduce", 60_000, 4, Link(1.0, 0.0))
+    r = simulate(_straggler_trace(50.0), None, NET)
+    assert not r.symmetric and len(r.simulated_ranks) == 4
+    assert r.iteration_time_us == pytest.approx(50.0 + ar_us + 5.0)
+    assert np.allclose(r.finish_us, 50.0 + ar_us + 5.0)
+    assert r.comm_wait_us[0] == pytest.approx(40.0) and r.comm_wait_us[2] == pytest.approx(0.0)
+    same = simulate(_straggler_trace(10.0), None, NET)
+    assert same.iteration_time_us == pytest.approx(10.0 + ar_us + 5.0)
+
+
+def _tp_dp_trace(mesh):
+    """An SPMD step over a (dp, tp) mesh: TP all-reduces and a DP gradient all-reduce."""
+    groups, lookup = assign_group_ids(mesh, [(1,), (0,)])
+    b = NodeTableBuilder()
+    prev = []
+    for layer in range(3):
+        c = b.add_comp(f"mm{layer}", flops=2 * 4096 ** 3, tensor_bytes=3 * 4096 * 4096 * 2, data_deps=prev)
+        ar = b.add_coll(f"tp_ar{layer}", CollKind.ALL_REDUCE, 8 * 2 ** 20, 0, data_deps=[c])
+        prev = [ar]
+    b.add_coll("dp_ar", CollKind.ALL_REDUCE, 64 * 2 ** 20, 1, data_deps=prev)
+    t = b.build()
+    progs = [RankProgram(t, np.array([lookup[(1,)][r], lookup[(0,)][r]]), np.zeros(0, dtype=np.int64))
+             for r in range(mesh.world_size)]
+    return Trace(mesh.world_size, progs, groups)
+
+
+def test_symmetric_reduction_equals_full_simulation():
+    mesh = Mesh((4, 4), ("dp", "tp"))
+    net = Network("two", (NetworkDim("nv", 4, Link(450.0, 1.0)), NetworkDim("ib", 0, Link(50.0, 3.0))))
+    dev = load_device("h100-sxm")
+    trace = _tp_dp_trace(mesh)
+    fast = simulate(trace, dev, net, mesh)
+    full = simulate(trace, dev, net, mesh, symmetric=False)
+    assert fast.symmetric and fast.simulated_ranks == [0]
+    assert not full.symmetric and len(full.simulated_ranks) == 16
+    assert fast.iteration_time_us == pytest.approx(full.iteration_time_us)
+    assert np.allclose(fast.exposed_comm_us, full.exposed_comm_us)
+    # by hand: 3 x (roofline mm + TP all-reduce over NVLink) + DP all-reduce over IB
+    mm = dev.compute_time_us(2 * 4096 ** 3, 3 * 4096 * 4096 * 2, "gemm")
+    tp = collective_time_us("all_reduce", 8 * 2 ** 20, 4, Link(450.0, 1.0))
+    dp = collective_time_us("all_reduce", 64 * 2 ** 20, 4, Link(50.0, 3.0))
+    assert fast.iteration_time_us == pytest.approx(3 * (mm + tp) + dp)
+    assert fast.mfu == pytest.approx(3 * 2 * 4096 ** 3 / (fast.iteration_time_us * 1e-6 * 989.4e12))
+
+
+def test_roofline_used_without_duration_and_duration_wins():
+    dev = load_device("h100-sxm")
+    b = NodeTableBuilder()
+    b.add_comp("mm", flops=10 ** 12, tensor_bytes=10)
+    b.add_comp("add", tensor_bytes=3_350_000_000)
+    b.add_comp("timed", duration_us=7.0, flops=10 ** 15)
+    r = simulate(spmd(b.build(), world=1, groups={1: (0,)}), dev, NET)
+    want = 10 ** 12 / (989.4e12 * 0.7) * 1e6 + 3_350_000_000 / (3350e9 * 0.85) * 1e6 + 7.0
+    assert r.iteration_time_us == pytest.approx(want)
+
+
+def test_deadlock_names_rank_and_node():
+    b = NodeTableBuilder()
+    b.add_coll("grad_ar", CollKind.ALL_REDUCE, 100, 0)
+    with_coll = b.build()
+    b = NodeTableBuilder()
+    b.add_comp("only_compute", duration_us=1.0)
+    without = b.build()
+    gid = np.array([1])
+    progs = [RankProgram(with_coll, gid, np.zeros(0, dtype=np.int64)), RankProgram(without, gid, np.zeros(0, dtype=np.int64))]
+    with pytest.raises(SimDeadlock, match=r"rank 0 waits forever at node 0 'grad_ar'.*never arrived: ranks \[1\]"):
+        simulate(Trace(2, progs, {1: (0, 1)}), None, NET)
+
+
+def test_recv_without_send_deadlocks():
+    b = NodeTableBuilder()
+    b.add_recv("recv_act", 100, peer=1, tag=7)
+    r0 = b.build()
+    b = NodeTableBuilder()
+    b.add_send("send_act", 100, peer=0, tag=8)  # wrong tag
+    r1 = b.build()
+    trace = Trace(2, [RankProgram(r0), RankProgram(r1)])
+    with pytest.raises(SimDeadlock, match="rank 0 waits forever at node 0 'recv_act'.*tag 7"):
+        simulate(trace, None, NET)
+
+
+def test_send_recv_pair_in_order():
+    # rank 0 sends two messages with one tag; rank 1 receives them; compute after each recv
+    b = NodeTableBuilder()
+    b.add_send("s0", 10_000, peer=1, tag=0)
+    b.add_send("s1", 20_000, peer=1, tag=0)
+    t0 = b.build()
+    b = NodeTableBuilder()
+    r0 = b.add_recv("r0", 10_000, peer=0, tag=0)
+    r1 = b.add_recv("r1", 20_000, peer=0, tag=0)
+    b.add_comp("use", duration_us=1.0, data_deps=[r0, r1])
+    t1 = b.build()
+    r = simulate(Trace(2, [RankProgram(t0), RankProgram(t1)]), None, NET)
+    assert r.iteration_time_us == pytest.approx(10.0 + 20.0 + 1.0)
+
+
+def test_member_order_mismatch_is_reported():
+    b = NodeTableBuilder()
+    b.add_coll("ag", CollKind.ALL_GATHER, 100, 0)
+    t0 = b.build()
+    b = NodeTableBuilder()
+    b.add_coll("ag", CollKind.ALL_GATHER, 200, 0)
+    t1 = b.build()
+    gid = np.array([1])
+    trace = Trace(2, [RankProgram(t0, gid, np.zeros(0, dtype=np.int64)), RankProgram(t1, gid, np.zeros(0, dtype=np.int64))],
+                  {1: (0, 1)})
+    with pytest.raises(Exception, match="same order with the same kind and size"):
+        simulate(trace, None, NET)
+
+
+def _ring_all_reduce_as_p2p(n, nbytes):
+    """Ring all-reduce decomposed: n-1 reduce-scatter + n-1 all-gather steps of nbytes/n."""
+    b = NodeTableBuilder()
+    chunk = nbytes // n
+    prev_recv, prev_send = [], []
+    for step in range(2 * (n - 1)):
+        s = b.add_send(f"send{step}", chunk, peer=0, tag=step, data_deps=prev_recv, ctrl_deps=prev_send)
+        rv = b.add_recv(f"recv{step}", chunk, peer=1, tag=step, ctrl_deps=prev_recv)
+        if step < n - 1:  # reduce the received chunk before forwarding it
+            rv = b.add_comp(f"reduce{step}", duration_us=0.0, data_deps=[rv])
+        prev_recv, prev_send = [rv], [s]
+    t = b.build()
+    progs = [RankProgram(t, np.zeros(0, dtype=np.int64), np.array([(r + 1) % n, (r - 1) % n])) for r in range(n)]
+    return Trace(n, progs)
+
+
+@pytest.mark.parametrize("n", [4, 8])
+def test_collective_equals_its_ring_decomposition(n):
+    link = Link(50.0, 2.0)
+    net = Network("sw", (NetworkDim("sw", 0, link),))
+    nbytes = 64 * 2 ** 20
+    b = NodeTableBuilder()
+    b.add_coll("ar", CollKind.ALL_REDUCE, nbytes, 0)
+    one = simulate(spmd(b.build(), world=n), None, net).iteration_time_us
+    steps = simulate(_ring_all_reduce_as_p2p(n, nbytes), None, net).iteration_time_us
+    assert one == pytest.approx(collective_time_us("all_reduce", nbytes, n, link))
+    assert steps == pytest.approx(one, rel=0.05)
+
+
+def test_chrome_trace_is_valid_json_and_atomic(tmp_path):
+    r = simulate(_straggler_trace(30.0), None, NET)
+    path = write_chrome_trace(r, tmp_path / "out" / "timeline.json")
+    doc = json.loads(path.read_text())
+    slices = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    assert {e["pid"] for e in slices} == {0, 1, 2, 3}
+    waits = [e for e in slices if e["name"] == "wait:ar" and e["pid"] == 0]
+    assert waits and waits[0]["dur"] == pytest.approx(20.0)
+    assert [p.name for p in path.parent.iterdir()] == ["timeline.json"]
+
+
+# ---- property: critical path <= iteration time <= sum of durations ----------------------------------
+
+@st.composite
+def random_tables(draw):
+    n = draw(st.integers(1, 25))
+    b = NodeTableBuilder()
+    durs, preds = [], []
+    for i in range(n):
+        deps = draw(st.lists(st.integers(0, i - 1), max_size=3, unique=True)) if i else []
+        if draw(st.integers(0, 3)) == 0:
+            nbytes = draw(st.integers(0, 50_000))
+            b.add_coll(f"n{i}", CollKind.ALL_REDUCE, nbytes, 0, data_deps=deps)
+            durs.append(collective_time_us("all_reduce", nbytes, 2, Link(1.0, 0.0)))
+        else:
+            d = draw(st.floats(0.0, 100.0))
+            b.add_comp(f"n{i}", duration_us=d, data_deps=deps)
+            durs.append(d)
+        preds.append(deps)
+    return b.build(), durs, preds
+
+
+@settings(max_examples=60, deadline=None)
+@given(random_tables())
+def test_iteration_time_between_critical_path_and_sum(case):
+    table, durs, preds = case
+    finish = []
+    for d, p in zip(durs, preds):
+        finish.append(max((finish[j] for j in p), default=0.0) + d)
+    critical = max(finish)
+    for symmetric in (True, False):
+        r = simulate(spmd(table), None, NET, symmetric=symmetric)
+        assert critical - 1e-6 <= r.iteration_time_us <= sum(durs) + 1e-6
