@@ -290,13 +290,25 @@ def _capture_optimizer(module: nn.Module, infos: dict[int, ParamInfo]) -> Captur
         return None
     local = [_local(p).detach() for p in params]
     grads = [torch.empty_like(t) for t in local]
+    # DTensor leaves some gradients Partial (e.g. sequence-parallel norm weights); the
+    # real optimizer step on DTensors all-reduces them when it first touches them.
+    pending: list[tuple[int, str, str]] = []
+    for i, p in enumerate(params):
+        grad = p.grad
+        if isinstance(grad, DTensor):
+            for dim, pl in enumerate(grad.placements):
+                if pl.is_partial() and not p.placements[dim].is_partial():
+                    pending.append((i, pl.reduce_op, grad.device_mesh.get_group(dim).group_name))
     m = [torch.empty_like(t) for t in local]
     v = [torch.empty_like(t) for t in local]
     step = torch.zeros((), device=local[0].device)
     n = len(local)
 
     def flat_step(*flat: torch.Tensor) -> None:
-        adamw_step(list(flat[:n]), list(flat[n:2 * n]), list(flat[2 * n:3 * n]), list(flat[3 * n:4 * n]), flat[-1])
+        gs = list(flat[n:2 * n])
+        for i, op, group in pending:
+            gs[i] = torch.ops._c10d_functional.wait_tensor(torch.ops._c10d_functional.all_reduce(gs[i], op, group))
+        adamw_step(list(flat[:n]), gs, list(flat[2 * n:3 * n]), list(flat[3 * n:4 * n]), flat[-1])
 
     gm = make_fx(flat_step)(*local, *grads, *m, *v, step)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -410,6 +422,7 @@ def capture_step(
             model.to(torch_dtype)
         param_dtype = next(model.parameters()).dtype
         global_params = {n: tuple(p.shape) for n, p in model.named_parameters()}
+        buffers = {id(b): n for n, b in model.named_buffers()}
         staged = all(hasattr(model, a) for a in ("embed", "layers", "head"))
         if staged and repeat:
             _check_layers(model.layers)
@@ -428,7 +441,6 @@ def capture_step(
                      for n, p in model.named_parameters()}
             recipe, plan_name = Recipe("custom", "dp" if "dp" in mesh.axis_names else None, False, False), \
                 getattr(plan, "__name__", "custom")
-        buffers = {id(b): n for n, b in model.named_buffers()}
         dp = mesh.shape[mesh.axis_names.index("dp")] if "dp" in mesh.axis_names else 1
         local = _local_batch(batch_shapes, dp)
         dp_group = dm["dp"].get_group().group_name if recipe.data == "fsdp" else None
