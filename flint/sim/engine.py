@@ -43,6 +43,7 @@ rank, the node and the missing partners.
 
 from __future__ import annotations
 
+import gc
 import heapq
 import math
 import time
@@ -76,7 +77,8 @@ class _TablePlan:
     succ: list[tuple[int, ...]]
     npred: list[int]
     comp_dur: np.ndarray
-    sync_rows: np.ndarray  # rows of COLL / SEND / RECV nodes
+    coll_rows: np.ndarray  # rows of COLL nodes
+    p2p_rows: np.ndarray   # rows of SEND / RECV nodes
 
 
 def _plan_table(t: NodeTable, device: Device | None, dtype: str) -> _TablePlan:
@@ -114,18 +116,8 @@ def _plan_table(t: NodeTable, device: Device | None, dtype: str) -> _TablePlan:
     dur = np.where(is_comp, dur, 0.0)
     stream = stream_arr.tolist()
     rows = [np.nonzero(stream_arr == k)[0].tolist() for k in range(4)]
-    return _TablePlan(t, stream, rows, succ, npred, dur, np.nonzero(~is_comp)[0])
-
-
-@dataclass
-class _Instance:
-    """One collective call or one send/recv pair, across its participants."""
-
-    expected: int
-    duration_us: float
-    label: str
-    members: tuple[int, ...]  # ranks expected (for deadlock messages)
-    arrived: list
+    return _TablePlan(t, stream, rows, succ, npred, dur, np.nonzero(stream_arr == COLL)[0],
+                      np.nonzero((stream_arr == SEND) | (stream_arr == RECV))[0])
 
 
 class _Groups:
@@ -136,6 +128,7 @@ class _Groups:
         self.groups = trace.comm_groups
         self.network = network
         self._levels: dict[int, tuple] = {}
+        self._sets: dict[int, frozenset] = {}
 
     def members(self, gid: int) -> tuple[int, ...]:
         if gid <= 0:
@@ -146,6 +139,12 @@ class _Groups:
             raise FlintError(f"collective names communicator group {gid}, which the trace does not define "
                              f"(defined: {sorted(self.groups)[:10]}...)") from None
 
+    def member_set(self, gid: int) -> frozenset:
+        ms = self._sets.get(gid)
+        if ms is None:
+            ms = self._sets[gid] = frozenset(self.members(gid))
+        return ms
+
     def levels(self, gid: int) -> tuple:
         lv = self._levels.get(gid)
         if lv is None:
@@ -153,6 +152,82 @@ class _Groups:
             lv = tuple(self.network.group_levels(m)) if len(m) > 1 else ()
             self._levels[gid] = lv
         return lv
+
+
+def _cumcount(values: np.ndarray) -> np.ndarray:
+    """For each element, how many earlier elements have the same value."""
+    order = np.argsort(values, kind="stable")
+    v = values[order]
+    first = np.ones(v.size, dtype=bool)
+    first[1:] = v[1:] != v[:-1]
+    start_idx = np.maximum.accumulate(np.where(first, np.arange(v.size), 0))
+    out = np.empty(v.size, dtype=np.int64)
+    out[order] = np.arange(v.size) - start_idx
+    return out
+
+
+def _resolve_collectives(trace, sim_ranks, plans, groups, alg, is_sym, sync_arr, inst_expected, inst_dur,
+                         inst_desc) -> None:
+    """Number collective calls: the k-th call of every member on group g is one instance (vectorized)."""
+    ent = {k: [] for k in ("s", "row", "rank", "gid", "kth", "ct", "nb")}
+    for s, r in enumerate(sim_ranks):
+        plan = plans[s]
+        rows = plan.coll_rows
+        if not rows.size:
+            continue
+        t = plan.table
+        gids = trace.ranks[r].groups()[rows].astype(np.int64)
+        ent["s"].append(np.full(rows.size, s, dtype=np.int64))
+        ent["row"].append(rows)
+        ent["rank"].append(np.full(rows.size, r, dtype=np.int64))
+        ent["gid"].append(gids)
+        ent["kth"].append(_cumcount(gids))
+        ent["ct"].append(t.comm_type[rows].astype(np.int64))
+        ent["nb"].append(t.comm_bytes[rows].astype(np.int64))
+    if not ent["s"]:
+        return
+    e = {k: np.concatenate(v) for k, v in ent.items()}
+    # membership: every issuing rank must belong to the group it names
+    for r, gid in np.unique(np.stack([e["rank"], e["gid"]], axis=1), axis=0).tolist():
+        if r not in groups.member_set(gid):
+            i = int(np.nonzero((e["rank"] == r) & (e["gid"] == gid))[0][0])
+            t = plans[int(e["s"][i])].table
+            row = int(e["row"][i])
+            raise FlintError(f"rank {r} node {int(t.node_ids[row])} '{t.names[row]}' issues a collective on group {gid}, "
+                             f"which does not contain it (members {list(groups.members(gid))[:16]})")
+    if is_sym:
+        first = np.arange(e["s"].size)
+        inv = first
+    else:
+        key = e["gid"] * (int(e["kth"].max()) + 1) + e["kth"]
+        _, first, inv = np.unique(key, return_index=True, return_inverse=True)
+        inv = inv.reshape(-1)
+        bad = np.nonzero((e["ct"] != e["ct"][first][inv]) | (e["nb"] != e["nb"][first][inv]))[0]
+        if bad.size:
+            i = int(bad[0])
+            j = int(first[inv[i]])
+            t = plans[int(e["s"][i])].table
+            row = int(e["row"][i])
+            mine = ("c", int(e["ct"][i]), int(e["nb"][i]), int(e["gid"][i]), int(e["kth"][i]))
+            other = ("c", int(e["ct"][j]), int(e["nb"][j]), int(e["gid"][j]), int(e["kth"][j]))
+            raise FlintError(f"rank {int(e['rank'][i])} node {int(t.node_ids[row])} '{t.names[row]}': {_describe(mine)}, "
+                             f"but rank {int(e['rank'][j])} issued {_describe(other)} as the same call; members must issue "
+                             "a group's collectives in the same order with the same kind and size")
+    base = len(inst_expected)
+    gid_f, ct_f, nb_f, kth_f = (e[k][first].tolist() for k in ("gid", "ct", "nb", "kth"))
+    cache: dict[tuple, float] = {}
+    for gid, ct, nb, kth in zip(gid_f, ct_f, nb_f, kth_f):
+        ck = (gid, ct, nb)
+        d = cache.get(ck)
+        if d is None:
+            d = cache[ck] = _coll_duration(groups, gid, ct, nb, alg)
+        inst_expected.append(1 if is_sym else len(groups.members(gid)))
+        inst_dur.append(d)
+        inst_desc.append(("c", ct, nb, gid, kth))
+    ids = inv + base
+    for s in np.unique(e["s"]).tolist():
+        m = e["s"] == s
+        sync_arr[s][e["row"][m]] = ids[m]
 
 
 def _coll_duration(groups: _Groups, gid: int, comm_type: int, nbytes: int, algorithm: Mapping[CollKind, str]) -> float:
@@ -225,6 +300,16 @@ def run(trace: Trace, device: Device | None, network: Network, mesh: Mesh | None
         algorithm: str | Mapping[str | CollKind, str] = "ring", dtype: str = "bf16",
         symmetric: bool = True) -> RawSim:
     """Simulate ``trace``; see the module docstring for the model."""
+    was_enabled = gc.isenabled()
+    gc.disable()  # millions of small lists and tuples, no cycles: the collector only costs time
+    try:
+        return _run(trace, device, network, mesh, algorithm, dtype, symmetric)
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _run(trace, device, network, mesh, algorithm, dtype, symmetric) -> RawSim:
     t0 = time.perf_counter()
     world = trace.world_size
     if mesh is not None and mesh.world_size != world:
@@ -254,69 +339,40 @@ def run(trace: Trace, device: Device | None, network: Network, mesh: Mesh | None
     S = len(sim_ranks)
     sim_of_rank = {r: s for s, r in enumerate(sim_ranks)}
 
-    # resolve synchronizing nodes into instances
-    instances: list[_Instance] = []
-    sync: list[list[int]] = []
-    coll_cache: dict[tuple, float] = {}
+    # resolve synchronizing nodes into instances (one per collective call / send-recv pair)
+    inst_expected: list[int] = []
+    inst_dur: list[float] = []
+    inst_desc: list[tuple] = []
+    sync_arr = [np.full(len(p.table), -1, dtype=np.int64) for p in plans]
+    _resolve_collectives(trace, sim_ranks, plans, groups, alg, is_sym, sync_arr, inst_expected, inst_dur, inst_desc)
     keyed: dict[tuple, int] = {}
     for s, r in enumerate(sim_ranks):
         plan = plans[s]
         t = plan.table
-        prog = trace.ranks[r]
-        row_sync = [-1] * len(t)
-        rows = plan.sync_rows
-        if rows.size:
-            gids = prog.groups()[rows].tolist()
-            peers = prog.peers()[rows].tolist()
-            kinds = t.kind[rows].tolist()
-            ctypes = t.comm_type[rows].tolist()
-            nbytes = t.comm_bytes[rows].tolist()
-            tags = t.comm_tag[rows].tolist()
-            count: dict[tuple, int] = {}
-            for row, k, gid, peer, ct, nb, tag in zip(rows.tolist(), kinds, gids, peers, ctypes, nbytes, tags):
-                if k == NodeKind.COLL:
-                    mem = groups.members(gid)
-                    if r not in mem:
-                        raise FlintError(f"rank {r} node {int(t.node_ids[row])} '{t.names[row]}' issues a collective on "
-                                         f"group {gid}, which does not contain it (members {list(mem)[:16]})")
-                    ck = ("c", gid)
-                    kth = count.get(ck, 0)
-                    count[ck] = kth + 1
-                    label = f"{CollKind(ct).name.lower()} of {nb} bytes on group {gid} (call #{kth})"
-                    if is_sym:
-                        key = ("c", s, row)
-                        expected, who = 1, (r,)
-                    else:
-                        key = ("c", gid, kth)
-                        expected, who = len(mem), mem
-                    ckey = (gid, ct, nb)
-                    dur = coll_cache.get(ckey)
-                    if dur is None:
-                        dur = coll_cache[ckey] = _coll_duration(groups, gid, ct, nb, alg)
-                else:
-                    if not 0 <= peer < world:
-                        raise FlintError(f"rank {r} node {int(t.node_ids[row])} '{t.names[row]}' names peer rank "
-                                         f"{peer}, outside world size {world}")
-                    src, dst = (r, peer) if k == NodeKind.SEND else (peer, r)
-                    ck = ("p", src, dst, tag, k)
-                    kth = count.get(ck, 0)
-                    count[ck] = kth + 1
-                    key = ("p", src, dst, tag, kth)
-                    expected, who = 2, (src, dst)
-                    label = f"send/recv of {nb} bytes from rank {src} to rank {dst}, tag {tag} (#{kth})"
-                    dur = net.p2p_time_us(src, dst, nb)
-                idx = keyed.get(key)
-                if idx is None:
-                    idx = keyed[key] = len(instances)
-                    instances.append(_Instance(expected, dur, label, tuple(who), []))
-                elif k == NodeKind.COLL:
-                    other = instances[idx]
-                    if other.label != label:
-                        raise FlintError(f"rank {r} node {int(t.node_ids[row])} '{t.names[row]}': {label}, but another "
-                                         f"member issued {other.label} as the same call; members must issue a group's "
-                                         "collectives in the same order with the same kind and size")
-                row_sync[row] = idx
-        sync.append(row_sync)
+        rows = plan.p2p_rows
+        if not rows.size:
+            continue
+        peers = trace.ranks[r].peers()[rows].tolist()
+        count: dict[tuple, int] = {}
+        for row, k, peer, nb, tag in zip(rows.tolist(), t.kind[rows].tolist(), peers, t.comm_bytes[rows].tolist(),
+                                         t.comm_tag[rows].tolist()):
+            if not 0 <= peer < world:
+                raise FlintError(f"rank {r} node {int(t.node_ids[row])} '{t.names[row]}' names peer rank "
+                                 f"{peer}, outside world size {world}")
+            src, dst = (r, peer) if k == NodeKind.SEND else (peer, r)
+            ck = (src, dst, tag, k)
+            kth = count.get(ck, 0)
+            count[ck] = kth + 1
+            key = (src, dst, tag, kth)
+            idx = keyed.get(key)
+            if idx is None:
+                idx = keyed[key] = len(inst_expected)
+                inst_expected.append(2)
+                inst_dur.append(net.p2p_time_us(src, dst, nb))
+                inst_desc.append(("p", nb, src, dst, tag, kth))
+            sync_arr[s][row] = idx
+    sync = [x.tolist() for x in sync_arr]
+    inst_arrived: list[list] = [[] for _ in inst_expected]
 
     # state
     pending = [list(p.npred) for p in plans]
@@ -329,7 +385,6 @@ def run(trace: Trace, device: Device | None, network: Network, mesh: Mesh | None
     heap: list[tuple[float, int, int, int]] = []
     seq = 0
     push = heapq.heappush
-    pop = heapq.heappop
 
     def try_issue(s: int, k: int, now: float) -> None:
         nonlocal seq
@@ -350,30 +405,50 @@ def run(trace: Trace, device: Device | None, network: Network, mesh: Mesh | None
             push(heap, (now + durs[s][row], seq, s, row))
             seq += 1
             return
-        ins = instances[inst]
-        ins.arrived.append((s, row))
-        if len(ins.arrived) == ins.expected:
-            end = now + ins.duration_us
-            for s2, r2 in ins.arrived:
+        arrived = inst_arrived[inst]
+        arrived.append((s, row))
+        if len(arrived) == inst_expected[inst]:
+            d = inst_dur[inst]
+            end = now + d
+            for s2, r2 in arrived:
                 start[s2][r2] = now
-                durs[s2][r2] = ins.duration_us
+                durs[s2][r2] = d
                 push(heap, (end, seq, s2, r2))
                 seq += 1
 
     for s in range(S):
         for k in range(4):
             try_issue(s, k, 0.0)
+    events = _loop(heap, plans, ptr, busy, pending, finish, try_issue)
+
+    for s in range(S):
+        if ptr[s] != [len(x) for x in plans[s].stream_rows]:
+            _raise_deadlock(sim_ranks, plans, ptr, sync, inst_expected, inst_desc, inst_arrived, issue, groups, is_sym)
+
+    return RawSim(trace, sim_ranks, classes, plans,
+                  [_arr(x) for x in issue], [_arr(x) for x in start],
+                  [_arr(x) for x in finish], [_arr(x) for x in durs],
+                  events, time.perf_counter() - t0, is_sym)
+
+
+def _arr(x: list) -> np.ndarray:
+    return np.fromiter(x, dtype=np.float64, count=len(x))
+
+
+def _loop(heap, plans, ptr, busy, pending, finish, try_issue) -> int:
+    """Pop completion events in time order until none is left; returns the event count."""
+    pop = heapq.heappop
     events = 0
     while heap:
         now, _, s, row = pop(heap)
         events += 1
         finish[s][row] = now
         plan = plans[s]
-        k = plan.stream[row]
+        stream = plan.stream
+        k = stream[row]
         ptr[s][k] += 1
         busy[s][k] = False
         pend = pending[s]
-        stream = plan.stream
         for nxt in plan.succ[row]:
             pend[nxt] -= 1
             if not pend[nxt]:
@@ -381,18 +456,18 @@ def run(trace: Trace, device: Device | None, network: Network, mesh: Mesh | None
                 if k2 != k:
                     try_issue(s, k2, now)
         try_issue(s, k, now)
-
-    for s in range(S):
-        if ptr[s] != [len(x) for x in plans[s].stream_rows]:
-            _raise_deadlock(trace, sim_ranks, classes, plans, ptr, sync, instances, issue, is_sym)
-
-    return RawSim(trace, sim_ranks, classes, plans,
-                  [np.asarray(x) for x in issue], [np.asarray(x) for x in start],
-                  [np.asarray(x) for x in finish], [np.asarray(x) for x in durs],
-                  events, time.perf_counter() - t0, is_sym)
+    return events
 
 
-def _raise_deadlock(trace, sim_ranks, classes, plans, ptr, sync, instances, issue, is_sym) -> None:
+def _describe(desc: tuple) -> str:
+    if desc[0] == "c":
+        _, ct, nb, gid, k = desc
+        return f"{CollKind(ct).name.lower()} of {nb} bytes on group {gid} (call #{k})"
+    _, nb, src, dst, tag, k = desc
+    return f"send/recv of {nb} bytes from rank {src} to rank {dst}, tag {tag} (#{k})"
+
+
+def _raise_deadlock(sim_ranks, plans, ptr, sync, inst_expected, inst_desc, inst_arrived, issue, groups, is_sym) -> None:
     msgs = []
     for s, r in enumerate(sim_ranks):
         plan = plans[s]
@@ -404,11 +479,12 @@ def _raise_deadlock(trace, sim_ranks, classes, plans, ptr, sync, instances, issu
             row = rows[ptr[s][k]]
             inst = sync[s][row]
             if inst >= 0 and not math.isnan(issue[s][row]):
-                ins = instances[inst]
-                got = {sim_ranks[s2] for s2, _ in ins.arrived}
-                missing = [m for m in ins.members if m not in got]
-                msgs.append(f"rank {r} waits forever at node {int(t.node_ids[row])} '{t.names[row]}' ({ins.label}): "
-                            f"{len(ins.arrived)} of {ins.expected} arrived; never arrived: ranks {missing[:16]}")
+                desc = inst_desc[inst]
+                who = (groups.members(desc[3]) if not is_sym else (r,)) if desc[0] == "c" else desc[2:4]
+                got = {sim_ranks[s2] for s2, _ in inst_arrived[inst]}
+                missing = [m for m in who if m not in got]
+                msgs.append(f"rank {r} waits forever at node {int(t.node_ids[row])} '{t.names[row]}' ({_describe(desc)}): "
+                            f"{len(inst_arrived[inst])} of {inst_expected[inst]} arrived; never arrived: ranks {missing[:16]}")
     if not msgs:  # nothing issued-and-waiting: report the first stuck node of each rank
         for s, r in enumerate(sim_ranks):
             plan = plans[s]
