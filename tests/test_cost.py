@@ -75,6 +75,7 @@ def test_pointwise_ops_count_zero_flops_like_pytorch():
     assert op_flops("aten.native_layer_norm.default", [(4, 4), (4,), (4,)], [(4, 4), (4, 1), (4, 1)], [[4], 1e-5]) == 0
 
 
+@pytest.mark.slow  # the first FlopCounterMode run costs a few seconds of torch start-up
 def test_matches_flop_counter_mode_on_real_tensors():
     from torch.utils.flop_counter import FlopCounterMode
 

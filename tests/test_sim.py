@@ -272,3 +272,24 @@ def test_iteration_time_between_critical_path_and_sum(case):
     for symmetric in (True, False):
         r = simulate(spmd(table), None, NET, symmetric=symmetric)
         assert critical - 1e-6 <= r.iteration_time_us <= sum(durs) + 1e-6
+
+
+def test_uneven_groups_are_not_reduced():
+    # one table for all ranks, but slot 0 resolves to groups of different sizes: not symmetric
+    b = NodeTableBuilder()
+    b.add_coll("ar", CollKind.ALL_REDUCE, 60_000, 0)
+    t = b.build()
+    empty = np.zeros(0, dtype=np.int64)
+    progs = [RankProgram(t, np.array([1 if r < 2 else 2]), empty) for r in range(5)]
+    r = simulate(Trace(5, progs, {1: (0, 1), 2: (2, 3, 4)}), None, NET)
+    assert not r.symmetric and len(r.simulated_ranks) == 5
+    ar2 = collective_time_us("all_reduce", 60_000, 2, Link(1.0, 0.0))
+    ar3 = collective_time_us("all_reduce", 60_000, 3, Link(1.0, 0.0), algorithm="ring")
+    assert np.allclose(r.finish_us, [ar2, ar2, ar3, ar3, ar3]) and ar3 > ar2
+
+
+def test_mesh_must_match_world_size():
+    b = NodeTableBuilder()
+    b.add_comp("c", duration_us=1.0)
+    with pytest.raises(Exception, match="mesh \\[4\\] has 4 ranks but the trace has 2"):
+        simulate(spmd(b.build()), None, NET, Mesh((4,)))

@@ -78,7 +78,7 @@ class Algorithm(StrEnum):
     HALVING_DOUBLING = "halving-doubling"
 
 
-def topology(name: str) -> Topology:
+def parse_topology(name: str) -> Topology:
     """Parse a topology name; ``FlintError`` lists the valid ones."""
     try:
         return Topology(str(name))
@@ -86,7 +86,7 @@ def topology(name: str) -> Topology:
         raise FlintError(f"unknown topology '{name}' (valid: {', '.join(t.value for t in Topology)})") from None
 
 
-def algorithm(name: str) -> Algorithm:
+def parse_algorithm(name: str) -> Algorithm:
     """Parse an algorithm name; ``FlintError`` lists the valid ones."""
     try:
         return Algorithm(str(name))
@@ -109,7 +109,7 @@ class Link:
     name: str = ""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "topology", topology(self.topology))
+        object.__setattr__(self, "topology", parse_topology(self.topology))
         if not self.bandwidth_gbytes_per_s > 0:
             raise FlintError(f"link '{self.name}': bandwidth_gbytes_per_s must be > 0, got {self.bandwidth_gbytes_per_s}")
         if not self.latency_us >= 0:
@@ -224,7 +224,7 @@ def _flat(kind: CollKind, S: float, n: int, link: Link, alg: Algorithm) -> float
 
 
 def collective_time_us(kind: CollKind | int | str, input_bytes: float, group_size: int,
-                       link: Link | Sequence[tuple[Link, int]], algorithm_name: Algorithm | str = "ring") -> float:
+                       link: Link | Sequence[tuple[Link, int]], algorithm: Algorithm | str = "ring") -> float:
     """Microseconds one collective takes for every member of its group.
 
     ``kind``: a :class:`~flint.trace.CollKind` (or its name); ``input_bytes``:
@@ -232,10 +232,10 @@ def collective_time_us(kind: CollKind | int | str, input_bytes: float, group_siz
     ``group_size``: members; ``link``: one :class:`Link`, or ``[(link,
     n_ranks_along_it), ...]`` inner level first for a group spanning several
     network levels (the product of the sizes must equal ``group_size``);
-    ``algorithm_name``: ``ring`` / ``tree`` / ``direct`` / ``halving-doubling``.
+    ``algorithm``: ``ring`` / ``tree`` / ``direct`` / ``halving-doubling``.
     """
     kind = coll_kind(kind)
-    alg = algorithm(algorithm_name)
+    alg = parse_algorithm(algorithm)
     n = int(group_size)
     if n < 1:
         raise FlintError(f"collective group size must be >= 1, got {n}")

@@ -42,7 +42,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from flint.cost.collective import Link, Topology, p2p_time_us, topology
+from flint.cost.collective import Link, Topology, p2p_time_us, parse_topology
 from flint.errors import FlintError
 
 NETWORKS_DIR = Path(__file__).resolve().parent.parent / "networks"
@@ -170,7 +170,7 @@ def network_from_dict(d: Mapping[str, Any], where: str = "network") -> Network:
         size = int(dd.get("size", 0))
         if size < 0:
             raise FlintError(f"{where}: dims[{i}] size {size} must be >= 0")
-        topo = topology(dd.get("topology", "switch"))
+        topo = parse_topology(dd.get("topology", "switch"))
         dims.append(NetworkDim(name, size, Link(bw, float(dd.get("latency_us", 0.0)), topo, name)))
     return Network(str(d.get("name", where)), tuple(dims), str(d.get("description", "")))
 
