@@ -94,3 +94,48 @@ class AtenOp(IRDLOperation):
 
 
 Aten = Dialect("aten", [AtenOp], [])
+
+
+# -- the step's structure -------------------------------------------------------
+# A captured training step is a module of `func.func`s, one per distinct part
+# (embedding forward, ONE transformer block forward, ..., optimizer). The
+# module attribute `flint.schedule` says in which order they run and how many
+# times each repeats, so a 126-layer model stays one block body:
+#
+#   builtin.module attributes {flint.schedule = [["pre_fwd", 1], ["block_fwd", 126], ...]}
+#
+# Without the attribute, every `func.func` runs once, in module order.
+
+SCHEDULE_ATTR = "flint.schedule"
+
+
+def set_schedule(module, parts: Sequence[tuple[str, int]]) -> None:
+    """Record the run order ``[(function name, repeat count), ...]`` on ``module``."""
+    from xdsl.dialects.builtin import ArrayAttr, IntegerAttr, i64
+
+    module.attributes[SCHEDULE_ATTR] = ArrayAttr(
+        [ArrayAttr([StringAttr(name), IntegerAttr(int(count), i64)]) for name, count in parts]
+    )
+
+
+def get_schedule(module) -> list[tuple[str, int]]:
+    """The run order of ``module``'s functions (see :func:`set_schedule`)."""
+    from xdsl.dialects import func
+    from xdsl.utils.exceptions import VerifyException
+
+    funcs = [op.sym_name.data for op in module.ops if isinstance(op, func.FuncOp)]
+    attr = module.attributes.get(SCHEDULE_ATTR)
+    if attr is None:
+        return [(name, 1) for name in funcs]
+    parts = []
+    for entry in attr.data:
+        try:
+            name, count = entry.data[0].data, entry.data[1].value.data
+        except (AttributeError, IndexError):
+            raise VerifyException(f"module attribute {SCHEDULE_ATTR} entry {entry} is not [\"function\", count]")
+        if name not in funcs:
+            raise VerifyException(f"module attribute {SCHEDULE_ATTR} names function @{name}, which the module lacks")
+        if count < 1:
+            raise VerifyException(f"module attribute {SCHEDULE_ATTR} repeats @{name} {count} times; need at least 1")
+        parts.append((name, count))
+    return parts

@@ -27,6 +27,8 @@ ENTRY_POINT_GROUP = "flint.passes"
 FLINT_PASSES: dict[str, str] = {
     "canonicalize-dist": "flint.passes.canonicalize_dist:CanonicalizeDistPass",
     "verify-dist": "flint.passes.verify_dist:VerifyDistPass",
+    "annotate-cost": "flint.passes.annotate_cost:AnnotateCostPass",
+    "lower-to-chakra": "flint.passes.lower_to_chakra:LowerToChakraPass",
 }
 
 

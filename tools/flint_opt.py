@@ -22,7 +22,7 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Operation
 from xdsl.parser import Parser
 from xdsl.printer import Printer
-from xdsl.utils.exceptions import DiagnosticException, ParseError
+from xdsl.utils.exceptions import ArgSpecParseError, DiagnosticException, ParseError
 from xdsl.xdsl_opt_main import xDSLOptMain
 
 from flint.errors import FlintError
@@ -66,6 +66,12 @@ class FlintOptMain(xDSLOptMain):
         super().register_all_passes()
         keep = {n: f for n, f in self.available_passes.items() if n in XDSL_PASSES}
         self.available_passes = {**keep, **all_passes()}
+
+    def register_all_targets(self) -> None:
+        from flint.tools.chakra_target import ChakraTarget
+
+        super().register_all_targets()
+        self.available_targets["chakra"] = lambda: ChakraTarget
 
     def register_all_arguments(self, arg_parser: argparse.ArgumentParser) -> None:
         super().register_all_arguments(arg_parser)
@@ -173,6 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return FlintOptMain(args=argv).run()
     except (FlintError, ValueError, OSError) as e:
+        print(f"flint-opt: error: {e}", file=sys.stderr)
+        return 1
+    except ArgSpecParseError as e:  # a BaseException in xDSL: a malformed -p / -t spec
         print(f"flint-opt: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

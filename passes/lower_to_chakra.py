@@ -1,0 +1,263 @@
+"""`lower-to-chakra`: turn the per-rank `aten` + `dist` program into a `chakra.graph`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from xdsl.context import Context
+from xdsl.dialects import func
+from xdsl.dialects.builtin import FlatSymbolRefAttr, IntegerAttr, ModuleOp, StringAttr, TensorType, i64
+from xdsl.ir import Block, BlockArgument, Operation, Region, SSAValue
+from xdsl.passes import ModulePass
+from xdsl.utils.exceptions import VerifyException
+
+from flint.cost import Device, load_device, tensor_bytes
+from flint.ir import chakra, dist
+from flint.ir.aten import AtenOp, get_schedule
+from flint.passes.annotate_cost import aten_op_cost
+
+# Function-argument roles (arg attribute `flint.role`) whose values exist
+# before the step starts, so nodes reading them need not wait for the
+# previous part of the step.
+RESIDENT_ROLES = frozenset({"param", "optim_state", "buffer"})
+ROLE_ATTR = "flint.role"
+
+# dist collective -> (Chakra kind, how to count comm_size). Kinds ASTRA-sim
+# does not implement are lowered to one it does with the same data volume:
+# a broadcast (scatter + all-gather, van de Geijn) moves 2(n-1)/n of the
+# buffer, exactly a ring all-reduce of it; a barrier is an all-reduce of one
+# 4-byte element, as PyTorch's NCCL barrier does.
+_COLL_KIND = {
+    dist.AllReduceOp: chakra.CollKind.ALL_REDUCE,
+    dist.AllGatherOp: chakra.CollKind.ALL_GATHER,
+    dist.ReduceScatterOp: chakra.CollKind.REDUCE_SCATTER,
+    dist.AllToAllOp: chakra.CollKind.ALL_TO_ALL,
+    dist.BroadcastOp: chakra.CollKind.ALL_REDUCE,
+}
+BARRIER_BYTES = 4
+
+
+class LoweringError(VerifyException):
+    """A `lower-to-chakra` failure; ``op`` is the offending operation."""
+
+    def __init__(self, op: Operation, message: str):
+        super().__init__(message)
+        self.op = op
+
+
+def _bytes_of(value: SSAValue) -> int:
+    t = value.type
+    if isinstance(t, dist.FutureType):
+        t = t.value_type
+    assert isinstance(t, TensorType)
+    return tensor_bytes(t.get_shape(), str(t.element_type))
+
+
+@dataclass
+class _Streams:
+    """Program order per stream while lowering one function body."""
+
+    compute: SSAValue | None
+    comm: SSAValue | None
+    boundary: SSAValue | None  # last compute node of the previous part
+    blocking: list[SSAValue] = field(default_factory=list)  # sync comm the next compute waits for
+
+
+class _FunctionLowering:
+    """Lowers one `func.func` body into chakra nodes appended to ``block``."""
+
+    def __init__(self, fn: func.FuncOp, block: Block, device: Device, streams: _Streams):
+        self.fn, self.block, self.device, self.s = fn, block, device, streams
+        self.producer: dict[SSAValue, tuple[SSAValue, ...]] = {}
+        resident = set()
+        arg_attrs = fn.arg_attrs.data if fn.arg_attrs is not None else ()
+        for arg, attrs in zip(fn.body.block.args, arg_attrs):
+            role = attrs.data.get(ROLE_ATTR)
+            if isinstance(role, StringAttr) and role.data in RESIDENT_ROLES:
+                resident.add(arg)
+        for arg in fn.body.block.args:
+            # Values from outside: resident ones are ready, the rest come from the previous part.
+            boundary = () if arg in resident or streams.boundary is None else (streams.boundary,)
+            self.producer[arg] = boundary
+
+    def deps_of(self, values) -> list[SSAValue]:
+        seen: dict[SSAValue, None] = {}
+        for v in values:
+            for node in self.producer.get(v, ()):
+                seen[node] = None
+        return list(seen)
+
+    def _add(self, node: chakra.NodeOp) -> SSAValue:
+        self.block.add_op(node)
+        return node.node
+
+    def _order(self, data: list[SSAValue], prev: SSAValue | None, extra: list[SSAValue] = ()) -> list[SSAValue]:
+        ctrl = [] if prev is None or prev in data else [prev]
+        ctrl += [e for e in extra if e not in data and e not in ctrl]
+        return ctrl
+
+    def lower(self) -> None:
+        for op in self.fn.body.block.ops:
+            self.lower_op(op)
+
+    def lower_op(self, op: Operation) -> None:
+        if isinstance(op, func.ReturnOp):
+            return
+        if isinstance(op, AtenOp):
+            return self.lower_aten(op)
+        if isinstance(op, dist.CollectiveOp):
+            return self.lower_collective(op)
+        if isinstance(op, dist.BarrierOp):
+            return self.lower_barrier(op)
+        if isinstance(op, dist.SendOp | dist.RecvOp):
+            return self.lower_p2p(op)
+        if isinstance(op, dist.WaitOp):
+            deps = tuple(self.producer.get(op.future, ()))
+            if op.result is not None:
+                self.producer[op.result] = deps
+            return
+        raise LoweringError(op, f"'{op.name}' op cannot be lowered to Chakra (lower-to-chakra knows aten and dist ops)")
+
+    def lower_aten(self, op: AtenOp) -> None:
+        flops, nbytes, duration = aten_op_cost(op, self.device)
+        data = self.deps_of(op.inputs)
+        if flops == 0 and nbytes == 0:  # a view: no kernel, results alias the inputs
+            for r in op.outputs:
+                self.producer[r] = tuple(data)
+            return
+        ctrl = self._order(data, self.s.compute, self.s.blocking)
+        node = self._add(chakra.CompOp(op.overload, flops=flops, bytes=nbytes, duration_us=round(duration, 6),
+                                       data_deps=data, ctrl_deps=ctrl))
+        self.s.compute, self.s.blocking = node, []
+        for r in op.outputs:
+            self.producer[r] = (node,)
+
+    def _comm_node(self, op: dist.DistCommOp, node: chakra.NodeOp, result: SSAValue | None, is_async: bool) -> None:
+        node = self._add(node)
+        self.s.comm = node
+        if result is not None:
+            self.producer[result] = (node,)
+        if not is_async:
+            self.s.blocking.append(node)  # a synchronous op blocks the compute stream too
+
+    def _spmd(self, op: dist.DistCommOp) -> dict:
+        return {"grid": FlatSymbolRefAttr(op.grid.root_reference), "grid_axes": op.grid_axes}
+
+    def lower_collective(self, op: dist.CollectiveOp) -> None:
+        data = self.deps_of([op.input])
+        if op.group_size() == 1:  # nothing moves
+            self.producer[op.result] = tuple(data)
+            return
+        kind = _COLL_KIND[type(op)]
+        node = chakra.CollOp.build(
+            operands=[data, self._order(data, self.s.comm)],
+            result_types=[chakra.NODE],
+            properties={"kind": chakra.CollKindAttr(kind), "node_name": StringAttr(op.name),
+                        "bytes": IntegerAttr(_bytes_of(op.input), i64), **self._spmd(op)},
+        )
+        self._comm_node(op, node, op.result, op.is_async)
+
+    def lower_barrier(self, op: dist.BarrierOp) -> None:
+        if op.group_size() == 1:
+            if op.token is not None:
+                self.producer[op.token] = ()
+            return
+        data = self.deps_of([])
+        ctrl = self._order(data, self.s.comm, [self.s.compute] if self.s.compute is not None else [])
+        node = chakra.CollOp.build(
+            operands=[data, ctrl], result_types=[chakra.NODE],
+            properties={"kind": chakra.CollKindAttr(chakra.CollKind.ALL_REDUCE), "node_name": StringAttr(op.name),
+                        "bytes": IntegerAttr(BARRIER_BYTES, i64), **self._spmd(op)},
+        )
+        self._comm_node(op, node, op.token, op.token is not None)
+
+    def lower_p2p(self, op: dist.SendOp | dist.RecvOp) -> None:
+        is_send = isinstance(op, dist.SendOp)
+        data = self.deps_of([op.input]) if is_send else []
+        cls = chakra.SendOp if is_send else chakra.RecvOp
+        nbytes = _bytes_of(op.input if is_send else op.result)
+        node = cls.build(
+            operands=[data, self._order(data, self.s.comm)], result_types=[chakra.NODE],
+            properties={"node_name": StringAttr(op.name), "bytes": IntegerAttr(nbytes, i64),
+                        "tag": op.tag, "offset": op.offset, **self._spmd(op)},
+        )
+        result = op.token if is_send else op.result
+        self._comm_node(op, node, result, isinstance(result.type, dist.FutureType) if result is not None else False)
+
+
+@dataclass(frozen=True)
+class LowerToChakraPass(ModulePass):
+    """Lower the step's `aten` + `dist` functions to one `chakra.graph @step`.
+
+    Follows the module's schedule (``flint.schedule``: which function runs
+    when, and how often). Each `aten.op` becomes a ``chakra.comp`` with its
+    FLOPs, bytes and roofline duration on ``device`` (view ops vanish);
+    each collective a ``chakra.coll`` with Chakra's ``comm_size`` (the input
+    buffer's bytes); sends and recvs ``chakra.send``/``chakra.recv``.
+    Broadcasts become all-reduces of the buffer and barriers all-reduces of
+    4 bytes (same data volume; ASTRA-sim runs neither). Collectives over a
+    one-rank group vanish.
+
+    Dependencies: data deps follow SSA use-def (through waits and views);
+    ctrl deps keep program order on the compute stream and on the comm
+    stream, and make compute wait for a synchronous collective. A function
+    repeated N times becomes ``chakra.repeat N`` carrying the last compute
+    and comm node; function arguments are ready at once if their
+    ``flint.role`` is param / optim_state / buffer, otherwise after the
+    previous part's last compute node.
+
+    The `func.func`s are replaced by the graph; the grid stays. Options:
+    ``device`` (preset name or TOML path, default ``h100-sxm``).
+    """
+
+    name = "lower-to-chakra"
+
+    device: str = "h100-sxm"
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        device = load_device(self.device)
+        funcs = {f.sym_name.data: f for f in op.ops if isinstance(f, func.FuncOp)}
+        if not funcs:
+            raise VerifyException("lower-to-chakra: the module has no func.func to lower")
+        schedule = get_schedule(op)
+        graph_block = Block()
+        s = _Streams(compute=None, comm=None, boundary=None)
+        for name, count in schedule:
+            fn = funcs[name]
+            if s.compute is None and s.comm is None:
+                # Nothing to carry yet: run one iteration flat, the rest as a repeat.
+                _FunctionLowering(fn, graph_block, device, s).lower()
+                s.boundary = s.compute
+                count -= 1
+                if count == 0:
+                    continue
+            self._repeat(fn, count, graph_block, device, s)
+        for f in funcs.values():
+            op.body.block.erase_op(f)
+        op.attributes.pop("flint.schedule", None)
+        op.body.block.add_op(chakra.GraphOp.create(properties={"sym_name": StringAttr("step")},
+                                                   regions=[Region(graph_block)]))
+
+    @staticmethod
+    def _repeat(fn: func.FuncOp, count: int, outer: Block, device: Device, s: _Streams) -> None:
+        carried = [v for v in (s.compute, s.comm) if v is not None]
+        body = Block(arg_types=[chakra.NODE] * len(carried))
+        args = iter(body.args)
+        inner = _Streams(
+            compute=next(args) if s.compute is not None else None,
+            comm=next(args) if s.comm is not None else None,
+            boundary=None,
+        )
+        inner.boundary = inner.compute
+        _FunctionLowering(fn, body, device, inner).lower()
+        yielded = [v for v, was in ((inner.compute, s.compute), (inner.comm, s.comm)) if was is not None]
+        # A stream the body never touched passes its node through.
+        body.add_op(chakra.YieldOp.build(operands=[yielded]))
+        rep = chakra.RepeatOp(count, carried, Region(body))
+        outer.add_op(rep)
+        results = iter(rep.outs)
+        s.compute = next(results) if s.compute is not None else None
+        s.comm = next(results) if s.comm is not None else None
+        # Streams first used inside the body are not carried out of it (no node outside names them).
+        s.boundary = s.compute
+        s.blocking = []
