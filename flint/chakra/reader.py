@@ -206,28 +206,65 @@ def _is_metadata(buf) -> bool:
         return False
 
 
-def _split_records(data: bytes, path: Path) -> list[tuple[int, int]]:
-    out = []
-    pos = 0
-    end = len(data)
-    while pos < end:
-        try:
-            n, body = wire.read_varint(data, pos, end)
-        except WireError:
-            raise TraceError(f"{path}: truncated file: record {len(out)} at byte {pos} has a cut-off length prefix") from None
-        if body + n > end:
-            raise TraceError(f"{path}: truncated file: record {len(out)} at byte {pos} declares {n} bytes but only {end - body} remain")
-        if n == 0 and out:
-            raise TraceError(f"{path}: zero-length record {len(out)} at byte {pos} (Chakra's decoder stops reading there)")
-        out.append((body, body + n))
-        pos = body + n
-    return out
+class _Column:
+    """An append-only numpy column (capacity doubling) for the row store."""
+
+    def __init__(self, dtype) -> None:
+        self.a = np.empty(1024, dtype=dtype)
+        self.n = 0
+
+    def append(self, v) -> None:
+        if self.n == len(self.a):
+            self.a = np.concatenate([self.a, np.empty_like(self.a)])
+        self.a[self.n] = v
+        self.n += 1
+
+
+_COLS = (("kind", np.int8), ("duration_us", np.float64), ("flops", np.int64), ("tensor_bytes", np.int64),
+         ("comm_type", np.int8), ("comm_bytes", np.int64), ("group", np.int32), ("peer", np.int32), ("tag", np.int32),
+         ("node_id", np.int64), ("name_id", np.int64), ("struct_id", np.int64), ("has_extra", np.bool_))
 
 
 class _FileReader:
+    """Reads rank files through a store of distinct node records.
+
+    Ranks of one role repeat the same records, so every distinct record is
+    parsed once; a rank's table is then numpy fancy-indexing into the store's
+    columns, and its dependency structure (which depends only on the node ids
+    and deps, not on pg_name or peers) is computed once per distinct shape.
+    """
+
     def __init__(self) -> None:
-        self.node_cache: dict[bytes, _Row] = {}
+        self.index: dict[bytes, int] = {}  # raw record -> row id in the store
+        self.rows: list[_Row] = []
+        self.cols = {name: _Column(dt) for name, dt in _COLS}
+        self.names: list[str] = []
+        self.name_ids: dict[str, int] = {}
+        self.struct_ids: dict[tuple, int] = {}
+        self.structs: list[tuple[int, tuple[int, ...], tuple[int, ...]]] = []
+        self.shape_cache: dict[bytes, tuple] = {}
+        self.names_cache: dict[bytes, list[str]] = {}
         self.table_cache: dict[bytes, ReadNodeTable] = {}  # file digest -> table
+
+    def _add(self, row: _Row) -> int:
+        rid = len(self.rows)
+        self.rows.append(row)
+        nid = self.name_ids.get(row.name)
+        if nid is None:
+            nid = self.name_ids[row.name] = len(self.names)
+            self.names.append(row.name)
+        skey = (row.node_id, row.ctrl, row.data)
+        sid = self.struct_ids.get(skey)
+        if sid is None:
+            sid = self.struct_ids[skey] = len(self.structs)
+            self.structs.append(skey)
+        c = self.cols
+        for name, v in (("kind", row.kind), ("duration_us", row.duration_us), ("flops", row.flops), ("tensor_bytes", row.tensor_bytes),
+                        ("comm_type", row.comm_type), ("comm_bytes", row.comm_bytes), ("group", row.group), ("peer", row.peer),
+                        ("tag", row.tag), ("node_id", row.node_id), ("name_id", nid), ("struct_id", sid),
+                        ("has_extra", bool(row.extra) or row.cpu_op)):
+            c[name].append(v)
+        return rid
 
     def read(self, path: Path) -> ReadNodeTable:
         try:
@@ -240,33 +277,88 @@ class _FileReader:
         cached = self.table_cache.get(digest)
         if cached is not None:
             return cached
-        records = _split_records(data, path)
+        # The metadata record (if any) first, then one fused loop over the
+        # node records: decode the length (inline for the 1-byte case), look
+        # the raw bytes up in the store, parse only records never seen before.
         version: str | None = None
-        mv = memoryview(data)
-        if records and _is_metadata(mv[records[0][0] : records[0][1]]):
-            b, e = records.pop(0)
-            version = ""
-            for f, wt, v, _, _ in wire.iter_fields(mv, b, e):
-                if f == 1:
-                    version = bytes(mv[v[0] : v[1]]).decode("utf-8", errors="replace")
-        rows: list[_Row] = []
-        cache = self.node_cache
-        for i, (b, e) in enumerate(records):
-            raw = data[b:e]
-            row = cache.get(raw)
-            if row is None:
+        end = len(data)
+        pos = 0
+        if end:
+            n, body = self._length(data, 0, end, path, 0)
+            if _is_metadata(memoryview(data)[body : body + n]):
+                version = ""
+                for f, wt, v, _, _ in wire.iter_fields(memoryview(data), body, body + n):
+                    if f == 1:
+                        version = bytes(data[v[0] : v[1]]).decode("utf-8", errors="replace")
+                pos = body + n
+        index = self.index
+        get = index.get
+        ids = []
+        append = ids.append
+        while pos < end:
+            n = data[pos]
+            if n < 0x80 and n:
+                body = pos + 1
+            else:
+                n, body = self._length(data, pos, end, path, len(ids))
+            raw = data[body : body + n]
+            if len(raw) != n:
+                raise TraceError(f"{path}: truncated file: record {len(ids)} at byte {pos} declares {n} bytes but only {end - body} remain")
+            rid = get(raw)
+            if rid is None:
                 try:
                     row = _parse_node(raw)
                 except WireError as err:
                     nid = _best_effort_id(raw)
-                    where = f"node {nid}" if nid is not None else f"node record {i}"
-                    raise TraceError(f"{path}: {where} (byte {b}): corrupt node: {err}") from None
-                cache[raw] = row
-            rows.append(row)
-        table = _build_table(rows, path)
+                    where = f"node {nid}" if nid is not None else f"node record {len(ids)}"
+                    raise TraceError(f"{path}: {where} (byte {body}): corrupt node: {err}") from None
+                rid = index[raw] = self._add(row)
+            append(rid)
+            pos = body + n
+        table = self._table(np.asarray(ids, dtype=np.int64), path)
         table.metadata_version = version
         self.table_cache[digest] = table
         return table
+
+    @staticmethod
+    def _length(data: bytes, pos: int, end: int, path: Path, record: int) -> tuple[int, int]:
+        try:
+            n, body = wire.read_varint(data, pos, end)
+        except WireError:
+            raise TraceError(f"{path}: truncated file: record {record} at byte {pos} has a cut-off length prefix") from None
+        if n == 0 and pos:
+            raise TraceError(f"{path}: zero-length record {record} at byte {pos} (Chakra's decoder stops reading there)")
+        if body + n > end:
+            raise TraceError(f"{path}: truncated file: record {record} at byte {pos} declares {n} bytes but only {end - body} remain")
+        return n, body
+
+    def _table(self, idx: np.ndarray, path: Path) -> ReadNodeTable:
+        c = {name: col.a[: col.n] for name, col in self.cols.items()}
+        sids = c["struct_id"][idx]
+        key = sids.tobytes()
+        shape = self.shape_cache.get(key)
+        if shape is None:
+            shape = self.shape_cache[key] = _shape([self.structs[s] for s in sids.tolist()], path)
+        order, dptr, didx, cptr, cidx, dangling = shape
+        if order is not None:
+            idx = idx[order]
+        name_ids = c["name_id"][idx]
+        nkey = name_ids.tobytes()
+        names = self.names_cache.get(nkey)
+        if names is None:
+            names = self.names_cache[nkey] = [self.names[i] for i in name_ids.tolist()]
+        extra_rows = np.flatnonzero(c["has_extra"][idx]).tolist()
+        rows = self.rows
+        idx_l = idx.tolist()
+        extra = {i: rows[idx_l[i]].extra for i in extra_rows if rows[idx_l[i]].extra}
+        cpu = frozenset(i for i in extra_rows if rows[idx_l[i]].cpu_op)
+        return ReadNodeTable(
+            names=names,
+            kind=c["kind"][idx], duration_us=c["duration_us"][idx], flops=c["flops"][idx], tensor_bytes=c["tensor_bytes"][idx],
+            comm_type=c["comm_type"][idx], comm_bytes=c["comm_bytes"][idx], comm_group=c["group"][idx], comm_peer=c["peer"][idx],
+            comm_tag=c["tag"][idx], data_dep_ptr=dptr, data_dep_idx=didx, ctrl_dep_ptr=cptr, ctrl_dep_idx=cidx,
+            node_ids=c["node_id"][idx], extra_bytes=extra, cpu_op_rows=cpu, dangling=list(dangling), source=str(path),
+        )
 
 
 def _best_effort_id(raw: bytes) -> int | None:
@@ -280,57 +372,47 @@ def _best_effort_id(raw: bytes) -> int | None:
     return None
 
 
-def _build_table(rows: list[_Row], path: Path) -> ReadNodeTable:
-    n = len(rows)
+def _shape(structs: list[tuple[int, tuple[int, ...], tuple[int, ...]]], path: Path):
+    """Dependency structure of a rank from its (node id, ctrl ids, data ids) sequence.
+
+    Returns ``(order or None, data_ptr, data_idx, ctrl_ptr, ctrl_idx, dangling)``
+    where ``order`` is the topological permutation of the file rows when the
+    file is not already in topological order.
+    """
+    n = len(structs)
     pos_of: dict[int, int] = {}
-    for i, r in enumerate(rows):
-        if r.node_id in pos_of:
-            raise TraceError(f"{path}: node {r.node_id} appears more than once (rows {pos_of[r.node_id]} and {i})")
-        pos_of[r.node_id] = i
+    for i, (nid, _, _) in enumerate(structs):
+        if nid in pos_of:
+            raise TraceError(f"{path}: node {nid} appears more than once (rows {pos_of[nid]} and {i})")
+        pos_of[nid] = i
     dangling: list[tuple[int, int]] = []
     data_pos: list[list[int]] = []
     ctrl_pos: list[list[int]] = []
     ordered = True
-    for i, r in enumerate(rows):
-        for deps, out in ((r.data, data_pos), (r.ctrl, ctrl_pos)):
+    for i, (nid, ctrl, data) in enumerate(structs):
+        for deps, out in ((data, data_pos), (ctrl, ctrl_pos)):
             ps = []
             for d in deps:
                 p = pos_of.get(d)
                 if p is None:
-                    dangling.append((r.node_id, d))
+                    dangling.append((nid, d))
                     continue
                 if p >= i:
                     ordered = False
                 ps.append(p)
             out.append(ps)
-    order = list(range(n)) if ordered else _stable_topo_order(n, data_pos, ctrl_pos)
+    order = None
     if not ordered:
+        order = _stable_topo_order(n, data_pos, ctrl_pos)
         inv = [0] * n
         for new, old in enumerate(order):
             inv[old] = new
-        rows = [rows[o] for o in order]
         data_pos = [[inv[p] for p in data_pos[o]] for o in order]
         ctrl_pos = [[inv[p] for p in ctrl_pos[o]] for o in order]
+        order = np.asarray(order, dtype=np.int64)
     dptr, didx = _csr(data_pos)
     cptr, cidx = _csr(ctrl_pos)
-    return ReadNodeTable(
-        names=[r.name for r in rows],
-        kind=np.fromiter((r.kind for r in rows), dtype=np.int8, count=n),
-        duration_us=np.fromiter((r.duration_us for r in rows), dtype=np.float64, count=n),
-        flops=np.fromiter((r.flops for r in rows), dtype=np.int64, count=n),
-        tensor_bytes=np.fromiter((r.tensor_bytes for r in rows), dtype=np.int64, count=n),
-        comm_type=np.fromiter((r.comm_type for r in rows), dtype=np.int8, count=n),
-        comm_bytes=np.fromiter((r.comm_bytes for r in rows), dtype=np.int64, count=n),
-        comm_group=np.fromiter((r.group for r in rows), dtype=np.int32, count=n),
-        comm_peer=np.fromiter((r.peer for r in rows), dtype=np.int32, count=n),
-        comm_tag=np.fromiter((r.tag for r in rows), dtype=np.int32, count=n),
-        data_dep_ptr=dptr, data_dep_idx=didx, ctrl_dep_ptr=cptr, ctrl_dep_idx=cidx,
-        node_ids=np.fromiter((r.node_id for r in rows), dtype=np.int64, count=n),
-        extra_bytes={i: r.extra for i, r in enumerate(rows) if r.extra},
-        cpu_op_rows=frozenset(i for i, r in enumerate(rows) if r.cpu_op),
-        dangling=dangling,
-        source=str(path),
-    )
+    return order, dptr, didx, cptr, cidx, tuple(dangling)
 
 
 def _stable_topo_order(n: int, data_pos: list[list[int]], ctrl_pos: list[list[int]]) -> list[int]:
@@ -415,6 +497,10 @@ def read_trace(dir_or_prefix: str | Path, *, comm_groups: Mapping[int, Sequence[
         groups_source = "the comm_groups argument"
     reader = _FileReader()
     ranks: list[RankProgram] = []
+    return _read_all(reader, files, groups, groups_source, prefix, ranks)
+
+
+def _read_all(reader, files, groups, groups_source, prefix, ranks) -> Trace:
     checked: set[int] = set()
     for path in files:
         table = reader.read(path)

@@ -51,6 +51,7 @@ from pathlib import Path
 import numpy as np
 
 from flint.chakra import wire
+from flint.chakra.check import cycle_rows
 from flint.chakra.groups import format_comm_groups, validate_comm_groups
 from flint.errors import FlintError
 from flint.trace import CollKind, NodeKind, NodeTable, RankProgram, Trace
@@ -97,13 +98,13 @@ def _tail(kind: int, value: int) -> bytes:
 class _TablePlan:
     """One table serialized once: constant segments plus variable-node heads."""
 
-    def __init__(self, table: NodeTable, symbolic: bool, first_rank: int, world_size: int) -> None:
+    def __init__(self, table: NodeTable, symbolic: bool, first_rank: int) -> None:
         self.table = table
         self.symbolic = symbolic
         n = len(table)
         self.n = n
-        self.error = n == 0
-        if self.error:
+        self.empty = n == 0
+        if self.empty:
             return
         self._validate(first_rank)
 
@@ -222,9 +223,7 @@ class _TablePlan:
         self.n_var = len(var_rows)
         self.pick = itemgetter(*idx) if len(idx) > 1 else (lambda t, i=idx: [t[j] for j in i])
         self._evens: dict[tuple[int, ...], list[bytes]] = {}
-        self.const_body = segments[0] if not var_rows else None
-        # per-key tail length -> even pieces, built lazily
-        self._key_of_var = idx
+        self._key_of_var = idx  # variable row j -> index of its key in var_keys_unique
 
     def _validate(self, rank: int) -> None:
         t = self.table
@@ -261,8 +260,6 @@ class _TablePlan:
                 f"rank {rank}: {_node_label(t, r)} is a {name} collective, which ASTRA-sim cannot run; "
                 "lower it to ALL_REDUCE / ALL_GATHER / REDUCE_SCATTER / ALL_TO_ALL or send/recv first"
             )
-        from flint.chakra.check import cycle_rows
-
         cyc = cycle_rows(t)
         if len(cyc):
             raise FlintError(f"rank {rank}: {_node_label(t, int(cyc[0]))} is on a dependency cycle")
@@ -293,7 +290,7 @@ class _Emitter:
         k = (id(prog.table), symbolic)
         p = self.plans.get(k)
         if p is None:
-            p = self.plans[k] = _TablePlan(prog.table, symbolic, rank, self.world)
+            p = self.plans[k] = _TablePlan(prog.table, symbolic, rank)
         return p
 
     def _check_group(self, rank: int, plan: _TablePlan, gid: int, slot: int | None) -> None:
@@ -316,7 +313,7 @@ class _Emitter:
 
     def render(self, rank: int, prog: RankProgram) -> bytes:
         plan = self.plan(rank, prog)
-        if plan.error:
+        if plan.empty:
             raise FlintError(f"rank {rank} has no nodes: ASTRA-sim needs at least one node per rank file")
         if not plan.symbolic:
             for gid in plan.used_groups:
