@@ -18,6 +18,7 @@ from flint.cost.network import Network
 from flint.mesh import Mesh
 from flint.sim.chrome import chrome_trace_events, write_chrome_trace
 from flint.sim.engine import SimDeadlock, run
+from flint.sim.memory import MemoryReport, peak_memory
 from flint.sim.result import SimResult, summarize
 from flint.trace import Trace
 
@@ -42,4 +43,5 @@ def simulate(trace: Trace, device: Device | None, network: Network, mesh: Mesh |
     return summarize(raw, peak, model_flops)
 
 
-__all__ = ["simulate", "SimResult", "SimDeadlock", "write_chrome_trace", "chrome_trace_events"]
+__all__ = ["simulate", "SimResult", "SimDeadlock", "write_chrome_trace", "chrome_trace_events", "peak_memory",
+           "MemoryReport"]
