@@ -4,7 +4,7 @@ Presets live in ``flint/devices/<name>.toml`` (public datasheet numbers, dense,
 no sparsity). Keys, all with units in their names::
 
     name, description
-    peak_tflops_fp32 / _tf32 / _bf16 / _fp16 / _fp8   dense peak, 1e12 FLOP/s
+    peak_tflops_fp64 / _fp32 / _tf32 / _bf16 / _fp16 / _fp8   dense peak, 1e12 FLOP/s (fp64: matrix units)
     hbm_capacity_gib                                  HBM capacity, GiB
     hbm_bandwidth_gbytes_per_s                        HBM bandwidth, 1e9 bytes/s
     kernel_floor_us                                   shortest time any kernel takes
@@ -39,7 +39,7 @@ from flint.errors import FlintError
 
 DEVICES_DIR = Path(__file__).resolve().parent.parent / "devices"
 
-_PEAK_KEY = {"f32": "fp32", "tf32": "tf32", "bf16": "bf16", "f16": "fp16",
+_PEAK_KEY = {"f64": "fp64", "f32": "fp32", "tf32": "tf32", "bf16": "bf16", "f16": "fp16",
              "f8e4m3fn": "fp8", "f8e5m2": "fp8", "f8e4m3fnuz": "fp8", "f8e5m2fnuz": "fp8"}
 _TOP_KEYS = {"name", "description", "hbm_capacity_gib", "hbm_bandwidth_gbytes_per_s", "kernel_floor_us",
              "compute_efficiency", "memory_efficiency"} | {f"peak_tflops_{k}" for k in set(_PEAK_KEY.values())}
