@@ -69,7 +69,7 @@ _REDUCTION_OPS = {"sum", "mean", "amax", "amin", "max", "min", "_softmax", "_log
                   "_softmax_backward_data", "_log_softmax_backward_data", "nll_loss_forward",
                   "nll_loss_backward", "native_layer_norm", "native_layer_norm_backward",
                   "var_mean", "var", "std", "norm", "linalg_vector_norm", "prod", "argmax",
-                  "argmin", "logsumexp", "_fused_rms_norm", "_fused_rms_norm_backward", "cumsum"}
+                  "argmin", "logsumexp", "_safe_softmax", "_fused_rms_norm", "_fused_rms_norm_backward", "cumsum"}
 
 
 def _op_name(target: Any) -> tuple[str, str]:

@@ -254,7 +254,7 @@ class ParamGroup(nn.Module):
             offset += n
         return out
 
-    def forward(self, *args: torch.Tensor) -> torch.Tensor:
+    def forward(self, *args: torch.Tensor, **kwargs: torch.Tensor) -> torch.Tensor:
         leaves = [self.local[n.replace(".", "__")] for n in self.names]
         if self.mode == "fsdp":
             values = checkpoint(self._unshard, *leaves, use_reentrant=False, context_fn=_RECOMPUTE)
@@ -266,7 +266,7 @@ class ParamGroup(nn.Module):
                 mesh, placements, shape, stride = spec
                 value = DTensor.from_local(value, mesh, placements, run_check=False, shape=shape, stride=stride)
             params[name] = value
-        out = torch.func.functional_call(self.module, params, args)
+        out = torch.func.functional_call(self.module, params, args, kwargs)
         if self.mode == "fsdp" and self.backward_unshard:
             flat = torch.cat([leaf.detach().reshape(-1) for leaf in leaves])
             out = _BackwardUnshard.apply(out, flat, self.dp_size, self.group_name)
@@ -281,8 +281,13 @@ def apply_data_parallel(model: nn.Module, dp_mesh: DeviceMesh, mode: str, infos:
     model.head = ParamGroup(model.head, dp_mesh, mode, "head", infos)
 
 
-def apply(plan: str, model: nn.Module, mesh: DeviceMesh) -> tuple[Recipe, dict[int, ParamInfo]]:
-    """Parallelise ``model`` in place by recipe ``plan``; return the ParamInfo table (by id of leaf)."""
+def apply(plan: str, model: nn.Module, mesh: DeviceMesh) -> tuple[Recipe, dict[int, ParamInfo], nn.Module]:
+    """Parallelise ``model`` by recipe ``plan``.
+
+    Returns the recipe, the ParamInfo table (keyed by ``id`` of each leaf
+    parameter) and the model to run (``model`` itself, or a ParamGroup around
+    it for ``dp`` on a model that is not a StagedLM).
+    """
     recipe = Recipe.parse(plan)
     names = tuple(mesh.mesh_dim_names or ())
     missing = [a for a in recipe.axes() if a not in names]
@@ -301,6 +306,8 @@ def apply(plan: str, model: nn.Module, mesh: DeviceMesh) -> tuple[Recipe, dict[i
             local = p.to_local() if isinstance(p, DTensor) else p
             sharding = {"tp": pl.dim for pl in getattr(p, "placements", ()) if isinstance(pl, Shard)}
             infos[id(p)] = ParamInfo(info.name, info.global_shape, tuple(local.shape), p.dtype, sharding)
+    if recipe.data and not all(hasattr(model, a) for a in ("embed", "layers", "head")):
+        return recipe, infos, ParamGroup(model, mesh["dp"], recipe.data, "", infos)
     if recipe.data:
         apply_data_parallel(model, mesh["dp"], recipe.data, infos)
-    return recipe, infos
+    return recipe, infos, model

@@ -432,7 +432,7 @@ def capture_step(
             if not staged and plan != "dp":
                 raise CaptureError("plan", f"recipe '{plan}' needs a StagedLM (embed, layers, head); "
                                    "pass a parallelisation function instead")
-            recipe, infos = apply(plan, model, dm)
+            recipe, infos, model = apply(plan, model, dm)
             plan_name = plan
         else:
             result = plan(model, dm)
