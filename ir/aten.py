@@ -105,6 +105,12 @@ Aten = Dialect("aten", [AtenOp], [])
 #   builtin.module attributes {flint.schedule = [["pre_fwd", 1], ["block_fwd", 126], ...]}
 #
 # Without the attribute, every `func.func` runs once, in module order.
+#
+# Function arguments carry their role as the arg attribute `flint.role`
+# (the capture's Role.kind: parameter, buffer, input, activation, saved,
+# tangent, gradient, exp_avg, exp_avg_sq, step). lower-to-chakra treats
+# parameter / buffer / input / optimizer-state arguments as ready when the
+# step starts and every other argument as produced by the previous part.
 
 SCHEDULE_ATTR = "flint.schedule"
 

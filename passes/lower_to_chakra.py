@@ -19,7 +19,7 @@ from flint.passes.annotate_cost import aten_op_cost
 # Function-argument roles (arg attribute `flint.role`) whose values exist
 # before the step starts, so nodes reading them need not wait for the
 # previous part of the step.
-RESIDENT_ROLES = frozenset({"param", "optim_state", "buffer"})
+RESIDENT_ROLES = frozenset({"parameter", "buffer", "input", "exp_avg", "exp_avg_sq", "step"})
 ROLE_ATTR = "flint.role"
 
 # dist collective -> (Chakra kind, how to count comm_size). Kinds ASTRA-sim
@@ -203,7 +203,8 @@ class LowerToChakraPass(ModulePass):
     stream, and make compute wait for a synchronous collective. A function
     repeated N times becomes ``chakra.repeat N`` carrying the last compute
     and comm node; function arguments are ready at once if their
-    ``flint.role`` is param / optim_state / buffer, otherwise after the
+    ``flint.role`` is parameter, buffer, input (batch data) or optimizer
+    state (exp_avg, exp_avg_sq, step), otherwise after the
     previous part's last compute node.
 
     The `func.func`s are replaced by the graph; the grid stays. Options:

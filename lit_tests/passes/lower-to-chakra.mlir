@@ -7,12 +7,12 @@
 builtin.module attributes {flint.schedule = [["embed", 1], ["block", 3]]} {
   shard.grid @mesh(shape = 2x2)
 
-  func.func @embed(%x: tensor<8x64xbf16>, %w: tensor<64x64xbf16> {flint.role = "param"}) -> tensor<8x64xbf16> {
+  func.func @embed(%x: tensor<8x64xbf16>, %w: tensor<64x64xbf16> {flint.role = "parameter"}) -> tensor<8x64xbf16> {
     %0 = aten.op "aten.mm.default"(%x, %w) phase = "fwd" : (tensor<8x64xbf16>, tensor<64x64xbf16>) -> tensor<8x64xbf16>
     func.return %0 : tensor<8x64xbf16>
   }
 
-  func.func @block(%h: tensor<8x64xbf16>, %w_shard: tensor<32x64xbf16> {flint.role = "param"}) -> tensor<8x64xbf16> {
+  func.func @block(%h: tensor<8x64xbf16>, %w_shard: tensor<32x64xbf16> {flint.role = "parameter"}) -> tensor<8x64xbf16> {
     %0 = dist.all_gather %w_shard on @mesh grid_axes = [0] gather_dim = 0 : tensor<32x64xbf16> -> !dist.future<tensor<64x64xbf16>>
     %1 = aten.op "aten.relu.default"(%h) phase = "fwd" : (tensor<8x64xbf16>) -> tensor<8x64xbf16>
     %w = dist.wait %0 : tensor<64x64xbf16>
