@@ -44,6 +44,101 @@ def _load_ir(path: str):
     return module
 
 
+def _model_factory(spec: str, layers: int | None):
+    """A zoo preset name, or ``path/to/file.py[:function]`` defining a model factory."""
+    if spec.endswith(".py") or ".py:" in spec:
+        import importlib.util
+
+        path, _, fn_name = spec.partition(":")
+        fn_name = fn_name or "model_factory"
+        if not os.path.isfile(path):
+            raise FlintError(f"--model: no such file {path}")
+        mod_spec = importlib.util.spec_from_file_location("flint_user_model", path)
+        module = importlib.util.module_from_spec(mod_spec)
+        try:
+            mod_spec.loader.exec_module(module)
+        except Exception as e:
+            raise FlintError(f"--model: {path} failed to import: {type(e).__name__}: {e}") from None
+        fn = getattr(module, fn_name, None)
+        if not callable(fn):
+            raise FlintError(f"--model: {path} defines no function '{fn_name}' (a zero-argument model factory)")
+        if layers is not None:
+            raise FlintError("--layers applies to zoo models only; set the depth in your factory")
+        return fn, None
+    from flint.models import config, factory
+
+    overrides = {"n_layers": layers} if layers is not None else {}
+    cfg = config(spec, **overrides)
+    return factory(spec, **overrides), cfg
+
+
+def _write_atomic(path: str, text: str) -> None:
+    import tempfile
+
+    path = os.path.abspath(path)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".flint.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _fmt_count(x: float) -> str:
+    for unit, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(x) >= scale:
+            return f"{x / scale:.2f} {unit}"
+    return f"{x:.0f} "
+
+
+def cmd_capture(args: argparse.Namespace) -> int:
+    from io import StringIO
+
+    from xdsl.printer import Printer
+
+    from flint.capture import capture_step, default_mesh
+    from flint.importer import import_step
+
+    t0 = time.perf_counter()
+    model_factory, cfg = _model_factory(args.model, args.layers)
+    if args.tp < 1:
+        raise FlintError(f"--tp must be at least 1, got {args.tp}")
+    mesh_shape, axes = default_mesh(args.plan, args.world_size, args.tp)
+    seq = args.seq_len or min(getattr(cfg, "max_seq_len", 2048), 2048)
+    batch = args.batch_size or mesh_shape[axes.index("dp")] if "dp" in axes else (args.batch_size or 1)
+    shapes = {"tokens": (batch, seq), "labels": (batch, seq)}
+    print(f"capturing {args.model} ({args.plan}, world size {args.world_size}, mesh "
+          f"{'x'.join(map(str, mesh_shape))} {tuple(axes)}, batch {batch}x{seq}, {args.dtype}) ...", file=sys.stderr)
+    step = capture_step(model_factory, shapes, world_size=args.world_size, mesh_shape=mesh_shape,
+                        mesh_axis_names=axes, plan=args.plan, dtype=args.dtype)
+    t_capture = time.perf_counter() - t0
+    module = import_step(step)
+    text = StringIO()
+    Printer(stream=text, print_debuginfo=True).print_op(module)
+    text.write("\n")
+    _write_atomic(args.output, text.getvalue())
+    n_ops = sum(1 for _ in module.walk()) - 1
+    summary = step.summary()
+    print(f"wrote {args.output}: {n_ops} ops in {len([p for p in step.parts for _ in p.graphs()])} functions "
+          f"(capture {t_capture:.1f} s, import {time.perf_counter() - t0 - t_capture:.1f} s)")
+    print(f"\nper rank, per step ({'; '.join(f'{p.name} x{p.repeat}' for p in step.parts)}):")
+    print(f"  {'op class':<22} {'count':>8}")
+    for cls, n in sorted(summary.op_classes.items(), key=lambda kv: (-kv[1], kv[0])):
+        print(f"  {cls:<22} {n:>8}")
+    print(f"  {'FLOPs':<22} {_fmt_count(summary.flops) + 'FLOP':>12}")
+    if summary.collectives:
+        print(f"\n  {'collective':<16} {'axes':<10} {'phase':<6} {'count':>6} {'input bytes':>14}")
+        for key in sorted(summary.collectives):
+            kind, ax, phase = key
+            print(f"  {kind:<16} {','.join(ax):<10} {phase:<6} {summary.collectives[key]:>6} "
+                  f"{_fmt_count(summary.collective_bytes[key]) + 'B':>14}")
+    return 0
+
+
 def cmd_emit(args: argparse.Namespace) -> int:
     from xdsl.context import Context
 
@@ -75,6 +170,23 @@ def cmd_inspect(argv: Sequence[str]) -> int:
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="flint", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", metavar="command")
+
+    cap = sub.add_parser("capture", help="capture a model's training step under a plan and write the IR",
+                         description="Capture one training step (forward, loss, backward, AdamW) of a model with "
+                                     "PyTorch's compiler on fake tensors and a fake process group of any world size, "
+                                     "import it into Flint's IR and write it as .mlir. Prints a per-rank summary.")
+    cap.add_argument("--model", required=True,
+                     help="zoo preset (llama3-8b, llama3-70b, llama3-405b, mixtral-8x7b, gpt2-small, ...) or "
+                          "path/to/file.py[:function] defining a zero-argument model factory (default function: model_factory)")
+    cap.add_argument("--world-size", type=int, required=True, help="number of ranks")
+    cap.add_argument("--plan", default="fsdp", help="dp, fsdp, tp, tp+sp, dp+tp, fsdp+tp, fsdp+tp+sp (default: fsdp)")
+    cap.add_argument("--tp", type=int, default=1, help="tensor-parallel degree for plans with tp (default: 1)")
+    cap.add_argument("--layers", type=int, default=None, help="override the model's depth (zoo models)")
+    cap.add_argument("--batch-size", type=int, default=None, help="global batch size (default: one sequence per data-parallel rank)")
+    cap.add_argument("--seq-len", type=int, default=None, help="sequence length (default: min(model max, 2048))")
+    cap.add_argument("--dtype", default="bfloat16", help="model dtype (default: bfloat16)")
+    cap.add_argument("-o", "--output", required=True, help="output .mlir file (written atomically)")
+    cap.set_defaults(func=cmd_capture)
 
     emit = sub.add_parser("emit", help="lower a step's IR to per-rank Chakra ET files",
                           description="Lower the step (aten + dist IR, or an already lowered chakra.graph) to "

@@ -13,7 +13,6 @@ from collections import Counter
 from typing import Any
 
 import torch
-from torch.utils.flop_counter import flop_registry
 
 GEMM = "gemm"
 ATTENTION = "attention"
@@ -129,14 +128,28 @@ def _val(arg: Any) -> Any:
 
 
 def node_flops(node: torch.fx.Node) -> int:
-    """FLOPs of one FX node from tensor shapes, by PyTorch's flop registry (0 if unregistered)."""
-    packet = getattr(node.target, "overloadpacket", None)
-    fn = flop_registry.get(packet) if packet is not None else None
-    if fn is None:
+    """FLOPs of one FX node: the one FLOP count, :func:`flint.cost.op_flops`, on its shapes."""
+    from flint.cost.flops import op_flops
+
+    target = node.target
+    if not isinstance(target, torch._ops.OpOverload):
         return 0
-    args = [_val(a) for a in node.args]
-    kwargs = {k: _val(v) for k, v in node.kwargs.items()}
-    return int(fn(*args, **kwargs, out_val=node.meta.get("val")))
+    in_shapes: list[Any] = []
+    named: dict[str, Any] = {}
+    bound = list(zip(target._schema.arguments, node.args)) + [
+        (a, node.kwargs[a.name]) for a in target._schema.arguments if a.name in node.kwargs]
+    for sarg, arg in bound:
+        val = _val(arg)
+        if isinstance(val, torch.Tensor):
+            in_shapes.append(tuple(val.shape))
+        elif isinstance(val, (list, tuple)) and val and all(isinstance(v, torch.Tensor) for v in val):
+            in_shapes.append([tuple(v.shape) for v in val])
+        else:
+            named[sarg.name] = val
+    out = node.meta.get("val")
+    outs = [out] if isinstance(out, torch.Tensor) else [v for v in (out or ()) if isinstance(v, torch.Tensor)]
+    return op_flops(f"{target.namespace}.{target._opname}.{target._overloadname}", in_shapes,
+                    [tuple(v.shape) for v in outs], named)
 
 
 def tensor_bytes(val: Any) -> int:
