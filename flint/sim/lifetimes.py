@@ -1,0 +1,464 @@
+"""Per-rank tensor lifetimes of a training step's IR, for :func:`flint.sim.memory.peak_memory`.
+
+Input is the step as the capture/importer writes it: `func.func`s of `aten`
+and `dist` ops, the module's ``flint.schedule`` (which function runs when,
+how many times) and each argument's ``flint.role``. The IR is SPMD, so the
+result holds for every rank of the grid.
+
+Schedule positions
+------------------
+Every op of a function (``func.return`` excluded) is one position; one
+iteration of a function repeated ``N`` times occupies ``N`` consecutive runs
+of its positions. A repeated function is analysed once; its allocations are
+replicated with numpy per iteration (never as IR ops), so a 126-layer model
+costs 126 rows per allocation, not 126 analyses.
+
+What allocates, and for how long
+--------------------------------
+- *Resident state* (live the whole step): arguments with role ``parameter``
+  (category ``params``), ``exp_avg`` / ``exp_avg_sq`` / ``step``
+  (``optimizer``), ``buffer`` and ``input`` (batch data) (``other``), times
+  the function's repeat count. The forward, backward and optimizer functions
+  of one part all name the same parameters, so functions are grouped (same
+  name stem once ``fwd``/``bwd``/``optim``/``forward``/``backward`` is
+  stripped; a forward and the backward it is paired with; an optimizer
+  function whose parameter types equal exactly one forward's) and each role is
+  counted once per group, as the largest of the group members' counts.
+  Arguments without a role of the first scheduled function count as resident
+  ``other`` (nothing produced them).
+- *Op results*: every `aten.op` result and every `dist` collective / recv
+  result allocates its bytes at its op's position; category ``comm`` for
+  `dist` results, ``activations`` for `aten` results (``other`` in the
+  ``optim`` phase). Views (op class ``view``) and in-place ops (ATen names
+  ending in ``_``) alias their first operand; ``dist.wait`` aliases its
+  future. A value is freed after the last op that uses it or any alias.
+- *Values leaving a function* (returned, or aliasing a returned value):
+  - **saved for backward**: a backward function (one with ``tangent`` or
+    ``saved`` arguments) is paired with the latest earlier forward whose
+    trailing results have the types of the backward's leading non-tangent
+    arguments, which is AOTAutograd's calling convention (forward returns
+    ``outputs + saved``, backward takes ``saved + tangents``). Forward
+    iteration ``i`` of ``N`` is consumed by backward iteration ``N-1-i``
+    (layers run backwards) and freed after that iteration's last use of the
+    argument. If no forward matches, the backward's ``saved`` arguments are
+    matched alone against the trailing results; if that fails too, the saved
+    values are only counted from the backward's start (an underestimate; the
+    report's ``notes`` say so).
+  - **gradients**: backward results aligned with the paired forward's
+    ``parameter`` arguments (AOTAutograd returns one gradient per forward
+    input that requires one, in order; inputs whose type does not match the
+    next result get none) are category ``grads`` and stay live to the end of
+    the step (the optimizer reads them; they are released after it).
+    Without a paired forward, results whose type is that of some
+    ``gradient`` argument in the module count as gradients.
+  - **everything else** (the activation or activation-gradient handed on):
+    freed after the next function iteration's last use of its non-resident
+    arguments (``activation``, ``tangent``, unannotated), or at the end of
+    the step after the last part.
+  - A result aliasing a non-resident argument (e.g. a block saving its input
+    for backward) takes that argument's memory over: the producer's output
+    is released when the consumer starts and the consumer re-allocates the
+    bytes at its first position, so nothing is counted twice.
+
+Approximations (say them when you quote a number): no allocator caching or
+fragmentation, no workspace of kernels, no memory for ``dist.send`` buffers
+beyond the tensor sent, and one rule for hand-offs (all of a producer's
+hand-off outputs live until the consumer's last use of any of its
+activation arguments).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+from xdsl.dialects import func
+from xdsl.dialects.builtin import ModuleOp, StringAttr, TensorType
+from xdsl.ir import BlockArgument, SSAValue
+
+from flint.cost import tensor_bytes
+from flint.errors import FlintError
+from flint.ir import dist
+from flint.ir.aten import AtenOp, get_schedule
+from flint.sim.memory import MemoryReport, peak_memory
+
+ROLE_ATTR = "flint.role"
+RESIDENT_CATEGORY = {"parameter": "params", "exp_avg": "optimizer", "exp_avg_sq": "optimizer", "step": "optimizer",
+                     "buffer": "other", "input": "other"}
+_HANDOFF_ROLES = (None, "activation", "tangent", "unknown")
+_PHASE_WORDS = frozenset({"fwd", "bwd", "optim", "opt", "forward", "backward", "optimizer"})
+
+# Allocation kinds inside one function profile.
+_LOCAL, _SAVED, _GRAD, _HANDOFF = 0, 1, 2, 3
+
+
+def _value_bytes(v: SSAValue) -> int:
+    t = v.type
+    if isinstance(t, dist.FutureType):
+        t = t.value_type
+    if not isinstance(t, TensorType):
+        return 0
+    return tensor_bytes(t.get_shape(), str(t.element_type))
+
+
+def _is_view(op: AtenOp) -> bool:
+    from flint.cost.opclass import VIEW, classify_target, split_target
+
+    name = split_target(op.overload)[1]
+    if name.endswith("_") and not name.startswith("_foreach"):
+        return True  # in-place: the result is its first operand
+    return classify_target(op.overload) == VIEW
+
+
+def _roles(fn: func.FuncOp) -> list[str | None]:
+    attrs = fn.arg_attrs.data if fn.arg_attrs is not None else ()
+    out: list[str | None] = []
+    for i in range(len(fn.body.block.args)):
+        role = attrs[i].data.get(ROLE_ATTR) if i < len(attrs) else None
+        out.append(role.data if isinstance(role, StringAttr) else None)
+    return out
+
+
+def _stem(name: str) -> str:
+    """``block_fwd`` / ``bwd.block`` -> ``block``: the name without its phase words."""
+    words = [w for w in re.split(r"[_.-]", name) if w]
+    return "_".join(w for w in words if w.lower() not in _PHASE_WORDS) or name
+
+
+@dataclass
+class _Profile:
+    """One function analysed once: its allocations relative to its own positions."""
+
+    fn: func.FuncOp
+    roles: list[str | None]
+    n_pos: int
+    # allocations (parallel lists)
+    nbytes: list[int] = field(default_factory=list)
+    pos: list[int] = field(default_factory=list)
+    last: list[int] = field(default_factory=list)
+    category: list[str] = field(default_factory=list)
+    result_of: list[int] = field(default_factory=list)  # -1, or the function result index it leaves as
+    # arguments
+    arg_last_use: list[int] = field(default_factory=list)
+    arg_returned: list[bool] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.fn.sym_name.data
+
+    @property
+    def args(self):
+        return self.fn.body.block.args
+
+    @property
+    def result_types(self):
+        return list(self.fn.function_type.outputs.data)
+
+    def handoff_last_use(self) -> int:
+        """Last local position using a non-resident argument that is not taken over (-1: none)."""
+        uses = [u for u, r, ret in zip(self.arg_last_use, self.roles, self.arg_returned)
+                if r in _HANDOFF_ROLES and not ret]
+        return max(uses, default=-1)
+
+
+def _profile(fn: func.FuncOp) -> _Profile:
+    roles = _roles(fn)
+    ops = [op for op in fn.body.block.ops if not isinstance(op, func.ReturnOp)]
+    p = _Profile(fn, roles, max(len(ops), 1))
+    args = list(fn.body.block.args)
+    p.arg_last_use = [-1] * len(args)
+    p.arg_returned = [False] * len(args)
+    base: dict[SSAValue, tuple[str, int]] = {a: ("arg", i) for i, a in enumerate(args)}
+
+    def use(v: SSAValue, at: int) -> None:
+        b = base.get(v)
+        if b is None:
+            return
+        kind, i = b
+        if kind == "arg":
+            p.arg_last_use[i] = max(p.arg_last_use[i], at)
+        else:
+            p.last[i] = max(p.last[i], at)
+
+    def alloc(v: SSAValue, at: int, category: str) -> None:
+        base[v] = ("alloc", len(p.nbytes))
+        p.nbytes.append(_value_bytes(v))
+        p.pos.append(at)
+        p.last.append(at)
+        p.category.append(category)
+        p.result_of.append(-1)
+
+    for at, op in enumerate(ops):
+        for v in op.operands:
+            use(v, at)
+        if isinstance(op, AtenOp):
+            if _is_view(op) and op.inputs:
+                for r in op.outputs:
+                    base[r] = base.get(op.inputs[0], ("none", -1))
+            else:
+                cat = "other" if op.phase is not None and op.phase.data == "optim" else "activations"
+                for r in op.outputs:
+                    alloc(r, at, cat)
+        elif isinstance(op, dist.WaitOp):
+            if op.result is not None:
+                base[op.result] = base.get(op.future, ("none", -1))
+        elif isinstance(op, dist.CollectiveOp | dist.RecvOp):
+            alloc(op.result, at, "comm")
+        # dist.send / dist.barrier tokens hold no memory
+    term = fn.body.block.last_op
+    returned = list(term.operands) if isinstance(term, func.ReturnOp) else []
+    for k, v in enumerate(returned):
+        kind, i = base.get(v, ("none", -1))
+        if kind == "alloc":
+            if p.result_of[i] == -1:
+                p.result_of[i] = k
+        elif kind == "arg" and roles[i] in _HANDOFF_ROLES and not p.arg_returned[i]:
+            # The consumer takes the argument's memory over (module docstring).
+            p.arg_returned[i] = True
+            p.nbytes.append(_value_bytes(args[i]))
+            p.pos.append(0)
+            p.last.append(max(p.arg_last_use[i], 0))
+            p.category.append("activations")
+            p.result_of.append(k)
+    return p
+
+
+@dataclass
+class _Pair:
+    fwd: str
+    saved_results: list[int]   # forward result indices, in the order of ...
+    saved_args: list[int]      # ... the backward argument indices they become
+    grad_results: set[int]     # backward result indices that are parameter gradients
+
+
+def _types(values) -> list:
+    return [v.type for v in values]
+
+
+def _pair_backward(b: _Profile, candidates: list[_Profile], grad_types: set) -> tuple[_Pair | None, str | None]:
+    roles = b.roles
+    if not any(r in ("saved", "tangent") for r in roles):
+        return None, None
+    first_tangent = next((i for i, r in enumerate(roles) if r == "tangent"), len(roles))
+    attempts = [list(range(first_tangent)), [i for i, r in enumerate(roles) if r == "saved"]]
+    for saved_args in attempts:
+        if not saved_args:
+            continue
+        want = [b.args[i].type for i in saved_args]
+        ordered = sorted(reversed(candidates), key=lambda f: _stem(f.name) != _stem(b.name))  # same stem first
+        for f in ordered:
+            outs = f.result_types
+            if len(outs) >= len(want) and outs[len(outs) - len(want):] == want:
+                first = len(outs) - len(want)
+                return _Pair(f.name, list(range(first, len(outs))), saved_args,
+                             _align_grads(f, b.result_types)), None
+    note = (f"@{b.name}: no forward function returns its saved values (types of its leading arguments); "
+            "saved activations are counted from its start only (an underestimate)")
+    grads = {k for k, t in enumerate(b.result_types) if t in grad_types}
+    return _Pair("", [], [], grads), note
+
+
+def _align_grads(f: _Profile, b_results: list) -> set[int]:
+    """Backward results that are gradients of the forward's parameters (module docstring)."""
+    grads: set[int] = set()
+    k = 0
+    for arg, role in zip(f.args, f.roles):
+        if k < len(b_results) and role in ("parameter", "activation", None, "unknown") and b_results[k] == arg.type:
+            if role == "parameter":
+                grads.add(k)
+            k += 1
+    if k < len(b_results):  # alignment failed: fall back to types
+        ptypes = {a.type for a, r in zip(f.args, f.roles) if r == "parameter"}
+        grads = {i for i, t in enumerate(b_results) if t in ptypes}
+    return grads
+
+
+@dataclass(frozen=True)
+class StepMemory:
+    """Peak memory of one rank over the step, plus where it happens."""
+
+    report: MemoryReport
+    peak_function: str
+    peak_iteration: int
+    peak_op_index: int
+    positions: int
+    notes: tuple[str, ...] = ()
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.report.peak_bytes
+
+    def summary(self) -> str:
+        return (f"{self.report.summary()} (in @{self.peak_function} iteration {self.peak_iteration}, "
+                f"op {self.peak_op_index})")
+
+
+class _Groups:
+    def __init__(self, names: Sequence[str]) -> None:
+        self.parent = {n: n for n in names}
+
+    def find(self, n: str) -> str:
+        while self.parent[n] != n:
+            self.parent[n] = self.parent[self.parent[n]]
+            n = self.parent[n]
+        return n
+
+    def union(self, a: str, b: str) -> None:
+        self.parent[self.find(a)] = self.find(b)
+
+
+def step_memory(module: ModuleOp, capacity_bytes: int | None = None) -> StepMemory:
+    """Peak memory per rank of the step in ``module`` (module docstring for the rules)."""
+    funcs = {f.sym_name.data: f for f in module.ops if isinstance(f, func.FuncOp)}
+    if not funcs:
+        raise FlintError("memory estimate needs the step's func.func functions (aten + dist IR); "
+                         "an already lowered chakra.graph has no tensors left")
+    try:
+        schedule = get_schedule(module)
+    except Exception as e:  # VerifyException from a malformed schedule attribute
+        raise FlintError(str(e)) from None
+    profiles = {name: _profile(fn) for name, fn in funcs.items()}
+    counts: dict[str, int] = {}
+    for name, c in schedule:
+        counts[name] = max(counts.get(name, 0), c)
+    notes: list[str] = []
+
+    # Pair every backward entry with its forward entry.
+    grad_types = {a.type for p in profiles.values() for a, r in zip(p.args, p.roles) if r == "gradient"}
+    pairs: dict[int, tuple[int, _Pair]] = {}  # backward entry -> (forward entry, pair)
+    for e, (name, _) in enumerate(schedule):
+        earlier = [profiles[n] for n, _ in schedule[:e]]
+        pair, note = _pair_backward(profiles[name], earlier, grad_types)
+        if note and note not in notes:
+            notes.append(note)
+        if pair is None:
+            continue
+        fe = max((i for i in range(e) if schedule[i][0] == pair.fwd), default=-1)
+        pairs[e] = (fe, pair)
+    saved_by_fwd_entry = {fe: (be, pair) for be, (fe, pair) in pairs.items() if fe >= 0}
+
+    # Resident state, counted once per group of functions.
+    groups = _Groups(list(funcs))
+    by_stem: dict[str, str] = {}
+    for n in funcs:
+        s = _stem(n)
+        if s in by_stem:
+            groups.union(n, by_stem[s])
+        by_stem.setdefault(s, n)
+    for be, (fe, pair) in pairs.items():
+        if fe >= 0:
+            groups.union(schedule[be][0], schedule[fe][0])
+
+    def param_types(p: _Profile) -> list:
+        return sorted((str(a.type) for a, r in zip(p.args, p.roles) if r == "parameter"))
+
+    def is_optim(p: _Profile) -> bool:
+        return any(r in ("exp_avg", "exp_avg_sq") for r in p.roles)
+
+    def is_bwd(p: _Profile) -> bool:
+        return any(r in ("saved", "tangent") for r in p.roles)
+
+    for n, p in profiles.items():
+        if is_optim(p):
+            match = [f for f, q in profiles.items() if f != n and not is_optim(q) and not is_bwd(q)
+                     and param_types(q) == param_types(p) and counts.get(f) == counts.get(n)]
+            if len(match) == 1:
+                groups.union(n, match[0])
+    resident: dict[tuple[str, str], int] = {}
+    for n, p in profiles.items():
+        per_role: dict[str, int] = {}
+        for a, r in zip(p.args, p.roles):
+            if r in RESIDENT_CATEGORY:
+                per_role[r] = per_role.get(r, 0) + _value_bytes(a)
+        for r, b in per_role.items():
+            key = (groups.find(n), r)
+            resident[key] = max(resident.get(key, 0), b * counts.get(n, 1))
+    first = profiles[schedule[0][0]]
+    unowned = sum(_value_bytes(a) for a, r in zip(first.args, first.roles) if r in (None, "unknown"))
+
+    # Global layout: entry e starts at offset[e]; iteration j at offset[e] + j * n_pos.
+    offsets = [0]
+    for name, c in schedule:
+        offsets.append(offsets[-1] + c * profiles[name].n_pos)
+    total = offsets[-1]
+
+    def handoff_free(e: int, j: np.ndarray) -> np.ndarray:
+        """Free position of hand-off outputs of iterations ``j`` of entry ``e``."""
+        name, c = schedule[e]
+        p = profiles[name]
+        nxt_start = offsets[e] + (j + 1) * p.n_pos
+        out = nxt_start + p.handoff_last_use()  # next iteration of the same function
+        last = j == c - 1
+        if e + 1 < len(schedule):
+            q = profiles[schedule[e + 1][0]]
+            out = np.where(last, offsets[e + 1] + q.handoff_last_use(), out)
+        else:
+            out = np.where(last, -1, out)
+        return out
+
+    cols_bytes, cols_pos, cols_free, cols_cat = [], [], [], []
+    for e, (name, c) in enumerate(schedule):
+        p = profiles[name]
+        if not p.nbytes:
+            continue
+        j = np.arange(c, dtype=np.int64)
+        start = offsets[e] + j * p.n_pos                                 # [c]
+        nb = np.asarray(p.nbytes, dtype=np.int64)
+        lp = np.asarray(p.pos, dtype=np.int64)
+        ll = np.asarray(p.last, dtype=np.int64)
+        res = np.asarray(p.result_of, dtype=np.int64)
+        cat = np.asarray(p.category, dtype=object)
+        alloc = start[:, None] + lp[None, :]                             # [c, a]
+        free = start[:, None] + ll[None, :]
+        # outputs leaving the function
+        be_pair = saved_by_fwd_entry.get(e)
+        saved_map = dict(zip(be_pair[1].saved_results, be_pair[1].saved_args)) if be_pair else {}
+        own_pair = pairs.get(e)
+        grads = own_pair[1].grad_results if own_pair else set()
+        hand = handoff_free(e, j)                                        # [c]
+        for a in np.nonzero(res >= 0)[0]:
+            k = int(res[a])
+            if k in grads:
+                free[:, a] = -1
+                cat[a] = "grads"
+            elif k in saved_map:
+                be, _ = be_pair
+                bname, bc = schedule[be]
+                bp = profiles[bname]
+                bj = np.clip(bc - 1 - j, 0, bc - 1)
+                free[:, a] = offsets[be] + bj * bp.n_pos + max(bp.arg_last_use[saved_map[k]], 0)
+            else:
+                free[:, a] = hand
+        free = np.where(free == -1, -1, np.maximum(free, alloc))
+        cols_bytes.append(np.broadcast_to(nb, alloc.shape).ravel())
+        cols_pos.append(alloc.ravel())
+        cols_free.append(free.ravel())
+        cols_cat.append(np.broadcast_to(cat, alloc.shape).ravel())
+    for (g, role), b in sorted(resident.items()):
+        cols_bytes.append(np.array([b]))
+        cols_pos.append(np.array([0]))
+        cols_free.append(np.array([-1]))
+        cols_cat.append(np.array([RESIDENT_CATEGORY[role]], dtype=object))
+    if unowned:
+        cols_bytes.append(np.array([unowned]))
+        cols_pos.append(np.array([0]))
+        cols_free.append(np.array([-1]))
+        cols_cat.append(np.array(["other"], dtype=object))
+    nbytes = np.concatenate(cols_bytes) if cols_bytes else np.zeros(0, np.int64)
+    pos = np.concatenate(cols_pos) if cols_pos else np.zeros(0, np.int64)
+    free = np.concatenate(cols_free) if cols_free else np.zeros(0, np.int64)
+    cats = np.concatenate(cols_cat).tolist() if cols_cat else []
+    # Allocations live to the end of the step ("-1") also cover positions nobody allocates at.
+    if nbytes.size and total > 0:
+        nbytes = np.append(nbytes, 0)
+        pos = np.append(pos, total - 1)
+        free = np.append(free, total - 1)
+        cats.append("other")
+    report = peak_memory(nbytes, free, cats, pos, capacity_bytes)
+    e = int(np.searchsorted(offsets, report.peak_position, side="right") - 1)
+    e = min(max(e, 0), len(schedule) - 1)
+    name = schedule[e][0]
+    it, op_index = divmod(report.peak_position - offsets[e], profiles[name].n_pos)
+    return StepMemory(report, name, int(it), int(op_index), int(total), tuple(notes))

@@ -1,0 +1,151 @@
+"""Peak memory from the step IR's tensor lifetimes (flint.sim.lifetimes), on hand-written modules.
+
+Every expected number below is computed by hand in the comments (f32: 4 bytes).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from xdsl.parser import Parser
+
+from flint.errors import FlintError
+from flint.ir import flint_context
+from flint.sim.lifetimes import step_memory
+
+
+def parse(text: str):
+    module = Parser(flint_context(), text).parse_module()
+    module.verify()
+    return module
+
+
+# block_fwd x L then block_bwd x L, AOTAutograd convention: forward returns
+# (output, saved..., saved parameter), backward takes (saved..., parameter, tangent).
+def fwd_bwd(layers: int = 2, bwd_first_arg: str = "tensor<2x16xf32>") -> str:
+    return f"""
+builtin.module attributes {{flint.schedule = [["block_fwd", {layers}], ["block_bwd", {layers}]]}} {{
+  shard.grid @mesh(shape = 2)
+  func.func @block_fwd(%h: tensor<2x8xf32> {{flint.role = "activation"}}, %w: tensor<8x16xf32> {{flint.role = "parameter"}}) -> (tensor<2x16xf32>, tensor<2x16xf32>, tensor<2x8xf32>, tensor<8x16xf32>) {{
+    %0 = aten.op "aten.mm.default"(%h, %w) phase = "fwd" : (tensor<2x8xf32>, tensor<8x16xf32>) -> tensor<2x16xf32>
+    %1 = aten.op "aten.relu.default"(%0) phase = "fwd" : (tensor<2x16xf32>) -> tensor<2x16xf32>
+    func.return %1, %0, %h, %w : tensor<2x16xf32>, tensor<2x16xf32>, tensor<2x8xf32>, tensor<8x16xf32>
+  }}
+  func.func @block_bwd(%s: {bwd_first_arg} {{flint.role = "saved"}}, %sh: tensor<2x8xf32> {{flint.role = "saved"}}, %w: tensor<8x16xf32> {{flint.role = "parameter"}}, %g: tensor<2x16xf32> {{flint.role = "tangent"}}) -> (tensor<2x8xf32>, tensor<8x16xf32>) {{
+    %d = aten.op "aten.threshold_backward.default"(%g, %s) phase = "bwd" args = {{threshold = 0 : i64}} : (tensor<2x16xf32>, {bwd_first_arg}) -> tensor<2x16xf32>
+    %wt = aten.op "aten.t.default"(%w) phase = "bwd" : (tensor<8x16xf32>) -> tensor<16x8xf32>
+    %gh = aten.op "aten.mm.default"(%d, %wt) phase = "bwd" : (tensor<2x16xf32>, tensor<16x8xf32>) -> tensor<2x8xf32>
+    %sht = aten.op "aten.t.default"(%sh) phase = "bwd" : (tensor<2x8xf32>) -> tensor<8x2xf32>
+    %gw = aten.op "aten.mm.default"(%sht, %d) phase = "bwd" : (tensor<8x2xf32>, tensor<2x16xf32>) -> tensor<8x16xf32>
+    func.return %gh, %gw : tensor<2x8xf32>, tensor<8x16xf32>
+  }}
+}}
+"""
+
+
+def test_saved_activations_live_until_the_matching_backward_iteration():
+    # Positions: fwd iterations at 0-1, 2-3; bwd iterations at 4-8, 9-13 (the views are positions too).
+    # Resident: w (8x16 f32 = 512 B) x 2 layers, counted once for fwd + bwd = 1024.
+    # fwd j: A0 (mm, 128 B, saved) freed after bwd iteration 1-j's first op (4+5(1-j));
+    #        A1 (relu, 128 B, hand-off) freed when the next part starts using it;
+    #        the saved input h is taken over (64 B from the iteration start) until bwd 1-j's last op.
+    # bwd j: d (128 B) until op 4; gh (64 B, hand-off) until bwd j+1's tangent use / step end;
+    #        gw (512 B) a gradient: kept to the end of the step.
+    mem = step_memory(parse(fwd_bwd()))
+    live = mem.report.live_bytes - 1024
+    assert live.tolist() == [192, 320, 384, 512, 640, 384, 448, 448, 960, 896, 704, 768, 768, 1280]
+    assert mem.peak_bytes == 2304
+    assert mem.report.at_peak_bytes == {"params": 1024, "grads": 1024, "optimizer": 0, "activations": 256,
+                                        "comm": 0, "other": 0}
+    assert (mem.peak_function, mem.peak_iteration, mem.peak_op_index) == ("block_bwd", 1, 4)
+    assert mem.positions == 14 and mem.notes == ()
+
+
+@pytest.mark.parametrize("layers", [1, 3, 6])
+def test_repeat_count_multiplies_state_and_saved_activations(layers):
+    mem = step_memory(parse(fwd_bwd(layers)))
+    assert mem.positions == 7 * layers
+    at = mem.report.at_peak_bytes
+    assert at["params"] == 512 * layers and at["grads"] == 512 * layers
+    # Entering backward (first bwd op) every layer's saved A0 (128 B) and taken-over input (64 B) is live.
+    first_bwd = 2 * layers
+    assert mem.report.live_bytes[first_bwd] >= 512 * layers + 192 * layers
+
+
+def test_unpaired_backward_is_reported():
+    # The backward's first saved argument has a type no forward result has.
+    mem = step_memory(parse(fwd_bwd(2, bwd_first_arg="tensor<4x16xf32>")))
+    assert any("block_bwd" in n and "underestimate" in n for n in mem.notes)
+
+
+TRAIN = """
+builtin.module {
+  shard.grid @mesh(shape = 2)
+  func.func @train(%x: tensor<4x8xf32> {flint.role = "input"}, %w: tensor<8x8xf32> {flint.role = "parameter"}, %m: tensor<8x8xf32> {flint.role = "exp_avg"}, %v: tensor<8x8xf32> {flint.role = "exp_avg_sq"}) -> tensor<f32> {
+    %f = dist.all_gather %w on @mesh grid_axes = [0] gather_dim = 0 : tensor<8x8xf32> -> !dist.future<tensor<16x8xf32>>
+    %y0 = aten.op "aten.relu.default"(%x) phase = "fwd" : (tensor<4x8xf32>) -> tensor<4x8xf32>
+    %wf = dist.wait %f : tensor<16x8xf32>
+    %wt = aten.op "aten.t.default"(%wf) phase = "fwd" : (tensor<16x8xf32>) -> tensor<8x16xf32>
+    %y = aten.op "aten.mm.default"(%y0, %wt) phase = "fwd" : (tensor<4x8xf32>, tensor<8x16xf32>) -> tensor<4x16xf32>
+    %s = aten.op "aten.sum.default"(%y) phase = "fwd" : (tensor<4x16xf32>) -> tensor<f32>
+    %m2 = aten.op "aten.mul_.Tensor"(%m, %w) phase = "optim" : (tensor<8x8xf32>, tensor<8x8xf32>) -> tensor<8x8xf32>
+    %d = aten.op "aten.sqrt.default"(%v) phase = "optim" : (tensor<8x8xf32>) -> tensor<8x8xf32>
+    %w2 = aten.op "aten.addcdiv_.default"(%w, %m2, %d) phase = "optim" : (tensor<8x8xf32>, tensor<8x8xf32>, tensor<8x8xf32>) -> tensor<8x8xf32>
+    func.return %s : tensor<f32>
+  }
+}
+"""
+
+
+def test_collective_buffers_views_waits_and_in_place_optimizer_ops():
+    # Resident: w 256 (params), m + v 512 (optimizer), x 128 (input -> other) = 896.
+    # gathered w (16x8 = 512 B, comm) at 0, through the wait and the transpose view, until the mm at 4;
+    # y0 128 at 1..4; y 256 at 4..5; s 4 B from 5 to the end (the step's output);
+    # mul_ / addcdiv_ are in place (no memory), sqrt 256 B (other) at 7..8.
+    mem = step_memory(parse(TRAIN), capacity_bytes=1000)
+    assert (mem.report.live_bytes - 896).tolist() == [512, 640, 640, 640, 896, 260, 4, 260, 260]
+    assert mem.peak_bytes == 1792 and mem.report.peak_position == 4
+    assert mem.report.at_peak_bytes == {"params": 256, "grads": 0, "optimizer": 512, "activations": 384,
+                                        "comm": 512, "other": 128}
+    assert mem.report.category_peak_bytes["other"] == 128 + 256
+    assert mem.report.fits is False
+
+
+def test_optimizer_function_shares_the_forward_parameters():
+    text = """
+builtin.module attributes {flint.schedule = [["layer_fwd", 3], ["layer_optim", 3]]} {
+  func.func @layer_fwd(%h: tensor<4x8xf32> {flint.role = "activation"}, %w: tensor<8x8xf32> {flint.role = "parameter"}) -> tensor<4x8xf32> {
+    %0 = aten.op "aten.mm.default"(%h, %w) phase = "fwd" : (tensor<4x8xf32>, tensor<8x8xf32>) -> tensor<4x8xf32>
+    func.return %0 : tensor<4x8xf32>
+  }
+  func.func @layer_optim(%w: tensor<8x8xf32> {flint.role = "parameter"}, %g: tensor<8x8xf32> {flint.role = "gradient"}, %m: tensor<8x8xf32> {flint.role = "exp_avg"}, %v: tensor<8x8xf32> {flint.role = "exp_avg_sq"}) {
+    %0 = aten.op "aten.lerp_.Scalar"(%m, %g) phase = "optim" args = {weight = 1.000000e-01 : f64} : (tensor<8x8xf32>, tensor<8x8xf32>) -> tensor<8x8xf32>
+    func.return
+  }
+}
+"""
+    mem = step_memory(parse(text))
+    # 3 layers x 256 B parameters, counted once although both functions name them; m + v: 3 x 512.
+    assert mem.report.at_peak_bytes["params"] == 768
+    assert mem.report.at_peak_bytes["optimizer"] == 1536
+
+
+def test_lowered_module_has_no_tensors():
+    text = """
+shard.grid @mesh(shape = 2)
+chakra.graph @step {
+  %0 = chakra.comp "x" flops = 1 bytes = 1 duration_us = 1.0
+}
+"""
+    with pytest.raises(FlintError, match="already lowered chakra.graph"):
+        step_memory(parse(text))
+
+
+def test_memory_is_cheap_for_many_layers():
+    import time
+
+    t0 = time.perf_counter()
+    mem = step_memory(parse(fwd_bwd(2000)))
+    assert time.perf_counter() - t0 < 2.0
+    assert mem.report.at_peak_bytes["params"] == 512 * 2000
+    assert np.all(mem.report.live_bytes >= 0)
