@@ -1,0 +1,347 @@
+"""``flint estimate`` and ``flint simulate``: a step's IR or a Chakra trace to performance numbers.
+
+Input is either a step IR file (``.mlir``: `aten` + `dist` functions, or an
+already lowered ``chakra.graph @step``) or a Chakra trace (directory,
+``DIR/PREFIX`` or one rank file). IR is run through ``canonicalize-dist``
+and ``lower-to-chakra`` (on ``--device``, calibrated by ``--calibration``)
+and expanded per rank on the module's grid; traces are read with
+:func:`flint.chakra.read_trace`.
+
+- :func:`estimate_main` simulates with the embedded simulator and prints
+  iteration time, compute and communication time, exposed communication,
+  communication time by kind, MFU and (IR input with functions only) the
+  peak memory per rank from tensor lifetimes (:mod:`flint.sim.lifetimes`).
+- :func:`simulate_main` runs one backend: ``native`` (the embedded
+  simulator) or ``astra-sim`` (writes the trace and the ASTRA-sim configs
+  derived from the device and network models, runs the binary, reports per
+  rank finish times and exposed communication, and fails unless every rank
+  finished).
+
+``python -m flint.sim.cli estimate|simulate ...`` runs them standalone.
+Errors are :class:`~flint.errors.FlintError` messages on stderr, exit 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from flint.errors import FlintError
+
+DEFAULT_DEVICE = "h100-sxm"
+DEFAULT_NETWORK = "dgx-h100"
+
+
+@dataclass
+class Loaded:
+    """What an input became: the per-rank trace, its mesh, and (IR only) the step memory."""
+
+    trace: object
+    mesh: object | None
+    memory: object | None
+    memory_note: str | None
+    durations: str
+    kind: str  # "ir" or "trace"
+    trace_dir: Path | None = None
+
+
+def _device_toml(device) -> str:
+    """A device as TOML (for passes that take a preset name or a path)."""
+    lines = [f'name = {json.dumps(device.name)}', f'description = {json.dumps(device.description)}',
+             f"hbm_capacity_gib = {device.hbm_capacity_gib!r}",
+             f"hbm_bandwidth_gbytes_per_s = {device.hbm_bandwidth_gbytes_per_s!r}",
+             f"kernel_floor_us = {device.kernel_floor_us!r}"]
+    lines += [f"peak_tflops_{k} = {float(v)!r}" for k, v in sorted(device.peak_tflops.items())]
+    for table in ("compute_efficiency", "memory_efficiency"):
+        lines.append(f"[{table}]")
+        lines += [f"{k} = {float(v)!r}" for k, v in sorted(getattr(device, table).items())]
+    return "\n".join(lines) + "\n"
+
+
+def _parse_algorithm(text: str):
+    from flint.cost.collective import coll_kind, parse_algorithm
+
+    if "=" not in text:
+        return parse_algorithm(text).value
+    out = {}
+    for part in text.split(","):
+        kind, _, alg = part.partition("=")
+        try:
+            k = coll_kind(kind.strip())
+        except (KeyError, ValueError) as e:
+            raise FlintError(f"--algorithm: unknown collective kind '{kind.strip()}'") from None
+        out[k.name.lower()] = parse_algorithm(alg.strip()).value
+    return out
+
+
+def _is_ir(path: str) -> bool:
+    return path.endswith(".mlir") and Path(path).is_file()
+
+
+def load_input(path: str, device_name: str, calibration: str | None, *, want_memory: bool = True) -> Loaded:
+    """Read ``path`` (IR or trace) into a :class:`Loaded` (module docstring)."""
+    if _is_ir(path):
+        return _load_ir_input(path, device_name, calibration, want_memory)
+    if path.endswith(".mlir"):
+        raise FlintError(f"IR file {path} does not exist")
+    from flint.chakra.reader import find_rank_files, read_trace
+
+    directory, prefix, _ = find_rank_files(path)
+    trace = read_trace(path)
+    return Loaded(trace, None, None, "needs the step IR (tensor types and lifetimes); a trace has none",
+                  "from the trace's duration_micros (device roofline where missing)", "trace", directory / prefix)
+
+
+def _load_ir_input(path: str, device_name: str, calibration: str | None, want_memory: bool) -> Loaded:
+    from xdsl.context import Context
+    from xdsl.utils.exceptions import VerifyException
+
+    from flint.chakra.from_ir import mesh_of, trace_from_ir
+    from flint.cost import load_device
+    from flint.passes.canonicalize_dist import CanonicalizeDistPass
+    from flint.passes.lower_to_chakra import LowerToChakraPass
+    from flint.tools.flint_cli import _load_ir
+
+    module = _load_ir(path)
+    memory, note = None, None
+    lowered = any(op.name == "chakra.graph" for op in module.ops)
+    if lowered:
+        note = "the IR is already lowered to chakra.graph; give the aten + dist IR for memory"
+        durations = "from the lowered IR"
+    else:
+        if want_memory:
+            from flint.sim.lifetimes import step_memory
+
+            memory = step_memory(module, load_device(device_name, calibration).hbm_capacity_bytes)
+        device_arg = device_name
+        tmp = None
+        if calibration is not None:
+            fd, tmp = tempfile.mkstemp(prefix="flint-device-", suffix=".toml")
+            with os.fdopen(fd, "w") as f:
+                f.write(_device_toml(load_device(device_name, calibration)))
+            device_arg = tmp
+        try:
+            CanonicalizeDistPass().apply(Context(), module)
+            LowerToChakraPass(device=device_arg).apply(Context(), module)
+            module.verify()
+        except VerifyException as e:
+            raise FlintError(f"{path}: error: {str(e).splitlines()[0]}") from None
+        finally:
+            if tmp:
+                os.unlink(tmp)
+        durations = f"roofline on {device_name}" + (" (calibrated)" if calibration else "")
+    mesh = mesh_of(module)
+    return Loaded(trace_from_ir(module), mesh, memory, note, durations, "ir")
+
+
+def _common_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("input", help="step IR (.mlir: aten + dist functions, or a lowered chakra.graph) or a Chakra "
+                                  "trace (directory, DIR/PREFIX or one rank file)")
+    ap.add_argument("--device", default=DEFAULT_DEVICE,
+                    help=f"device preset or TOML (default {DEFAULT_DEVICE}); prices compute and gives the MFU peak")
+    ap.add_argument("--network", default=DEFAULT_NETWORK, help=f"network preset or TOML (default {DEFAULT_NETWORK})")
+    ap.add_argument("--calibration", help="calibration TOML: per-op-class efficiencies and kernel floor for the device")
+    ap.add_argument("--algorithm", default="ring",
+                    help="collective algorithm: ring, tree, direct, halving-doubling; or per kind, e.g. "
+                         "'all_reduce=tree,all_gather=ring' (default ring)")
+    ap.add_argument("--dtype", default="bf16", help="dtype whose device peak the MFU uses (default bf16)")
+    ap.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def _models(args):
+    from flint.cost import load_device, load_network
+
+    device = load_device(args.device, args.calibration)
+    network = load_network(args.network)
+    return device, network, _parse_algorithm(args.algorithm)
+
+
+def _native(args, want_memory: bool) -> tuple[dict, object]:
+    from flint.sim import simulate
+    from flint.sim.report import estimate_report
+
+    device, network, algorithm = _models(args)
+    loaded = load_input(args.input, args.device, args.calibration, want_memory=want_memory)
+    result = simulate(loaded.trace, device, network, loaded.mesh, algorithm=algorithm, dtype=args.dtype)
+    rep = estimate_report(result, source=args.input, device=device.name, network=network.name, algorithm=algorithm,
+                          dtype=args.dtype, memory=loaded.memory, memory_note=loaded.memory_note,
+                          durations=loaded.durations)
+    if getattr(args, "timeline", None):
+        from flint.sim.chrome import write_chrome_trace
+
+        write_chrome_trace(result, args.timeline)
+        rep["timeline"] = str(args.timeline)
+    return rep, result
+
+
+def _run(prog: str, fn, argv) -> int:
+    try:
+        return fn(argv)
+    except FlintError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:
+        if os.environ.get("FLINT_TRACEBACK"):
+            raise
+        print(f"{prog}: internal error: {type(e).__name__}: {e}\n"
+              "(this is a bug in Flint; set FLINT_TRACEBACK=1 to see the traceback)", file=sys.stderr)
+        return 2
+
+
+def _estimate(argv: Sequence[str]) -> int:
+    from flint.sim.report import format_report
+
+    ap = argparse.ArgumentParser(prog="flint estimate", description="Estimate one training iteration: time, "
+                                 "exposed communication, MFU and (IR input) peak memory per rank.")
+    _common_args(ap)
+    ap.add_argument("--timeline", metavar="PATH", help="write a Perfetto / Chrome-trace JSON of representative ranks")
+    args = ap.parse_args(argv)
+    rep, _ = _native(args, want_memory=True)
+    print(json.dumps(rep, indent=2, sort_keys=True) if args.json else format_report(rep))
+    return 0
+
+
+def estimate_main(argv: Sequence[str] | None = None) -> int:
+    """``flint estimate INPUT [--device D] [--network N] [--calibration C] [--algorithm A] [--timeline P] [--json]``."""
+    return _run("flint estimate", _estimate, list(sys.argv[1:] if argv is None else argv))
+
+
+# -- ASTRA-sim backend ------------------------------------------------------------
+
+_ASTRA_TOPOLOGY = {"ring": "Ring", "switch": "Switch", "fully-connected": "FullyConnected"}
+_ASTRA_ALGORITHM = {"ring": "ring", "tree": "doubleBinaryTree", "direct": "direct",
+                    "halving-doubling": "halvingDoubling"}
+
+
+def astra_sim_config(network, world_size: int, algorithm="ring", device=None, roofline: bool = False,
+                     dtype: str = "bf16"):
+    """ASTRA-sim's configuration for ``network`` at ``world_size`` ranks (size-1 dimensions dropped)."""
+    from flint.chakra.astra_sim import AstraSimConfig, NetworkDim
+
+    net = network.for_world(world_size)
+    dims = []
+    for d in net.dims:
+        if d.size < 2:
+            continue
+        topo = _ASTRA_TOPOLOGY.get(str(d.link.topology))
+        if topo is None:
+            raise FlintError(f"network '{net.name}' dimension '{d.name}' is a {d.link.topology}; ASTRA-sim's analytical "
+                             f"backend supports {', '.join(_ASTRA_TOPOLOGY)}")
+        dims.append(NetworkDim(topo, d.size, d.link.bandwidth_gbytes_per_s, d.link.latency_us * 1e3))
+    if not dims:
+        raise FlintError(f"ASTRA-sim needs at least 2 ranks; the trace has {world_size}")
+    algs = {k: algorithm for k in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")} \
+        if isinstance(algorithm, str) else {k: algorithm.get(k, "ring") for k in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")}
+    kw = {k: (_ASTRA_ALGORITHM[v],) for k, v in algs.items()}
+    peak = device.peak_flops_per_s(dtype) / 1e12 if (roofline and device is not None) else None
+    cfg = AstraSimConfig(dims=tuple(dims), roofline=roofline, peak_tflops=peak, **kw)
+    if cfg.npus_count != world_size:
+        raise FlintError(f"network '{net.name}' places {cfg.npus_count} ranks ({' x '.join(str(d.npus) for d in dims)}) "
+                         f"but the trace has {world_size}")
+    return cfg
+
+
+def _needs_roofline(trace) -> bool:
+    import numpy as np
+
+    from flint.trace import NodeKind
+
+    for p in {id(p.table): p for p in trace.ranks}.values():
+        t = p.table
+        if np.any((t.kind == NodeKind.COMP) & np.isnan(t.duration_us) & (t.flops > 0)):
+            return True
+    return False
+
+
+def run_astra_backend(args) -> dict:
+    """Write the trace (if needed) and the configs, run ASTRA-sim, return the report dict."""
+    from flint.chakra import write_trace
+    from flint.chakra.astra_sim import run_astra_sim
+
+    device, network, algorithm = _models(args)
+    loaded = load_input(args.input, args.device, args.calibration, want_memory=False)
+    trace = loaded.trace
+    cfg = astra_sim_config(network, trace.world_size, algorithm, device, _needs_roofline(trace), args.dtype)
+    with tempfile.TemporaryDirectory(prefix="flint-astra-") as tmp:
+        trace_dir = loaded.trace_dir
+        if trace_dir is None:
+            write_trace(trace, Path(tmp) / "trace", "trace")
+            trace_dir = Path(tmp) / "trace" / "trace"
+        work = Path(args.work_dir) if args.work_dir else Path(tmp) / "configs"
+        res = run_astra_sim(trace_dir, cfg, binary=args.astra_sim, work_dir=work, timeout_s=args.timeout)
+    ranks = sorted(res.cycles)
+    return {
+        "backend": "astra-sim",
+        "input": args.input,
+        "network": network.name,
+        "world_size": trace.world_size,
+        "iteration_time_us": res.iteration_cycles / 1e3,
+        "finish_us": {r: res.cycles[r] / 1e3 for r in ranks},
+        "exposed_comm_us": {r: res.exposed_comm_cycles[r] / 1e3 for r in ranks},
+        "roofline": cfg.roofline,
+    }
+
+
+def format_astra(rep: dict) -> str:
+    lines = [f"flint simulate (astra-sim): {rep['input']}",
+             f"  {rep['world_size']} ranks, network {rep['network']}, roofline {'on' if rep['roofline'] else 'off'}", "",
+             f"iteration time (ms)  {rep['iteration_time_us'] / 1e3:,.3f}", "",
+             f"{'rank':>6}  {'finish (ms)':>12}  {'exposed comm (ms)':>18}"]
+    for r, f in rep["finish_us"].items():
+        lines.append(f"{r:>6}  {f / 1e3:>12,.3f}  {rep['exposed_comm_us'][r] / 1e3:>18,.3f}")
+    return "\n".join(lines)
+
+
+def _simulate(argv: Sequence[str]) -> int:
+    from flint.sim.report import format_report
+
+    ap = argparse.ArgumentParser(prog="flint simulate", description="Simulate one training iteration with the "
+                                 "embedded simulator (native) or ASTRA-sim.")
+    _common_args(ap)
+    ap.add_argument("--backend", choices=("native", "astra-sim"), default="native", help="default native")
+    ap.add_argument("--timeline", metavar="PATH", help="native: write a Perfetto / Chrome-trace JSON")
+    ap.add_argument("--astra-sim", metavar="PATH", help="ASTRA-sim binary (default $FLINT_ASTRA_SIM, then PATH)")
+    ap.add_argument("--work-dir", metavar="DIR", help="astra-sim: keep the generated configs in DIR")
+    ap.add_argument("--timeout", type=float, default=None, help="astra-sim: give up after this many seconds")
+    args = ap.parse_args(argv)
+    if args.backend == "astra-sim":
+        if args.timeline:
+            raise FlintError("--timeline needs --backend native (ASTRA-sim reports finish times only)")
+        rep = run_astra_backend(args)
+        print(json.dumps(rep, indent=2) if args.json else format_astra(rep))
+        return 0
+    rep, _ = _native(args, want_memory=False)
+    rep["backend"] = "native"
+    print(json.dumps(rep, indent=2, sort_keys=True) if args.json else format_report(rep).replace("flint estimate:", "flint simulate (native):", 1))
+    return 0
+
+
+def simulate_main(argv: Sequence[str] | None = None) -> int:
+    """``flint simulate INPUT [--backend native|astra-sim] [--astra-sim PATH] ...`` (see :func:`estimate_main`)."""
+    return _run("flint simulate", _simulate, list(sys.argv[1:] if argv is None else argv))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m flint.sim.cli estimate|simulate|import-trace ...``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    commands = {"estimate": estimate_main, "simulate": simulate_main}
+    if argv and argv[0] == "import-trace":
+        from flint.chakra.to_ir import main as import_main
+
+        return import_main(argv[1:])
+    if not argv or argv[0] not in commands:
+        print("usage: python -m flint.sim.cli {estimate,simulate,import-trace} ...", file=sys.stderr)
+        return 2
+    return commands[argv[0]](argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

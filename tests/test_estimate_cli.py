@@ -1,0 +1,111 @@
+"""`flint estimate` / `flint simulate --backend native` (flint.sim.cli), run in-process."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from flint.sim.cli import estimate_main, simulate_main
+
+from test_sim_lifetimes import TRAIN, fwd_bwd
+
+DATA = Path(__file__).parent / "data" / "chakra"
+
+
+@pytest.fixture
+def step_ir(tmp_path):
+    p = tmp_path / "step.mlir"
+    p.write_text(fwd_bwd(2))
+    return p
+
+
+def run(fn, argv, capsys):
+    rc = fn([str(a) for a in argv])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_estimate_ir_table_has_units_and_memory(step_ir, capsys):
+    rc, out, err = run(estimate_main, [step_ir, "--network", "ring"], capsys)
+    assert rc == 0, err
+    for heading in ("quantity", "mean/rank (us)", "iteration time", "compute time", "exposed communication",
+                    "MFU (%)", "model FLOPs (GFLOP)", "sum of compute-node num_ops",
+                    "peak memory per rank (KiB)", "at @block_bwd iteration 1, op 4", "at peak (KiB)"):
+        assert heading in out
+    assert "2.250" in out  # 2304 B = 2.25 KiB, the hand-computed peak (test_sim_lifetimes)
+
+
+def test_estimate_json_numbers(step_ir, capsys):
+    rc, out, _ = run(estimate_main, [step_ir, "--network", "ring", "--json"], capsys)
+    rep = json.loads(out)
+    assert rc == 0 and rep["world_size"] == 2
+    assert rep["peak_memory"]["peak_bytes"] == 2304
+    assert rep["peak_memory"]["at_peak_bytes"]["grads"] == 1024
+    # 2 x (mm 2x8x16 fwd) + 2 x (2 mms bwd) per rank, 2 FLOPs per MAC, over 2 ranks.
+    assert rep["model_flops"] == 2 * (2 * 512 + 2 * (512 + 512))
+    assert rep["iteration_time_us"] > 0
+    assert rep["compute_time_us"]["mean"] == pytest.approx(rep["iteration_time_us"])  # no communication
+
+
+def test_estimate_collectives_by_kind_and_timeline(tmp_path, capsys):
+    ir = tmp_path / "train.mlir"
+    ir.write_text(TRAIN)
+    tl = tmp_path / "out" / "timeline.json"
+    rc, out, err = run(estimate_main, [ir, "--network", "ring", "--timeline", tl, "--json"], capsys)
+    assert rc == 0, err
+    rep = json.loads(out)
+    assert set(rep["comm_time_by_kind_us"]) == {"all_gather"}
+    assert rep["comm_time_by_kind_us"]["all_gather"] > 0
+    assert rep["peak_memory"]["at_peak_bytes"]["comm"] == 512
+    events = json.loads(tl.read_text())["traceEvents"]
+    assert any(e.get("name") == "dist.all_gather" and e["ph"] == "X" for e in events)
+
+
+def test_estimate_trace_input_has_no_memory(capsys):
+    rc, out, _ = run(estimate_main, [DATA / "stg", "--network", "ring"], capsys)
+    assert rc == 0
+    assert "comm all_reduce" in out and "comm send" in out
+    assert "peak memory per rank: n/a" in out
+
+
+def test_calibration_slows_compute(step_ir, tmp_path, capsys):
+    base = json.loads(run(estimate_main, [step_ir, "--network", "ring", "--json", "--device", "h100-sxm"], capsys)[1])
+    cal = tmp_path / "cal.toml"
+    cal.write_text("kernel_floor_us = 40.0\n")
+    slow = json.loads(run(estimate_main, [step_ir, "--network", "ring", "--json", "--calibration", cal], capsys)[1])
+    # 10 kernels per rank (mm, relu; threshold_backward, 2 mm per backward) at the 40 us floor.
+    assert slow["compute_time_us"]["mean"] == pytest.approx(10 * 40.0)
+    assert base["compute_time_us"]["mean"] < slow["compute_time_us"]["mean"]
+    assert "(calibrated)" in slow["compute_durations"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--device", "h999"], "unknown device 'h999' (valid: a100-80gb, b200, h100-sxm"),
+    (["--network", "moon"], "unknown network 'moon' (valid: dgx-a100, dgx-h100"),
+    (["--algorithm", "bogus"], "unknown collective algorithm 'bogus' (valid: ring, tree, direct, halving-doubling)"),
+])
+def test_bad_options_are_errors_naming_the_valid_choices(step_ir, capsys, argv, message):
+    rc, out, err = run(estimate_main, [step_ir, *argv], capsys)
+    assert rc == 1 and message in err and "Traceback" not in err and out == ""
+
+
+def test_bad_inputs_are_errors(tmp_path, capsys):
+    rc, _, err = run(estimate_main, [tmp_path / "missing.mlir"], capsys)
+    assert rc == 1 and "does not exist" in err
+    rc, _, err = run(estimate_main, [tmp_path], capsys)
+    assert rc == 1 and "no Chakra rank files" in err
+    bad = tmp_path / "bad.mlir"
+    bad.write_text("func.func @f( {\n")
+    rc, _, err = run(estimate_main, [bad], capsys)
+    assert rc == 1 and "bad.mlir:1:" in err
+
+
+def test_simulate_native_matches_estimate(step_ir, capsys):
+    est = json.loads(run(estimate_main, [step_ir, "--network", "ring", "--json"], capsys)[1])
+    rc, out, _ = run(simulate_main, [step_ir, "--network", "ring", "--json"], capsys)
+    sim = json.loads(out)
+    assert rc == 0 and sim["backend"] == "native"
+    assert sim["iteration_time_us"] == est["iteration_time_us"]
+    assert sim["peak_memory"] is None
