@@ -20,7 +20,7 @@ from xdsl.dialects.builtin import (
 )
 from xdsl.passes import ModulePass
 
-from flint.cost import Device, load_device, op_cost
+from flint.cost import Device, OpCost, load_device, op_cost
 from flint.ir.aten import AtenOp
 
 FLOPS_ATTR, BYTES_ATTR, DURATION_ATTR = "flops", "bytes", "duration_us"
@@ -49,6 +49,14 @@ def _types(values) -> tuple[list[tuple[int, ...]], list[str]]:
     return shapes, dtypes
 
 
+def aten_op_work(op: AtenOp) -> OpCost:
+    """Op class, FLOPs and bytes of one `aten.op` (device-independent)."""
+    in_shapes, in_dtypes = _types(op.inputs)
+    out_shapes, out_dtypes = _types(op.outputs)
+    args = {k: _py(v) for k, v in op.args.data.items()} if op.args is not None else None
+    return op_cost(op.overload, in_shapes, in_dtypes, out_shapes, out_dtypes, args)
+
+
 def aten_op_cost(op: AtenOp, device: Device) -> tuple[int, int, float]:
     """``(flops, bytes, duration_us)`` of one `aten.op` on ``device``.
 
@@ -58,11 +66,8 @@ def aten_op_cost(op: AtenOp, device: Device) -> tuple[int, int, float]:
     if all(k in op.attributes for k in (FLOPS_ATTR, BYTES_ATTR, DURATION_ATTR)):
         return (op.attributes[FLOPS_ATTR].value.data, op.attributes[BYTES_ATTR].value.data,
                 op.attributes[DURATION_ATTR].value.data)
-    in_shapes, in_dtypes = _types(op.inputs)
-    out_shapes, out_dtypes = _types(op.outputs)
-    args = {k: _py(v) for k, v in op.args.data.items()} if op.args is not None else None
-    cost = op_cost(op.overload, in_shapes, in_dtypes, out_shapes, out_dtypes, args)
-    dtype = (out_dtypes or in_dtypes or ["bf16"])[0]
+    cost = aten_op_work(op)
+    dtype = str(((list(op.outputs) or list(op.inputs))[0].type.element_type)) if (op.outputs or op.inputs) else "bf16"
     if dtype not in ("bf16", "f16", "f32", "f64", "tf32"):
         dtype = "bf16"
     duration = device.compute_time_us(cost.flops * cost.work_fraction, cost.bytes, cost.op_class, dtype)

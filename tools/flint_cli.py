@@ -95,6 +95,18 @@ def _fmt_count(x: float) -> str:
     return f"{x:.0f} "
 
 
+def _step_bytes(module) -> int:
+    """Bytes all compute ops read and write per step (repeated functions counted each time)."""
+    from xdsl.dialects import func
+
+    from flint.ir.aten import AtenOp, get_schedule
+    from flint.passes.annotate_cost import aten_op_work
+
+    funcs = {f.sym_name.data: f for f in module.ops if isinstance(f, func.FuncOp)}
+    return sum(count * sum(aten_op_work(op).bytes for op in funcs[name].walk() if isinstance(op, AtenOp))
+               for name, count in get_schedule(module))
+
+
 def cmd_capture(args: argparse.Namespace) -> int:
     from io import StringIO
 
@@ -130,6 +142,7 @@ def cmd_capture(args: argparse.Namespace) -> int:
     for cls, n in sorted(summary.op_classes.items(), key=lambda kv: (-kv[1], kv[0])):
         print(f"  {cls:<22} {n:>8}")
     print(f"  {'FLOPs':<22} {_fmt_count(summary.flops) + 'FLOP':>12}")
+    print(f"  {'bytes read+written':<22} {_fmt_count(_step_bytes(module)) + 'B':>12}")
     if summary.collectives:
         print(f"\n  {'collective':<16} {'axes':<10} {'phase':<6} {'count':>6} {'input bytes':>14}")
         for key in sorted(summary.collectives):
