@@ -20,7 +20,7 @@ from xdsl.ir import SSAValue
 from flint.errors import FlintError
 from flint.ir import chakra
 from flint.mesh import Mesh, assign_group_ids
-from flint.trace import CollKind, NodeTableBuilder, RankProgram, Trace
+from flint.trace import CollKind, NodeTable, NodeTableBuilder, RankProgram, Trace
 
 AXIS_NAMES_ATTR = "flint.axis_names"
 
@@ -47,24 +47,36 @@ def _graph(module: ModuleOp, name: str) -> chakra.GraphOp:
 
 
 class _Unroller:
-    def __init__(self) -> None:
+    """Walks a graph and appends its nodes; see :func:`_replicate` for repeats."""
+
+    def __init__(self, fast: bool = True) -> None:
+        self.fast = fast
         self.b = NodeTableBuilder()
         self.group_slots: dict[tuple[int, ...], int] = {}
         self.peer_slots: dict[tuple[int, int], int] = {}
+        # Top-level repeats emitted as two iterations, to be replicated with numpy:
+        # (first row of iteration 0, rows per iteration, count).
+        self.loops: list[tuple[int, int, int]] = []
 
     def rows(self, values, env: dict[SSAValue, int]) -> list[int]:
         return [env[v] for v in values]
 
-    def block(self, ops, env: dict[SSAValue, int]) -> list[int] | None:
+    def block(self, ops, env: dict[SSAValue, int], top: bool = True) -> list[int] | None:
         for op in ops:
             if isinstance(op, chakra.YieldOp):
                 return self.rows(op.values, env)
             if isinstance(op, chakra.RepeatOp):
+                count = op.count.value.data
+                nested = any(isinstance(o, chakra.RepeatOp) for o in op.body.walk())
+                fast = self.fast and top and not nested and count >= 3
+                start = len(self.b)
                 carried = self.rows(op.inits, env)
-                for _ in range(op.count.value.data):
+                for _ in range(2 if fast else count):
                     inner = dict(env)
                     inner.update(zip(op.body.block.args, carried))
-                    carried = self.block(op.body.block.ops, inner)
+                    carried = self.block(op.body.block.ops, inner, top=False)
+                if fast and len(self.b) > start:
+                    self.loops.append((start, (len(self.b) - start) // 2, count))
                 env.update(zip(op.outs, carried))
                 continue
             data = self.rows(op.data_deps, env)
@@ -95,14 +107,76 @@ class _Unroller:
         return None
 
 
-def trace_from_ir(module: ModuleOp, graph: str = "step") -> Trace:
-    """Expand ``chakra.graph @graph`` of ``module`` into a per-rank :class:`Trace`."""
+def _replicate(t: NodeTable, loops: list[tuple[int, int, int]]) -> NodeTable:
+    """Expand top-level repeats that the unroller emitted twice to their full count.
+
+    For a loop ``(s0, L, count)`` the table holds iteration 0 at rows
+    ``[s0, s0+L)`` and iteration 1 at ``[s0+L, s0+2L)``. Iterations 2.. are
+    copies of iteration 1 shifted by ``L`` per iteration: a dependency at or
+    after ``s0`` (this loop's nodes) shifts with the copy, one before it (an
+    outer node) does not. Rows after the loop that name iteration 1's nodes
+    (the loop's results) are redirected to the last iteration.
+    """
+    if not loops:
+        return t
+    n = len(t)
+    src_parts, k_parts = [], []
+    prev = 0
+    for s0, L, count in loops:
+        e1 = s0 + 2 * L
+        src_parts.append(np.arange(prev, e1))
+        k_parts.append(np.zeros(e1 - prev, np.int64))
+        body = np.arange(s0 + L, e1)
+        src_parts.append(np.tile(body, count - 2))
+        k_parts.append(np.repeat(np.arange(1, count - 1), L))
+        prev = e1
+    src_parts.append(np.arange(prev, n))
+    k_parts.append(np.zeros(n - prev, np.int64))
+    src, kk = np.concatenate(src_parts), np.concatenate(k_parts)
+    new_pos = np.empty(n, np.int64)
+    new_pos[src[kk == 0]] = np.nonzero(kk == 0)[0]
+
+    def deps(ptr: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        counts = ptr[src + 1] - ptr[src]
+        out_ptr = np.zeros(len(src) + 1, np.int64)
+        out_ptr[1:] = np.cumsum(counts)
+        total = int(out_ptr[-1])
+        gather = np.repeat(ptr[src], counts) + (np.arange(total) - np.repeat(out_ptr[:-1], counts))
+        dep = idx[gather]
+        row, k = np.repeat(src, counts), np.repeat(kk, counts)
+        out = new_pos[dep]
+        for s0, L, count in loops:
+            e1 = s0 + 2 * L
+            in_copy = (k >= 1) & (row >= s0 + L) & (row < e1) & (dep >= s0)
+            out[in_copy] += k[in_copy] * L
+            after = (row >= e1) & (dep >= s0 + L) & (dep < e1)
+            out[after] += (count - 2) * L
+        return out_ptr, out
+
+    dptr, didx = deps(t.data_dep_ptr, t.data_dep_idx)
+    cptr, cidx = deps(t.ctrl_dep_ptr, t.ctrl_dep_idx)
+    names = t.names
+    return NodeTable(
+        names=[names[i] for i in src.tolist()], kind=t.kind[src], duration_us=t.duration_us[src], flops=t.flops[src],
+        tensor_bytes=t.tensor_bytes[src], comm_type=t.comm_type[src], comm_bytes=t.comm_bytes[src],
+        comm_group=t.comm_group[src], comm_peer=t.comm_peer[src], comm_tag=t.comm_tag[src],
+        data_dep_ptr=dptr, data_dep_idx=didx, ctrl_dep_ptr=cptr, ctrl_dep_idx=cidx,
+        node_ids=np.arange(len(src), dtype=np.int64),
+    )
+
+
+def trace_from_ir(module: ModuleOp, graph: str = "step", *, fast_repeat: bool = True) -> Trace:
+    """Expand ``chakra.graph @graph`` of ``module`` into a per-rank :class:`Trace`.
+
+    ``fast_repeat=False`` unrolls every repeat node by node in Python (the
+    reference the numpy replication is tested against).
+    """
     mesh = mesh_of(module)
-    u = _Unroller()
+    u = _Unroller(fast_repeat)
     u.block(_graph(module, graph).body.block.ops, {})
     if len(u.b) == 0:
         raise FlintError(f"chakra.graph @{graph} has no nodes: every rank file would be empty")
-    table = u.b.build()
+    table = _replicate(u.b.build(), u.loops)
     axes_sets = list(u.group_slots)
     groups, lookup = assign_group_ids(mesh, axes_sets)
     world = mesh.world_size
