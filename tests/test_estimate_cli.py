@@ -109,3 +109,22 @@ def test_simulate_native_matches_estimate(step_ir, capsys):
     assert rc == 0 and sim["backend"] == "native"
     assert sim["iteration_time_us"] == est["iteration_time_us"]
     assert sim["peak_memory"] is None
+
+
+def test_lowered_ir_input_is_simulated_without_memory(tmp_path, capsys):
+    from xdsl.context import Context
+    from xdsl.parser import Parser
+
+    from flint.ir import flint_context
+    from flint.passes.lower_to_chakra import LowerToChakraPass
+
+    module = Parser(flint_context(), TRAIN).parse_module()
+    LowerToChakraPass().apply(Context(), module)
+    lowered = tmp_path / "lowered.mlir"
+    lowered.write_text(str(module))
+    ir = tmp_path / "train.mlir"
+    ir.write_text(TRAIN)
+    a = json.loads(run(estimate_main, [lowered, "--network", "ring", "--json"], capsys)[1])
+    b = json.loads(run(estimate_main, [ir, "--network", "ring", "--json"], capsys)[1])
+    assert a["peak_memory"] is None and "already lowered" in a["peak_memory_note"]
+    assert a["iteration_time_us"] == b["iteration_time_us"] and a["model_flops"] == b["model_flops"]
