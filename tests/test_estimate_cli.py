@@ -128,3 +128,15 @@ def test_lowered_ir_input_is_simulated_without_memory(tmp_path, capsys):
     b = json.loads(run(estimate_main, [ir, "--network", "ring", "--json"], capsys)[1])
     assert a["peak_memory"] is None and "already lowered" in a["peak_memory_note"]
     assert a["iteration_time_us"] == b["iteration_time_us"] and a["model_flops"] == b["model_flops"]
+
+
+def test_imported_trace_ir_estimates_like_the_trace(tmp_path, capsys):
+    from flint.chakra.to_ir import main as import_trace
+
+    ir = tmp_path / "stg.mlir"
+    assert import_trace([str(DATA / "stg"), "-o", str(ir)]) == 0
+    capsys.readouterr()
+    a = json.loads(run(estimate_main, [ir, "--network", "ring", "--json"], capsys)[1])
+    b = json.loads(run(estimate_main, [DATA / "stg", "--network", "ring", "--json"], capsys)[1])
+    assert a["iteration_time_us"] == b["iteration_time_us"] > 0
+    assert a["comm_time_by_kind_us"] == b["comm_time_by_kind_us"] and a["peak_memory"] is None

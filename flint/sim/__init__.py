@@ -7,6 +7,11 @@
 The model (streams, collective synchronization, symmetric-rank reduction,
 deadlock detection) is described in :mod:`flint.sim.engine`; the reported
 quantities in :mod:`flint.sim.result`; the timeline in :mod:`flint.sim.chrome`.
+Peak memory per rank from the step IR's tensor lifetimes is
+:func:`flint.sim.lifetimes.step_memory` (over :func:`peak_memory`); the
+``flint estimate`` / ``flint simulate`` commands and their report live in
+:mod:`flint.sim.cli` and :mod:`flint.sim.report` (imported on demand: they
+pull in xDSL and the passes).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """``flint estimate`` and ``flint simulate``: a step's IR or a Chakra trace to performance numbers.
 
-Input is either a step IR file (``.mlir``: `aten` + `dist` functions, or an
-already lowered ``chakra.graph @step``) or a Chakra trace (directory,
+Input is either a step IR file (``.mlir``: `aten` + `dist` functions, an
+already lowered ``chakra.graph @step``, or the per-rank graphs ``flint
+import-trace`` writes) or a Chakra trace (directory,
 ``DIR/PREFIX`` or one rank file). IR is run through ``canonicalize-dist``
 and ``lower-to-chakra`` (on ``--device``, calibrated by ``--calibration``)
 and expanded per rank on the module's grid; traces are read with
@@ -103,12 +104,17 @@ def _load_ir_input(path: str, device_name: str, calibration: str | None, want_me
     from xdsl.utils.exceptions import VerifyException
 
     from flint.chakra.from_ir import mesh_of, trace_from_ir
+    from flint.chakra.to_ir import WORLD_ATTR, trace_from_concrete_ir
     from flint.cost import load_device
     from flint.passes.canonicalize_dist import CanonicalizeDistPass
     from flint.passes.lower_to_chakra import LowerToChakraPass
     from flint.tools.flint_cli import _load_ir
 
     module = _load_ir(path)
+    if WORLD_ATTR in module.attributes:  # concrete per-rank graphs from `flint import-trace`
+        return Loaded(trace_from_concrete_ir(module), None, None,
+                      "the IR holds imported per-rank Chakra graphs, no tensors",
+                      "from the imported graphs (device roofline where missing)", "ir")
     memory, note = None, None
     lowered = any(op.name == "chakra.graph" for op in module.ops)
     if lowered:
