@@ -149,3 +149,24 @@ def test_memory_is_cheap_for_many_layers():
     assert time.perf_counter() - t0 < 2.0
     assert mem.report.at_peak_bytes["params"] == 512 * 2000
     assert np.all(mem.report.live_bytes >= 0)
+
+
+def test_a_value_returned_as_output_and_as_saved_lives_until_its_last_consumer():
+    text = """
+builtin.module attributes {flint.schedule = [["f_fwd", 1], ["f_bwd", 1]]} {
+  func.func @f_fwd(%h: tensor<2x8xf32> {flint.role = "activation"}, %w: tensor<8x16xf32> {flint.role = "parameter"}) -> (tensor<2x16xf32>, tensor<2x16xf32>) {
+    %0 = aten.op "aten.mm.default"(%h, %w) phase = "fwd" : (tensor<2x8xf32>, tensor<8x16xf32>) -> tensor<2x16xf32>
+    func.return %0, %0 : tensor<2x16xf32>, tensor<2x16xf32>
+  }
+  func.func @f_bwd(%s: tensor<2x16xf32> {flint.role = "saved"}, %g: tensor<2x16xf32> {flint.role = "tangent"}) -> tensor<2x16xf32> {
+    %x = aten.op "aten.relu.default"(%g) phase = "bwd" : (tensor<2x16xf32>) -> tensor<2x16xf32>
+    %d = aten.op "aten.mul.Tensor"(%x, %s) phase = "bwd" : (tensor<2x16xf32>, tensor<2x16xf32>) -> tensor<2x16xf32>
+    func.return %d : tensor<2x16xf32>
+  }
+}
+"""
+    # %0 (128 B) is the hand-off (tangent read at bwd op 0) *and* the saved value (read at bwd op 1):
+    # it lives through position 2. w: 512 B. x 128 B at 1..2, d 128 B from 2 to the end.
+    mem = step_memory(parse(text))
+    assert (mem.report.live_bytes - 512).tolist() == [128, 256, 384]
+    assert mem.report.at_peak_bytes["grads"] == 0

@@ -139,7 +139,7 @@ class _Profile:
     pos: list[int] = field(default_factory=list)
     last: list[int] = field(default_factory=list)
     category: list[str] = field(default_factory=list)
-    result_of: list[int] = field(default_factory=list)  # -1, or the function result index it leaves as
+    result_of: list[list[int]] = field(default_factory=list)  # the function results it leaves as (if any)
     # arguments
     arg_last_use: list[int] = field(default_factory=list)
     arg_returned: list[bool] = field(default_factory=list)
@@ -188,7 +188,7 @@ def _profile(fn: func.FuncOp) -> _Profile:
         p.pos.append(at)
         p.last.append(at)
         p.category.append(category)
-        p.result_of.append(-1)
+        p.result_of.append([])
 
     for at, op in enumerate(ops):
         for v in op.operands:
@@ -209,19 +209,22 @@ def _profile(fn: func.FuncOp) -> _Profile:
         # dist.send / dist.barrier tokens hold no memory
     term = fn.body.block.last_op
     returned = list(term.operands) if isinstance(term, func.ReturnOp) else []
+    taken_over: dict[int, int] = {}  # argument index -> its allocation
     for k, v in enumerate(returned):
         kind, i = base.get(v, ("none", -1))
         if kind == "alloc":
-            if p.result_of[i] == -1:
-                p.result_of[i] = k
-        elif kind == "arg" and roles[i] in _HANDOFF_ROLES and not p.arg_returned[i]:
-            # The consumer takes the argument's memory over (module docstring).
-            p.arg_returned[i] = True
-            p.nbytes.append(_value_bytes(args[i]))
-            p.pos.append(0)
-            p.last.append(max(p.arg_last_use[i], 0))
-            p.category.append("activations")
-            p.result_of.append(k)
+            p.result_of[i].append(k)
+        elif kind == "arg" and roles[i] in _HANDOFF_ROLES:
+            if not p.arg_returned[i]:
+                # The consumer takes the argument's memory over (module docstring).
+                p.arg_returned[i] = True
+                taken_over[i] = len(p.nbytes)
+                p.nbytes.append(_value_bytes(args[i]))
+                p.pos.append(0)
+                p.last.append(max(p.arg_last_use[i], 0))
+                p.category.append("activations")
+                p.result_of.append([])
+            p.result_of[taken_over[i]].append(k)
     return p
 
 
@@ -408,7 +411,6 @@ def step_memory(module: ModuleOp, capacity_bytes: int | None = None) -> StepMemo
         nb = np.asarray(p.nbytes, dtype=np.int64)
         lp = np.asarray(p.pos, dtype=np.int64)
         ll = np.asarray(p.last, dtype=np.int64)
-        res = np.asarray(p.result_of, dtype=np.int64)
         cat = np.asarray(p.category, dtype=object)
         alloc = start[:, None] + lp[None, :]                             # [c, a]
         free = start[:, None] + ll[None, :]
@@ -418,19 +420,23 @@ def step_memory(module: ModuleOp, capacity_bytes: int | None = None) -> StepMemo
         own_pair = pairs.get(e)
         grads = own_pair[1].grad_results if own_pair else set()
         hand = handoff_free(e, j)                                        # [c]
-        for a in np.nonzero(res >= 0)[0]:
-            k = int(res[a])
-            if k in grads:
+        for a, ks in enumerate(p.result_of):
+            if not ks:
+                continue
+            if any(k in grads for k in ks):
                 free[:, a] = -1
                 cat[a] = "grads"
-            elif k in saved_map:
-                be, _ = be_pair
-                bname, bc = schedule[be]
-                bp = profiles[bname]
-                bj = np.clip(bc - 1 - j, 0, bc - 1)
-                free[:, a] = offsets[be] + bj * bp.n_pos + max(bp.arg_last_use[saved_map[k]], 0)
-            else:
-                free[:, a] = hand
+                continue
+            for k in ks:  # a value returned several times lives until its latest consumer
+                if k in saved_map:
+                    be, _ = be_pair
+                    bname, bc = schedule[be]
+                    bp = profiles[bname]
+                    bj = np.clip(bc - 1 - j, 0, bc - 1)
+                    until = offsets[be] + bj * bp.n_pos + max(bp.arg_last_use[saved_map[k]], 0)
+                else:
+                    until = hand
+                free[:, a] = np.where((free[:, a] == -1) | (until == -1), -1, np.maximum(free[:, a], until))
         free = np.where(free == -1, -1, np.maximum(free, alloc))
         cols_bytes.append(np.broadcast_to(nb, alloc.shape).ravel())
         cols_pos.append(alloc.ravel())
