@@ -140,3 +140,13 @@ def test_imported_trace_ir_estimates_like_the_trace(tmp_path, capsys):
     b = json.loads(run(estimate_main, [DATA / "stg", "--network", "ring", "--json"], capsys)[1])
     assert a["iteration_time_us"] == b["iteration_time_us"] > 0
     assert a["comm_time_by_kind_us"] == b["comm_time_by_kind_us"] and a["peak_memory"] is None
+
+
+def test_timeline_ranks(step_ir, tmp_path, capsys):
+    tl = tmp_path / "tl.json"
+    rc, _, err = run(estimate_main, [step_ir, "--network", "ring", "--timeline", tl, "--timeline-ranks", "1"], capsys)
+    assert rc == 0, err
+    pids = {e["pid"] for e in json.loads(tl.read_text())["traceEvents"]}
+    assert pids == {1}
+    rc, _, err = run(estimate_main, [step_ir, "--timeline", tl, "--timeline-ranks", "0-2"], capsys)
+    assert rc == 1 and "rank 2 out of range for world size 2" in err

@@ -181,9 +181,31 @@ def _native(args, want_memory: bool) -> tuple[dict, object]:
     if getattr(args, "timeline", None):
         from flint.sim.chrome import write_chrome_trace
 
-        write_chrome_trace(result, args.timeline)
+        ranks = _rank_list(args.timeline_ranks, result.world_size) if args.timeline_ranks else None
+        write_chrome_trace(result, args.timeline, ranks)
         rep["timeline"] = str(args.timeline)
     return rep, result
+
+
+def _rank_list(text: str, world: int) -> list[int]:
+    """``"0,3,8-11"`` -> ``[0, 3, 8, 9, 10, 11]``, checked against the world size."""
+    out: list[int] = []
+    try:
+        for part in text.split(","):
+            lo, _, hi = part.strip().partition("-")
+            out.extend(range(int(lo), int(hi or lo) + 1))
+    except ValueError:
+        raise FlintError(f"--timeline-ranks '{text}' is not a list of ranks like 0,3,8-11") from None
+    bad = [r for r in out if not 0 <= r < world]
+    if bad:
+        raise FlintError(f"--timeline-ranks: rank {bad[0]} out of range for world size {world}")
+    return out
+
+
+def _timeline_args(ap: argparse.ArgumentParser, what: str = "") -> None:
+    ap.add_argument("--timeline", metavar="PATH",
+                    help=f"{what}write a Perfetto / Chrome-trace JSON (default: up to 16 representative ranks)")
+    ap.add_argument("--timeline-ranks", metavar="LIST", help="ranks to show in the timeline, e.g. 0,8-11")
 
 
 def _run(prog: str, fn, argv) -> int:
@@ -208,7 +230,7 @@ def _estimate(argv: Sequence[str]) -> int:
     ap = argparse.ArgumentParser(prog="flint estimate", description="Estimate one training iteration: time, "
                                  "exposed communication, MFU and (IR input) peak memory per rank.")
     _common_args(ap)
-    ap.add_argument("--timeline", metavar="PATH", help="write a Perfetto / Chrome-trace JSON of representative ranks")
+    _timeline_args(ap)
     args = ap.parse_args(argv)
     rep, _ = _native(args, want_memory=True)
     print(json.dumps(rep, indent=2, sort_keys=True) if args.json else format_report(rep))
@@ -313,7 +335,7 @@ def _simulate(argv: Sequence[str]) -> int:
                                  "embedded simulator (native) or ASTRA-sim.")
     _common_args(ap)
     ap.add_argument("--backend", choices=("native", "astra-sim"), default="native", help="default native")
-    ap.add_argument("--timeline", metavar="PATH", help="native: write a Perfetto / Chrome-trace JSON")
+    _timeline_args(ap, "native: ")
     ap.add_argument("--astra-sim", metavar="PATH", help="ASTRA-sim binary (default $FLINT_ASTRA_SIM, then PATH)")
     ap.add_argument("--work-dir", metavar="DIR", help="astra-sim: keep the generated configs in DIR")
     ap.add_argument("--timeout", type=float, default=None, help="astra-sim: give up after this many seconds")
