@@ -1,0 +1,122 @@
+"""``flint validate``: real CPU/gloo runs vs Flint's graph, written to docs/validation.md and a chart.
+
+One command regenerates the page and the chart::
+
+    flint validate            # = python -m flint.validate.cli
+
+Options select the models, recipes and world sizes; a recipe needs a world
+size it can use (2-D recipes need dp >= 2 and tp = 2, so world size 4; they
+are skipped at other sizes). A failing real run prints ``rank R failed: ...``
+and the command exits 1 after the remaining cases (no report is written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from flint.errors import FlintError
+
+DEFAULT_MODELS = ("llama-tiny", "gpt2-tiny")
+DEFAULT_PLANS = ("dp", "fsdp", "tp", "fsdp+tp")
+DEFAULT_WORLD_SIZES = (2, 4)
+DEFAULT_OUT = "docs/validation.md"
+DEFAULT_CHART = "docs/validation_ratios.png"
+COMMAND = "flint validate"
+
+
+def _csv(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def cases(models, plans, world_sizes):
+    """The cases to run: every model × plan × world size a recipe can use."""
+    from flint.capture.recipes import Recipe
+    from flint.validate.compare import Case
+
+    out = []
+    for model in models:
+        for plan in plans:
+            recipe = Recipe.parse(plan)
+            for w in world_sizes:
+                if recipe.tp and recipe.data and (w < 4 or w % 2):
+                    continue
+                out.append(Case(model, plan, w))
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="flint validate", description=__doc__.splitlines()[0])
+    p.add_argument("--models", "--model", default=",".join(DEFAULT_MODELS),
+                   help="comma-separated model presets (default: %(default)s)")
+    p.add_argument("--plans", default=",".join(DEFAULT_PLANS), help="comma-separated recipes (default: %(default)s)")
+    p.add_argument("--world-sizes", default=",".join(map(str, DEFAULT_WORLD_SIZES)),
+                   help="comma-separated world sizes (default: %(default)s)")
+    p.add_argument("--out", default=DEFAULT_OUT, help="Markdown report path (default: %(default)s)")
+    p.add_argument("--chart", default=DEFAULT_CHART, help="bar chart path, '' for none (default: %(default)s)")
+    p.add_argument("--timeout", type=float, default=180.0, help="seconds per real run (default: %(default)s)")
+    p.add_argument("--work-dir", default=None, help="where run directories are made (default: system temp)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from flint.capture.errors import CaptureError
+    from flint.capture.recipes import Recipe
+    from flint.models import config
+    from flint.validate.realrun import RealRunError
+    from flint.validate.report import chart, markdown
+    from flint.validate.run import validate_case
+
+    try:
+        models, plans = _csv(args.models), _csv(args.plans)
+        for m in models:
+            config(m)
+        for p in plans:
+            Recipe.parse(p)
+        world_sizes = [int(w) for w in _csv(args.world_sizes)]
+        if any(w < 2 for w in world_sizes):
+            raise FlintError("--world-sizes: every world size must be at least 2")
+    except ValueError:
+        print(f"flint validate: error: --world-sizes must be integers, got '{args.world_sizes}'", file=sys.stderr)
+        return 2
+    except (FlintError, CaptureError) as e:
+        print(f"flint validate: error: {e}", file=sys.stderr)
+        return 2
+    todo = cases(models, plans, world_sizes)
+    if not todo:
+        print("flint validate: error: no case to run (2-D recipes need world size 4)", file=sys.stderr)
+        return 2
+    results, failed = [], []
+    for case in todo:
+        t0 = time.perf_counter()
+        try:
+            res = validate_case(case, work_dir=args.work_dir, timeout_s=args.timeout)
+        except (RealRunError, FlintError) as e:
+            print(f"{case.label()}: {e}", file=sys.stderr)
+            failed.append(case)
+            continue
+        results.append(res)
+        exact = all(r.flint == r.executed and r.flint_bytes == r.executed_bytes for r in res.rows
+                    if r.cls not in ("gemm", "attention", "elementwise", "reduction"))
+        print(f"{case.label()}: collectives {'match' if exact else 'DIFFER'} "
+              f"({time.perf_counter() - t0:.0f} s)", flush=True)
+    if failed:
+        print(f"flint validate: {len(failed)} case(s) failed; {args.out} not written", file=sys.stderr)
+        return 1
+    out = Path(args.out)
+    chart_ref = None
+    if args.chart:
+        chart(results, args.chart)
+        chart_ref = str(Path(args.chart).resolve().relative_to(out.resolve().parent)) \
+            if Path(args.chart).resolve().is_relative_to(out.resolve().parent) else str(Path(args.chart))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(markdown(results, command=COMMAND, chart=chart_ref))
+    print(f"wrote {out}" + (f" and {args.chart}" if args.chart else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""Count what a real training step executed, per rank, by Flint's op classes.
+
+Input: the host execution trace (PyTorch's ``ExecutionTraceObserver`` JSON)
+of one rank and, as a cross-check, the same trace after ``chakra_converter
+PyTorch``. The counts are read from the host JSON because the converter
+(mlc-chakra 1.0.0) keeps a node's caller in ``ctrl_deps`` only when the caller
+happened to be converted first (about one node in eight in our runs), and the
+nesting is what the counting rule needs
+(:func:`flint.validate.classify.innermost_of_class`). Node ids are the same in
+both files; :func:`check_against_converted` verifies every counted op is in
+the converted trace under the same name.
+
+Phases follow execution order (ET ids increase with start time; a CPU step
+runs forward, backward and the optimizer on one thread): ``fwd`` until the
+first node the autograd engine records, ``bwd`` until
+``Optimizer.step#...``, ``optim`` from there on.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from flint.capture import opclass
+from flint.validate.classify import collective_input_bytes, executed_class, innermost_of_class
+
+_DP_LABELS = ("FSDP::", "Replicate::", "replicate::")
+
+
+@dataclass
+class ExecutedCollective:
+    """One counted collective of a real run."""
+
+    node_id: int
+    name: str
+    kind: str
+    phase: str
+    input_bytes: int
+    data_parallel: bool  # issued under an FSDP / replicate profiler label
+
+
+@dataclass
+class RankCounts:
+    """Per-class counts of one rank's executed step."""
+
+    rank: int
+    classes: Counter  # class -> count (innermost of class)
+    collectives: Counter  # (kind, phase) -> count
+    collective_bytes: Counter  # (kind, phase) -> input bytes
+    ops: Counter = field(default_factory=Counter)  # (class, phase, op name) -> count
+    counted: dict[int, str] = field(default_factory=dict)  # node id -> name of every counted op
+    collective_ops: list[ExecutedCollective] = field(default_factory=list)
+    inside_collectives: set[int] = field(default_factory=set)  # node ids nested in a counted collective
+
+
+def _attr(node: dict, name: str) -> str:
+    for a in node.get("attrs", ()):
+        if a.get("name") == name:
+            return a.get("value", "")
+    return ""
+
+
+def count_host_trace(path: str | Path, rank: int) -> RankCounts:
+    """Count one rank's host execution trace JSON by op class (see the module docstring)."""
+    with open(path) as f:
+        nodes = sorted(json.load(f)["nodes"], key=lambda n: n["id"])
+    index = {n["id"]: i for i, n in enumerate(nodes)}
+    # a caller starts before its callees; a "caller" with a later id is no caller (records of
+    # gloo's worker thread interleave with the main thread's: a view "inside" gloo:all_reduce)
+    parents = [j if (j := index.get(n.get("ctrl_deps", -1), -1)) < i else -1 for i, n in enumerate(nodes)]
+    schemas = [_attr(n, "op_schema") for n in nodes]
+    classes = [executed_class(n["name"], s) for n, s in zip(nodes, schemas)]
+    counts = innermost_of_class(classes, parents)
+
+    phase, phases = "fwd", []
+    for n in nodes:
+        name = n["name"]
+        if phase == "fwd" and name.startswith("autograd::engine"):
+            phase = "bwd"
+        elif phase != "optim" and name.startswith("Optimizer.step"):
+            phase = "optim"
+        phases.append(phase)
+
+    result = RankCounts(rank, Counter(), Counter(), Counter())
+    for i, n in enumerate(nodes):
+        if not counts[i]:
+            continue
+        cls = classes[i]
+        result.classes[cls] += 1
+        result.ops[(cls, phases[i], n["name"])] += 1
+        result.counted[n["id"]] = n["name"]
+        if cls in opclass.COLLECTIVES:
+            nbytes = collective_input_bytes(schemas[i], n["inputs"]["shapes"], n["inputs"]["types"])
+            result.collectives[(cls, phases[i])] += 1
+            result.collective_bytes[(cls, phases[i])] += nbytes
+            p, dp = parents[i], False
+            while p >= 0 and not dp:
+                dp = nodes[p]["name"].startswith(_DP_LABELS)
+                p = parents[p]
+            result.collective_ops.append(ExecutedCollective(n["id"], n["name"], cls, phases[i], nbytes, dp))
+    coll_rows = {index[c.node_id] for c in result.collective_ops}
+    for i in range(len(nodes)):
+        p = parents[i]
+        while p >= 0:
+            if p in coll_rows:
+                result.inside_collectives.add(nodes[i]["id"])
+                break
+            p = parents[p]
+    return result
+
+
+def check_against_converted(counts: RankCounts, table) -> list[str]:
+    """Problems if a counted op is missing from the converted Chakra table or named differently."""
+    names = dict(zip(table.node_ids.tolist(), table.names))
+    problems = []
+    for node_id, name in counts.counted.items():
+        got = names.get(node_id)
+        if got != name:
+            problems.append(f"rank {counts.rank}: node {node_id} '{name}' is "
+                            + ("missing from the converted trace" if got is None else f"'{got}' there"))
+    return problems

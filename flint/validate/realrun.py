@@ -1,0 +1,162 @@
+"""Run a real small training step on CPU with torch.distributed (gloo), one process per rank.
+
+:func:`run_real` starts ``world_size`` processes of :mod:`flint.validate.worker`
+on loopback (a free port found by binding port 0), each in its own process
+group (session), waits with a timeout, converts every rank's host execution
+trace with Chakra's own ``chakra_converter PyTorch`` and returns the paths.
+
+Failure handling: as soon as one rank exits non-zero (or the timeout
+passes), every other rank is killed (its whole process group), each failed
+rank's error is collected (the traceback it wrote, else its stderr tail) and
+:class:`RealRunError` is raised naming the rank(s): ``rank 1 failed:
+RuntimeError: ...``. The run directory is a fresh temporary directory that is
+removed on failure, and on success unless the caller keeps it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from flint.errors import FlintError
+
+
+class RealRunError(FlintError):
+    """A real run failed: which rank(s), and why."""
+
+    def __init__(self, message: str, failures: dict[int, str] | None = None) -> None:
+        super().__init__(message)
+        self.failures = dict(failures or {})
+
+
+@dataclass
+class RunSpec:
+    """One real run: model preset, recipe, world size, global batch (batch, seq)."""
+
+    model: str
+    plan: str
+    world_size: int
+    batch: tuple[int, int]
+    tp: int = 1
+    overrides: dict = field(default_factory=dict)
+    timeout_s: float = 120.0
+    port: int | None = None  # None: pick a free one
+    fail_ranks: tuple[int, ...] = ()  # testing: ranks that raise before joining
+
+
+@dataclass
+class RealRun:
+    """Where a finished real run left its traces (``dir`` is owned by the caller)."""
+
+    spec: RunSpec
+    dir: Path
+    host_traces: list[Path]  # host ET JSON per rank
+    chakra_dir: Path  # converted traces ``step.<rank>.et``
+
+    def cleanup(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (bind to port 0)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait()
+
+
+def _error_text(run_dir: Path, rank: int, stderr_path: Path) -> str:
+    err = run_dir / f"error.{rank}.txt"
+    if err.exists():
+        lines = [ln for ln in err.read_text().strip().splitlines() if ln.strip()]
+        return lines[-1].strip() if lines else "unknown error"
+    tail = stderr_path.read_text(errors="replace").strip().splitlines()[-5:] if stderr_path.exists() else []
+    return " | ".join(ln.strip() for ln in tail) or "exited without an error message"
+
+
+def _launch(spec: RunSpec, run_dir: Path) -> dict[int, str]:
+    """Run all ranks; {rank: error} for the ranks that failed (empty on success)."""
+    port = spec.port if spec.port is not None else free_port()
+    payload = asdict(spec) | {"dir": str(run_dir), "port": port}
+    spec_path = run_dir / "spec.json"
+    spec_path.write_text(json.dumps(payload))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    procs: dict[int, subprocess.Popen] = {}
+    logs: dict[int, Path] = {}
+    try:
+        for rank in range(spec.world_size):
+            logs[rank] = run_dir / f"stderr.{rank}.txt"
+            with open(logs[rank], "w") as err:
+                procs[rank] = subprocess.Popen(
+                    [sys.executable, "-m", "flint.validate.worker", str(spec_path), str(rank)],
+                    stdout=subprocess.DEVNULL, stderr=err, env=env, start_new_session=True)
+        deadline = time.monotonic() + spec.timeout_s
+        failures: dict[int, str] = {}
+        while True:
+            codes = {r: p.poll() for r, p in procs.items()}
+            failed = [r for r, c in codes.items() if c not in (None, 0)]
+            if failed:
+                time.sleep(0.5)  # let ranks that fail for the same reason report it too
+                for r, p in procs.items():
+                    if p.poll() not in (None, 0):
+                        failures[r] = _error_text(run_dir, r, logs[r])
+                return failures
+            if all(c == 0 for c in codes.values()):
+                return {}
+            if time.monotonic() > deadline:
+                waiting = [r for r, c in codes.items() if c is None]
+                return {r: f"timed out after {spec.timeout_s:.0f} s" for r in waiting}
+            time.sleep(0.05)
+    finally:
+        for p in procs.values():
+            _kill(p)
+
+
+def convert(host_trace: Path, output: Path, log: Path) -> None:
+    """``chakra_converter PyTorch --input host_trace --output output`` (the Chakra package's converter)."""
+    exe = Path(sys.executable).parent / "chakra_converter"
+    cmd = [str(exe) if exe.exists() else "chakra_converter", "--log-filename", str(log), "PyTorch",
+           "--input", str(host_trace), "--output", str(output)]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode != 0 or not output.exists():
+        tail = (res.stderr or res.stdout).strip().splitlines()[-3:]
+        raise RealRunError(f"chakra_converter failed on {host_trace.name}: {' | '.join(tail)}")
+
+
+def run_real(spec: RunSpec, work_dir: str | Path | None = None) -> RealRun:
+    """Run ``spec`` for real and convert its traces; raises :class:`RealRunError` naming failed ranks."""
+    run_dir = Path(tempfile.mkdtemp(prefix=f"flint-validate-{spec.plan.replace('+', '_')}-w{spec.world_size}-",
+                                    dir=work_dir))
+    try:
+        failures = _launch(spec, run_dir)
+        if failures:
+            msg = "; ".join(f"rank {r} failed: {e}" for r, e in sorted(failures.items()))
+            raise RealRunError(f"real run {spec.plan} at world size {spec.world_size}: {msg}", failures)
+        host = [run_dir / f"host.{r}.json" for r in range(spec.world_size)]
+        chakra_dir = run_dir / "chakra"
+        chakra_dir.mkdir()
+        for r, h in enumerate(host):
+            if not h.exists():
+                raise RealRunError(f"rank {r} wrote no execution trace", {r: "no execution trace"})
+            convert(h, chakra_dir / f"step.{r}.et", run_dir / "converter.log")
+        return RealRun(spec, run_dir, host, chakra_dir)
+    except BaseException:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        raise

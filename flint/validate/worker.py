@@ -1,0 +1,114 @@
+"""One rank of a real training step on CPU (gloo), recorded with PyTorch's execution trace.
+
+Run by :mod:`flint.validate.realrun` as ``python -m flint.validate.worker SPEC.json RANK``;
+never imported by the parent process for anything but :func:`parallelize`.
+
+The step: build the model (seed 0, fp32, CPU), parallelize it with PyTorch's
+own APIs exactly as the Flint recipe of the same name describes it, run one
+untraced warm-up step (lazy FSDP init, AdamW state creation), then one step
+under ``torch.profiler.ExecutionTraceObserver`` written to
+``<dir>/host.<rank>.json``. On any exception the traceback is written to
+``<dir>/error.<rank>.txt`` and the process exits with status 1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from flint.capture.recipes import Recipe, apply_tp, default_mesh
+
+LR, BETAS, EPS, WEIGHT_DECAY = 3e-4, (0.9, 0.95), 1e-8, 0.1  # flint.capture.step.adamw_step defaults
+
+
+def parallelize(model: nn.Module, plan: str, mesh: DeviceMesh) -> None:
+    """Parallelize a StagedLM in place with PyTorch's APIs, following recipe ``plan``.
+
+    - TP part: :func:`flint.capture.recipes.apply_tp` itself (``parallelize_module``
+      with the recipe's plans), on mesh axis ``tp``.
+    - ``fsdp``: ``fully_shard`` on the embedding, every block, the head and the root
+      (FSDP2's parameter groups = the recipe's groups) on mesh axis ``dp``.
+    - ``dp``: ``replicate`` (FSDP2-based, ``torch.distributed._composable.replicate_with_fsdp``)
+      on the same groups: one gradient all-reduce per group.
+    """
+    from torch.distributed._composable.replicate_with_fsdp import replicate
+    from torch.distributed.fsdp import fully_shard
+
+    recipe = Recipe.parse(plan)
+    if recipe.tp:
+        apply_tp(model, mesh["tp"], recipe.sp)
+    if recipe.data:
+        wrap = fully_shard if recipe.data == "fsdp" else replicate
+        dp_mesh = mesh["dp"]
+        for module in (model.embed, *model.layers, model.head, model):
+            wrap(module, mesh=dp_mesh)
+
+
+def run(spec: dict, rank: int) -> None:
+    """One rank of the real run described by ``spec`` (see :class:`flint.validate.realrun.RunSpec`)."""
+    from flint.models import build
+
+    out = spec["dir"]
+    if rank in spec.get("fail_ranks", ()):
+        raise RuntimeError(f"injected failure on rank {rank}")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{spec['port']}", rank=rank,
+                            world_size=spec["world_size"], timeout=timedelta(seconds=spec["timeout_s"]))
+    try:
+        shape, axes = default_mesh(spec["plan"], spec["world_size"], spec.get("tp", 1))
+        mesh = init_device_mesh("cpu", shape, mesh_dim_names=axes)
+        torch.manual_seed(0)
+        model = build(spec["model"], **spec.get("overrides", {}))
+        parallelize(model, spec["plan"], mesh)
+        dp = shape[axes.index("dp")] if "dp" in axes else 1
+        batch, seq = spec["batch"]
+        dp_rank = mesh["dp"].get_local_rank() if "dp" in axes else 0
+        gen = torch.Generator().manual_seed(1 + dp_rank)
+        vocab = model.config.vocab_size
+        tokens = torch.randint(0, vocab, (batch // dp, seq), generator=gen)
+        labels = torch.randint(0, vocab, (batch // dp, seq), generator=gen)
+        opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY,
+                                foreach=False)
+
+        def step() -> None:
+            loss = model(tokens, labels)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        step()  # warm-up: lazy init, optimizer state
+        dist.barrier()
+        obs = torch.profiler.ExecutionTraceObserver()
+        obs.register_callback(os.path.join(out, f"host.{rank}.json"))
+        obs.start()
+        step()
+        obs.stop()
+        obs.unregister_callback()
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def main(argv: list[str]) -> int:
+    spec_path, rank = argv[0], int(argv[1])
+    with open(spec_path) as f:
+        spec = json.load(f)
+    try:
+        run(spec, rank)
+    except BaseException:  # noqa: BLE001 - reported to the parent, which names the rank
+        with open(os.path.join(spec["dir"], f"error.{rank}.txt"), "w") as f:
+            f.write(traceback.format_exc())
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,199 @@
+"""flint.validate: executed-op classification rules, counting, failure handling, real runs vs Flint."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+from flint.capture import classify_aten
+from flint.validate.classify import (C10D_TO_FUNCTIONAL, collective_input_bytes, executed_class, executed_target,
+                                     innermost_of_class)
+from flint.validate.cli import cases, main
+from flint.validate.compare import Case
+from flint.validate.executed import count_host_trace
+from flint.validate.expected import base_op, explain
+from flint.validate.realrun import RealRunError, RunSpec, free_port, run_real
+
+AG_SCHEMA = ("c10d::_allgather_base_(Tensor output_tensor, Tensor input_tensor, "
+             "__torch__.torch.classes.c10d.ProcessGroup process_group, bool async_op=True, int timeout=-1) "
+             "-> (Tensor, __torch__.torch.classes.c10d.Work)")
+AR_SCHEMA = ("c10d::allreduce_(Tensor[] tensors, __torch__.torch.classes.c10d.ProcessGroup process_group, "
+             "__torch__.torch.classes.c10d.ReduceOp reduce_op, Tensor? sparse_indices, bool async_op=True, "
+             "int timeout=-1) -> (Tensor[], __torch__.torch.classes.c10d.Work)")
+
+
+# ------------------------------------------------------------ classification
+
+
+def test_executed_names_map_to_aten_targets_then_classify_aten():
+    aten = torch.ops.aten
+    assert executed_target("aten::add", "aten::add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor") \
+        is aten.add.Tensor
+    assert executed_target("aten::mm", "aten::mm(Tensor self, Tensor mat2) -> Tensor") is aten.mm.default
+    table = {
+        ("aten::mm", ""): "gemm", ("aten::addmm", ""): "gemm", ("aten::linear", ""): "gemm",
+        ("aten::_scaled_dot_product_flash_attention_for_cpu", ""): "attention",
+        ("aten::_scaled_dot_product_flash_attention_for_cpu_backward", ""): "attention",
+        ("aten::mul", "aten::mul.Tensor(Tensor self, Tensor other) -> Tensor"): "elementwise",
+        ("aten::lerp_", "aten::lerp_.Scalar(Tensor(a!) self, Tensor end, Scalar weight) -> Tensor(a!)"): "elementwise",
+        ("aten::sum", "aten::sum.dim_IntList(Tensor self, int[1]? dim, bool keepdim=False, *, "
+                      "ScalarType? dtype=None) -> Tensor"): "reduction",
+        ("aten::_log_softmax", ""): "reduction",
+        ("aten::view", ""): "view", ("aten::copy_", ""): "memory",
+        ("c10d::allreduce_", AR_SCHEMA): "all_reduce", ("c10d::_allgather_base_", AG_SCHEMA): "all_gather",
+        ("c10d::_reduce_scatter_base_", ""): "reduce_scatter", ("c10d::alltoall_base_", ""): "all_to_all",
+        ("_c10d_functional::all_reduce", ""): "all_reduce", ("_c10d_functional::wait_tensor", ""): "wait",
+        # no class: backend records inside a c10d op, autograd nodes, labels, synchronization
+        ("gloo:all_reduce", ""): "other", ("gloo:all_gather", ""): "other", ("MmBackward0", ""): "other",
+        ("autograd::engine::evaluate_function: MmBackward0", ""): "other", ("FSDP::all_gather (embed)", ""): "other",
+        ("Optimizer.step#AdamW.step", ""): "other", ("c10d::barrier", ""): "other",
+        ("aten::no_such_op", ""): "other", ("[pytorch|profiler|execution_trace|thread]", ""): "other",
+    }
+    for (name, schema), cls in table.items():
+        assert executed_class(name, schema) == cls, name
+
+
+def test_every_c10d_mapping_is_a_functional_collective():
+    for c10d, fn in C10D_TO_FUNCTIONAL.items():
+        assert hasattr(torch.ops.c10d, c10d), c10d
+        target = executed_target(f"c10d::{c10d}")
+        assert classify_aten(target) in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
+                                         "send", "recv"), c10d
+
+
+def test_innermost_of_class_counts_each_chain_once():
+    # linear -> [t, matmul -> mm]; DTensor add -> add (local); mean -> [sum, div_]
+    classes = ["gemm", "view", "gemm", "gemm", "elementwise", "elementwise", "reduction", "reduction", "elementwise"]
+    parents = [-1, 0, 0, 2, -1, 4, -1, 6, 6]
+    assert innermost_of_class(classes, parents) == [False, True, False, True, False, True, False, True, True]
+    assert innermost_of_class(["other", "gemm"], [-1, 0]) == [False, True]
+
+
+def test_collective_input_bytes_from_schema_and_et_inputs():
+    # _allgather_base_(output, input): the input is the second argument
+    assert collective_input_bytes(AG_SCHEMA, [[262144], [131072], [], [], []],
+                                  ["Tensor(float)", "Tensor(float)", "Object", "Bool", "Int"]) == 131072 * 4
+    # allreduce_(Tensor[] tensors): a list, bf16; chakra_converter stores the lists as str()
+    assert collective_input_bytes(AR_SCHEMA, str([[[4, 8], [2]], [], [], [], [], []]),
+                                  str(["GenericList[Tensor(c10::BFloat16),Tensor(c10::BFloat16)]", "Object",
+                                       "Object", "None", "Bool", "Int"])) == (32 + 2) * 2
+    fn = "_c10d_functional::all_reduce(Tensor input, str reduce_op, str group_name) -> Tensor"
+    assert collective_input_bytes(fn, [[3, 5], [], []], ["Tensor(double)", "String", "String"]) == 15 * 8
+    with pytest.raises(ValueError, match="unknown tensor element type"):
+        collective_input_bytes(fn, [[3]], ["Tensor(mystery)"])
+
+
+def _node(i, name, parent, schema="", shapes=(), types=()):
+    return {"id": i, "name": name, "ctrl_deps": parent, "inputs": {"shapes": list(shapes), "types": list(types)},
+            "attrs": [{"name": "op_schema", "type": "string", "value": schema}]}
+
+
+def test_count_host_trace_phases_nesting_bytes(tmp_path):
+    nodes = [
+        _node(1, "[pytorch|profiler|execution_trace|thread]", 0),
+        _node(2, "FSDP::all_gather (layers.0)", 1),
+        _node(3, "c10d::_allgather_base_", 2, AG_SCHEMA, [[8], [4], [], [], []],
+              ["Tensor(float)", "Tensor(float)", "Object", "Bool", "Int"]),
+        _node(4, "gloo:all_gather", 3),
+        _node(5, "aten::linear", 1), _node(6, "aten::t", 5), _node(7, "aten::matmul", 5), _node(8, "aten::mm", 7),
+        _node(9, "aten::view", 10),  # a "caller" recorded later (gloo worker thread): no nesting
+        _node(10, "c10d::allreduce_", 1, AR_SCHEMA, [[[2, 2]], [], [], [], [], []],
+              ["GenericList[Tensor(float)]", "Object", "Object", "None", "Bool", "Int"]),
+        _node(11, "autograd::engine::evaluate_function: MmBackward0", 1),
+        _node(12, "MmBackward0", 11), _node(13, "aten::mm", 12), _node(14, "aten::mm", 12),
+        _node(15, "Optimizer.step#AdamW.step", 1), _node(16, "aten::lerp_", 15),
+    ]
+    path = tmp_path / "host.0.json"
+    path.write_text(json.dumps({"schema": "1.1.1-chakra.0.0.4", "nodes": nodes}))
+    rc = count_host_trace(path, 0)
+    assert rc.classes == Counter({"gemm": 3, "all_gather": 1, "all_reduce": 1, "view": 2, "elementwise": 1})
+    assert rc.collectives == Counter({("all_gather", "fwd"): 1, ("all_reduce", "fwd"): 1})
+    assert rc.collective_bytes == Counter({("all_gather", "fwd"): 16, ("all_reduce", "fwd"): 16})
+    assert rc.ops[("gemm", "bwd", "aten::mm")] == 2 and rc.ops[("elementwise", "optim", "aten::lerp_")] == 1
+    ag, ar = rc.collective_ops
+    assert ag.data_parallel and not ar.data_parallel
+    assert rc.inside_collectives == {4}
+
+
+def test_expected_differences_rules():
+    assert base_op("aten::add_") == "aten::add" and base_op("aten::add") == "aten::add"
+    assert explain("gemm", "fwd", "aten::bmm").key == "sdpa-math"
+    assert explain("attention", "bwd", "aten::_scaled_dot_product_flash_attention_for_cpu_backward").key == "sdpa-math"
+    assert explain("elementwise", "optim", "aten::reciprocal").key == "optimizer"
+    assert explain("gemm", "fwd", "aten::mm") is None  # an mm difference is never "expected"
+    assert explain("all_gather", "fwd", "_c10d_functional::all_gather_into_tensor") is None
+
+
+def test_cases_skip_2d_recipes_below_world_size_4():
+    got = [(c.plan, c.world_size) for c in cases(["llama-tiny"], ["tp", "fsdp+tp"], [2, 4])]
+    assert got == [("tp", 2), ("tp", 4), ("fsdp+tp", 4)]
+    assert Case("llama-tiny", "fsdp+tp", 4).mesh() == ((2, 2), ("dp", "tp"))
+    assert Case("llama-tiny", "tp", 4).mesh() == ((4,), ("tp",))
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--plans", "zero3"], "unknown recipe 'zero3'"),
+    (["--models", "llama-huge"], "unknown model 'llama-huge'"),
+    (["--world-sizes", "1"], "at least 2"),
+    (["--world-sizes", "two"], "must be integers"),
+    (["--plans", "fsdp+tp", "--world-sizes", "2"], "no case to run"),
+])
+def test_cli_rejects_bad_arguments(argv, message, capsys, tmp_path):
+    assert main([*argv, "--out", str(tmp_path / "v.md")]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "v.md").exists()
+
+
+# ------------------------------------------------------------ failure path
+
+
+def _workers_alive(marker: str) -> list[int]:
+    alive = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+            except OSError:
+                continue
+            if "flint.validate.worker" in cmd and marker in cmd:
+                alive.append(int(pid))
+    return alive
+
+
+def test_free_port_is_bindable():
+    port = free_port()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
+
+
+def test_rank_crash_is_reported_with_rank_and_cleaned_up(tmp_path):
+    with pytest.raises(RealRunError, match=r"rank 1 failed: RuntimeError: injected failure on rank 1") as info:
+        run_real(RunSpec("gpt2-tiny", "dp", 2, (4, 64), fail_ranks=(1,), timeout_s=60), tmp_path)
+    assert set(info.value.failures) == {1}
+    assert list(tmp_path.iterdir()) == []  # run directory removed
+    assert _workers_alive(str(tmp_path)) == []  # rank 0 (waiting for rank 1) was killed
+
+
+def test_port_in_use_is_reported_and_cleaned_up(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(RealRunError, match=r"rank 0 failed: .*address already in use"):
+            run_real(RunSpec("gpt2-tiny", "dp", 2, (4, 64), port=port, timeout_s=60), tmp_path)
+    assert list(tmp_path.iterdir()) == []
+    assert _workers_alive(str(tmp_path)) == []
+
+
+def test_timeout_is_reported_and_cleaned_up(tmp_path):
+    # a whole run takes over 10 s; stopped after 2 s, every rank is reported and killed
+    with pytest.raises(RealRunError, match=r"rank 0 failed: timed out after 2 s; rank 1 failed: timed out"):
+        run_real(RunSpec("gpt2-tiny", "dp", 2, (4, 64), timeout_s=2), tmp_path)
+    assert list(tmp_path.iterdir()) == []
+    assert _workers_alive(str(tmp_path)) == []
