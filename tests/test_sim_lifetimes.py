@@ -170,3 +170,28 @@ builtin.module attributes {flint.schedule = [["f_fwd", 1], ["f_bwd", 1]]} {
     mem = step_memory(parse(text))
     assert (mem.report.live_bytes - 512).tolist() == [128, 256, 384]
     assert mem.report.at_peak_bytes["grads"] == 0
+
+
+def test_collective_output_saved_for_backward_counts_as_activation():
+    text = """
+builtin.module attributes {flint.schedule = [["f_fwd", 1], ["f_bwd", 1]]} {
+  shard.grid @mesh(shape = 2)
+  func.func @f_fwd(%h: tensor<2x8xf32> {flint.role = "activation"}, %w: tensor<8x16xf32> {flint.role = "parameter"}) -> (tensor<2x16xf32>, tensor<2x16xf32>) {
+    %0 = aten.op "aten.mm.default"(%h, %w) phase = "fwd" : (tensor<2x8xf32>, tensor<8x16xf32>) -> tensor<2x16xf32>
+    %1 = dist.all_reduce %0 on @mesh grid_axes = [0] : tensor<2x16xf32> -> tensor<2x16xf32>
+    %2 = aten.op "aten.relu.default"(%1) phase = "fwd" : (tensor<2x16xf32>) -> tensor<2x16xf32>
+    func.return %2, %1 : tensor<2x16xf32>, tensor<2x16xf32>
+  }
+  func.func @f_bwd(%s: tensor<2x16xf32> {flint.role = "saved"}, %g: tensor<2x16xf32> {flint.role = "tangent"}) -> tensor<2x16xf32> {
+    %x = aten.op "aten.relu.default"(%g) phase = "bwd" : (tensor<2x16xf32>) -> tensor<2x16xf32>
+    %d = aten.op "aten.mul.Tensor"(%x, %s) phase = "bwd" : (tensor<2x16xf32>, tensor<2x16xf32>) -> tensor<2x16xf32>
+    func.return %d : tensor<2x16xf32>
+  }
+}
+"""
+    # mm 0..1; all_reduce output 1..4 (saved: read by the bwd mul); relu 2..3 (hand-off to the tangent);
+    # x 3..4; d from 4 on. All 128 B.
+    mem = step_memory(parse(text))
+    assert (mem.report.live_bytes - 512).tolist() == [128, 256, 256, 384, 384]
+    assert mem.report.category_peak_bytes["comm"] == 0
+    assert mem.report.at_peak_bytes["activations"] == 384

@@ -75,7 +75,7 @@ def _parse_algorithm(text: str):
         kind, _, alg = part.partition("=")
         try:
             k = coll_kind(kind.strip())
-        except (KeyError, ValueError) as e:
+        except (KeyError, ValueError):
             raise FlintError(f"--algorithm: unknown collective kind '{kind.strip()}'") from None
         out[k.name.lower()] = parse_algorithm(alg.strip()).value
     return out

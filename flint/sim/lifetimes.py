@@ -29,7 +29,10 @@ What allocates, and for how long
 - *Op results*: every `aten.op` result and every `dist` collective / recv
   result allocates its bytes at its op's position; category ``comm`` for
   `dist` results, ``activations`` for `aten` results (``other`` in the
-  ``optim`` phase). Views (op class ``view``) and in-place ops (ATen names
+  ``optim`` phase). A collective's result that is saved for backward (e.g.
+  a tensor-parallel all-reduce output the norm backward reads) counts as
+  ``activations``, one that is a gradient as ``grads``: ``comm`` is the
+  transient communication buffers. Views (op class ``view``) and in-place ops (ATen names
   ending in ``_``) alias their first operand; ``dist.wait`` aliases its
   future. A value is freed after the last op that uses it or any alias.
 - *Values leaving a function* (returned, or aliasing a returned value):
@@ -429,6 +432,7 @@ def step_memory(module: ModuleOp, capacity_bytes: int | None = None) -> StepMemo
                 continue
             for k in ks:  # a value returned several times lives until its latest consumer
                 if k in saved_map:
+                    cat[a] = "activations"  # saved for backward, whoever produced it
                     be, _ = be_pair
                     bname, bc = schedule[be]
                     bp = profiles[bname]
