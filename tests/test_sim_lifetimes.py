@@ -195,3 +195,34 @@ builtin.module attributes {flint.schedule = [["f_fwd", 1], ["f_bwd", 1]]} {
     assert (mem.report.live_bytes - 512).tolist() == [128, 256, 256, 384, 384]
     assert mem.report.category_peak_bytes["comm"] == 0
     assert mem.report.at_peak_bytes["activations"] == 384
+
+
+def test_explicit_entries_pair_like_a_repeat():
+    # The same two layers written as four schedule entries: backward entries consume the latest
+    # unconsumed forward iteration, so lifetimes equal the repeated form. Resident state counts a
+    # function's largest repeat (entries of one function are taken to be the same layers run again).
+    repeated = step_memory(parse(fwd_bwd(2)))
+    text = fwd_bwd(2).replace('[["block_fwd", 2], ["block_bwd", 2]]',
+                              '[["block_fwd", 1], ["block_fwd", 1], ["block_bwd", 1], ["block_bwd", 1]]')
+    explicit = step_memory(parse(text))
+    assert explicit.report.at_peak_bytes["params"] == 512
+    assert (explicit.report.live_bytes - 512).tolist() == (repeated.report.live_bytes - 1024).tolist()
+    assert explicit.notes == ()
+
+
+def test_microbatches_pair_each_backward_with_its_own_forward():
+    # fwd x2, bwd x2, fwd x2, bwd x2 (two microbatches). Microbatch 1 leaves only its gradients
+    # (2 x 512 B) live; microbatch 2 repeats microbatch 1's lifetimes on top of them, except that
+    # its gradients are added into those buffers (freed at their iteration's end): from bwd
+    # iteration 0's last op on, microbatch 2 holds one 512 B gradient less than microbatch 1 did.
+    one = step_memory(parse(fwd_bwd(2)))
+    text = fwd_bwd(2).replace('[["block_fwd", 2], ["block_bwd", 2]]',
+                              '[["block_fwd", 2], ["block_bwd", 2], ["block_fwd", 2], ["block_bwd", 2]]')
+    two = step_memory(parse(text))
+    live1 = one.report.live_bytes - 1024
+    live2 = two.report.live_bytes - 1024
+    assert live2[:14].tolist() == live1.tolist()
+    expected = live1 + 1024 - 512 * (np.arange(14) >= 9)
+    assert live2[14:].tolist() == expected.tolist()
+    assert two.report.category_peak_bytes["grads"] == 1024 + 512
+    assert two.notes == ()

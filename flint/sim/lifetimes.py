@@ -15,7 +15,9 @@ costs 126 rows per allocation, not 126 analyses.
 
 What allocates, and for how long
 --------------------------------
-- *Resident state* (live the whole step): arguments with role ``parameter``
+- *Resident state* (live the whole step; a function with several schedule
+  entries counts its largest repeat, as entries of one function are taken to
+  be the same layers run again, e.g. microbatches): arguments with role ``parameter``
   (category ``params``), ``exp_avg`` / ``exp_avg_sq`` / ``step``
   (``optimizer``), ``buffer`` and ``input`` (batch data) (``other``), times
   the function's repeat count. The forward, backward and optimizer functions
@@ -40,10 +42,11 @@ What allocates, and for how long
     ``saved`` arguments) is paired with the latest earlier forward whose
     trailing results have the types of the backward's leading non-tangent
     arguments, which is AOTAutograd's calling convention (forward returns
-    ``outputs + saved``, backward takes ``saved + tangents``). Forward
-    iteration ``i`` of ``N`` is consumed by backward iteration ``N-1-i``
-    (layers run backwards) and freed after that iteration's last use of the
-    argument. If no forward matches, the backward's ``saved`` arguments are
+    ``outputs + saved``, backward takes ``saved + tangents``). Each backward
+    iteration consumes the latest forward iteration (of its forward function,
+    over all schedule entries) not consumed yet, so with ``N`` layers forward
+    iteration ``i`` meets backward iteration ``N-1-i``; the saved value is
+    freed after that iteration's last use of the argument. If no forward matches, the backward's ``saved`` arguments are
     matched alone against the trailing results; if that fails too, the saved
     values are only counted from the backward's start (an underestimate; the
     report's ``notes`` say so).
@@ -53,7 +56,10 @@ What allocates, and for how long
     next result get none) are category ``grads`` and stay live to the end of
     the step (the optimizer reads them; they are released after it).
     Without a paired forward, results whose type is that of some
-    ``gradient`` argument in the module count as gradients.
+    ``gradient`` argument in the module count as gradients. When a backward
+    function has several schedule entries (microbatches), its first entry's
+    gradients are the buffers; later entries' gradients are added into them
+    and freed at the end of their iteration.
   - **everything else** (the activation or activation-gradient handed on):
     freed after the next function iteration's last use of its non-resident
     arguments (``activation``, ``tangent``, unannotated), or at the end of
@@ -233,7 +239,7 @@ def _profile(fn: func.FuncOp) -> _Profile:
 
 @dataclass
 class _Pair:
-    fwd: str
+    fwd: str                   # the forward function's name ("" when none matched)
     saved_results: list[int]   # forward result indices, in the order of ...
     saved_args: list[int]      # ... the backward argument indices they become
     grad_results: set[int]     # backward result indices that are parameter gradients
@@ -331,19 +337,38 @@ def step_memory(module: ModuleOp, capacity_bytes: int | None = None) -> StepMemo
         counts[name] = max(counts.get(name, 0), c)
     notes: list[str] = []
 
-    # Pair every backward entry with its forward entry.
+    # Pair every backward entry with its forward function, then every backward iteration with
+    # a forward iteration: the latest one not consumed yet (a stack of forward instances).
     grad_types = {a.type for p in profiles.values() for a, r in zip(p.args, p.roles) if r == "gradient"}
-    pairs: dict[int, tuple[int, _Pair]] = {}  # backward entry -> (forward entry, pair)
-    for e, (name, _) in enumerate(schedule):
+    pairs: dict[int, _Pair] = {}  # backward entry -> pair
+    stacks: dict[str, list[tuple[int, int]]] = {}  # forward name -> unconsumed (entry, iteration)
+    consumer: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # forward entry -> (backward entry, iteration) per iteration
+    fwd_names: set[str] = set()
+    for e, (name, c) in enumerate(schedule):
         earlier = [profiles[n] for n, _ in schedule[:e]]
         pair, note = _pair_backward(profiles[name], earlier, grad_types)
         if note and note not in notes:
             notes.append(note)
-        if pair is None:
-            continue
-        fe = max((i for i in range(e) if schedule[i][0] == pair.fwd), default=-1)
-        pairs[e] = (fe, pair)
-    saved_by_fwd_entry = {fe: (be, pair) for be, (fe, pair) in pairs.items() if fe >= 0}
+        if pair is not None:
+            pairs[e] = pair
+            fwd_names.add(pair.fwd)
+    for e, (name, c) in enumerate(schedule):
+        if name in fwd_names:
+            consumer[e] = (np.full(c, -1, dtype=np.int64), np.full(c, -1, dtype=np.int64))
+            stacks.setdefault(name, []).extend((e, j) for j in range(c))
+        pair = pairs.get(e)
+        if pair is not None and pair.fwd:
+            stack = stacks.get(pair.fwd, [])
+            for i in range(c):
+                if not stack:
+                    note = (f"@{name} runs more often than @{pair.fwd} before it; its extra iterations have no "
+                            "saved values")
+                    if note not in notes:
+                        notes.append(note)
+                    break
+                fe, fj = stack.pop()
+                consumer[fe][0][fj] = e
+                consumer[fe][1][fj] = i
 
     # Resident state, counted once per group of functions.
     groups = _Groups(list(funcs))
@@ -353,9 +378,9 @@ def step_memory(module: ModuleOp, capacity_bytes: int | None = None) -> StepMemo
         if s in by_stem:
             groups.union(n, by_stem[s])
         by_stem.setdefault(s, n)
-    for be, (fe, pair) in pairs.items():
-        if fe >= 0:
-            groups.union(schedule[be][0], schedule[fe][0])
+    for be, pair in pairs.items():
+        if pair.fwd:
+            groups.union(schedule[be][0], pair.fwd)
 
     def param_types(p: _Profile) -> list:
         return sorted((str(a.type) for a, r in zip(p.args, p.roles) if r == "parameter"))
@@ -404,6 +429,9 @@ def step_memory(module: ModuleOp, capacity_bytes: int | None = None) -> StepMemo
             out = np.where(last, -1, out)
         return out
 
+    accumulate_from: dict[str, int] = {}  # backward name -> its first schedule entry
+    for e, (name, _) in enumerate(schedule):
+        accumulate_from.setdefault(name, e)
     cols_bytes, cols_pos, cols_free, cols_cat = [], [], [], []
     for e, (name, c) in enumerate(schedule):
         p = profiles[name]
@@ -418,26 +446,31 @@ def step_memory(module: ModuleOp, capacity_bytes: int | None = None) -> StepMemo
         alloc = start[:, None] + lp[None, :]                             # [c, a]
         free = start[:, None] + ll[None, :]
         # outputs leaving the function
-        be_pair = saved_by_fwd_entry.get(e)
-        saved_map = dict(zip(be_pair[1].saved_results, be_pair[1].saved_args)) if be_pair else {}
         own_pair = pairs.get(e)
-        grads = own_pair[1].grad_results if own_pair else set()
+        grads = own_pair.grad_results if own_pair else set()
         hand = handoff_free(e, j)                                        # [c]
+        # per iteration: which backward entry / iteration consumes its saved values (-1: none)
+        cons_e, cons_i = consumer.get(e, (np.full(c, -1, dtype=np.int64), np.full(c, -1, dtype=np.int64)))
+        saved_until: dict[int, np.ndarray] = {}  # forward result index -> free position per iteration
+        for be in np.unique(cons_e[cons_e >= 0]).tolist():
+            bp = profiles[schedule[be][0]]
+            rows = cons_e == be
+            for k, arg in zip(pairs[be].saved_results, pairs[be].saved_args):
+                until = saved_until.setdefault(k, hand.copy())
+                until[rows] = offsets[be] + cons_i[rows] * bp.n_pos + max(bp.arg_last_use[arg], 0)
         for a, ks in enumerate(p.result_of):
             if not ks:
                 continue
             if any(k in grads for k in ks):
-                free[:, a] = -1
+                # The first backward entry of a function allocates the gradients; later entries
+                # (microbatches) add into them: their results are freed at their iteration's end.
+                free[:, a] = -1 if accumulate_from[name] == e else start + p.n_pos - 1
                 cat[a] = "grads"
                 continue
             for k in ks:  # a value returned several times lives until its latest consumer
-                if k in saved_map:
+                if k in saved_until:
                     cat[a] = "activations"  # saved for backward, whoever produced it
-                    be, _ = be_pair
-                    bname, bc = schedule[be]
-                    bp = profiles[bname]
-                    bj = np.clip(bc - 1 - j, 0, bc - 1)
-                    until = offsets[be] + bj * bp.n_pos + max(bp.arg_last_use[saved_map[k]], 0)
+                    until = saved_until[k]
                 else:
                     until = hand
                 free[:, a] = np.where((free[:, a] == -1) | (until == -1), -1, np.maximum(free[:, a], until))
