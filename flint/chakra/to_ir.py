@@ -39,7 +39,6 @@ import tempfile
 from pathlib import Path
 from typing import Sequence
 
-import numpy as np
 from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, FloatAttr, IntegerAttr, ModuleOp, StringAttr, f64, i64
 from xdsl.ir import Block, Region, SSAValue
 

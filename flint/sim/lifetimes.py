@@ -15,12 +15,12 @@ costs 126 rows per allocation, not 126 analyses.
 
 What allocates, and for how long
 --------------------------------
-- *Resident state* (live the whole step; a function with several schedule
-  entries counts its largest repeat, as entries of one function are taken to
-  be the same layers run again, e.g. microbatches): arguments with role ``parameter``
-  (category ``params``), ``exp_avg`` / ``exp_avg_sq`` / ``step``
-  (``optimizer``), ``buffer`` and ``input`` (batch data) (``other``), times
-  the function's repeat count. The forward, backward and optimizer functions
+- *Resident state* (live the whole step): arguments with role
+  ``parameter`` (category ``params``), ``exp_avg`` / ``exp_avg_sq`` /
+  ``step`` (``optimizer``), ``buffer`` and ``input`` (batch data)
+  (``other``), times the function's repeat count (with several schedule
+  entries, its largest: entries of one function are taken to be the same
+  layers run again, e.g. microbatches). The forward, backward and optimizer functions
   of one part all name the same parameters, so functions are grouped (same
   name stem once ``fwd``/``bwd``/``optim``/``forward``/``backward`` is
   stripped; a forward and the backward it is paired with; an optimizer
@@ -34,9 +34,10 @@ What allocates, and for how long
   ``optim`` phase). A collective's result that is saved for backward (e.g.
   a tensor-parallel all-reduce output the norm backward reads) counts as
   ``activations``, one that is a gradient as ``grads``: ``comm`` is the
-  transient communication buffers. Views (op class ``view``) and in-place ops (ATen names
-  ending in ``_``) alias their first operand; ``dist.wait`` aliases its
-  future. A value is freed after the last op that uses it or any alias.
+  transient communication buffers. Views (op class ``view``) and in-place
+  ops (ATen names ending in ``_``) alias their first operand; ``dist.wait``
+  aliases its future. A value is freed after the last op that uses it or any
+  alias.
 - *Values leaving a function* (returned, or aliasing a returned value):
   - **saved for backward**: a backward function (one with ``tangent`` or
     ``saved`` arguments) is paired with the latest earlier forward whose
@@ -46,8 +47,9 @@ What allocates, and for how long
     iteration consumes the latest forward iteration (of its forward function,
     over all schedule entries) not consumed yet, so with ``N`` layers forward
     iteration ``i`` meets backward iteration ``N-1-i``; the saved value is
-    freed after that iteration's last use of the argument. If no forward matches, the backward's ``saved`` arguments are
-    matched alone against the trailing results; if that fails too, the saved
+    freed after that iteration's last use of the argument. If no forward
+    matches, the backward's ``saved`` arguments are matched alone against the
+    trailing results; if that fails too, the saved
     values are only counted from the backward's start (an underestimate; the
     report's ``notes`` say so).
   - **gradients**: backward results aligned with the paired forward's
@@ -70,10 +72,13 @@ What allocates, and for how long
     bytes at its first position, so nothing is counted twice.
 
 Approximations (say them when you quote a number): no allocator caching or
-fragmentation, no workspace of kernels, no memory for ``dist.send`` buffers
-beyond the tensor sent, and one rule for hand-offs (all of a producer's
-hand-off outputs live until the consumer's last use of any of its
-activation arguments).
+fragmentation, no kernel workspaces, no memory for ``dist.send`` buffers
+beyond the tensor sent; one rule for hand-offs (all of a producer's hand-off
+outputs live until the consumer's last use of any of its activation
+arguments); backward iterations consume forward iterations last-in
+first-out, which is right for layers, not for pipeline schedules that
+interleave microbatches (1F1B); one SPMD program, so one answer for every
+rank.
 """
 
 from __future__ import annotations
@@ -85,22 +90,19 @@ from typing import Sequence
 import numpy as np
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp, StringAttr, TensorType
-from xdsl.ir import BlockArgument, SSAValue
+from xdsl.ir import SSAValue
 
 from flint.cost import tensor_bytes
 from flint.errors import FlintError
 from flint.ir import dist
 from flint.ir.aten import AtenOp, get_schedule
+from flint.passes.lower_to_chakra import ROLE_ATTR
 from flint.sim.memory import MemoryReport, peak_memory
 
-ROLE_ATTR = "flint.role"
 RESIDENT_CATEGORY = {"parameter": "params", "exp_avg": "optimizer", "exp_avg_sq": "optimizer", "step": "optimizer",
                      "buffer": "other", "input": "other"}
 _HANDOFF_ROLES = (None, "activation", "tangent", "unknown")
 _PHASE_WORDS = frozenset({"fwd", "bwd", "optim", "opt", "forward", "backward", "optimizer"})
-
-# Allocation kinds inside one function profile.
-_LOCAL, _SAVED, _GRAD, _HANDOFF = 0, 1, 2, 3
 
 
 def _value_bytes(v: SSAValue) -> int:
