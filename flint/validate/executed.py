@@ -10,6 +10,9 @@ nesting is what the counting rule needs
 both files; :func:`check_against_converted` verifies every counted op is in
 the converted trace under the same name.
 
+With the profiler's trace of the same step, each node also gets its measured
+exclusive host duration (:func:`exclusive_durations_us`).
+
 Phases follow execution order (ET ids increase with start time; a CPU step
 runs forward, backward and the optimizer on one thread): ``fwd`` until the
 first node the autograd engine records, ``bwd`` until
@@ -53,6 +56,7 @@ class RankCounts:
     counted: dict[int, str] = field(default_factory=dict)  # node id -> name of every counted op
     collective_ops: list[ExecutedCollective] = field(default_factory=list)
     inside_collectives: set[int] = field(default_factory=set)  # node ids nested in a counted collective
+    durations_us: dict[int, float] = field(default_factory=dict)  # node id -> measured exclusive duration
 
 
 def _attr(node: dict, name: str) -> str:
@@ -62,8 +66,12 @@ def _attr(node: dict, name: str) -> str:
     return ""
 
 
-def count_host_trace(path: str | Path, rank: int) -> RankCounts:
-    """Count one rank's host execution trace JSON by op class (see the module docstring)."""
+def count_host_trace(path: str | Path, rank: int, kineto: str | Path | None = None) -> RankCounts:
+    """Count one rank's host execution trace JSON by op class (see the module docstring).
+
+    With ``kineto`` (the profiler's Chrome trace of the same step), also each
+    node's measured exclusive duration (:attr:`RankCounts.durations_us`).
+    """
     with open(path) as f:
         nodes = sorted(json.load(f)["nodes"], key=lambda n: n["id"])
     index = {n["id"]: i for i, n in enumerate(nodes)}
@@ -100,6 +108,8 @@ def count_host_trace(path: str | Path, rank: int) -> RankCounts:
                 dp = nodes[p]["name"].startswith(_DP_LABELS)
                 p = parents[p]
             result.collective_ops.append(ExecutedCollective(n["id"], n["name"], cls, phases[i], nbytes, dp))
+    if kineto is not None:
+        result.durations_us = exclusive_durations_us(nodes, parents, kineto)
     coll_rows = {index[c.node_id] for c in result.collective_ops}
     for i in range(len(nodes)):
         p = parents[i]
@@ -109,6 +119,28 @@ def count_host_trace(path: str | Path, rank: int) -> RankCounts:
                 break
             p = parents[p]
     return result
+
+
+def exclusive_durations_us(nodes: list[dict], parents: list[int], kineto: str | Path) -> dict[int, float]:
+    """node id -> exclusive host duration (µs): the profiler event's duration minus its callees'.
+
+    Profiler (Kineto) CPU events carry ``Record function id``, the ET node's
+    ``rf_id`` (the link ``chakra_trace_link`` makes for device traces). Nodes
+    without an event (labels, the ET's thread roots) get none.
+    """
+    with open(kineto) as f:
+        events = json.load(f).get("traceEvents", [])
+    by_rf: dict[int, float] = {}
+    for e in events:
+        rf = e.get("args", {}).get("Record function id")
+        if e.get("ph") == "X" and rf is not None:
+            by_rf[int(rf)] = float(e.get("dur", 0.0))
+    inclusive = [by_rf.get(int(_attr(n, "rf_id") or -1)) for n in nodes]
+    exclusive = [d if d is not None else 0.0 for d in inclusive]
+    for i, p in enumerate(parents):
+        if p >= 0 and inclusive[i] is not None and inclusive[p] is not None:
+            exclusive[p] -= inclusive[i]
+    return {n["id"]: max(exclusive[i], 0.0) for i, n in enumerate(nodes) if inclusive[i] is not None}
 
 
 def check_against_converted(counts: RankCounts, table) -> list[str]:

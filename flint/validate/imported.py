@@ -7,7 +7,9 @@ collective (:class:`flint.validate.executed.ExecutedCollective`) into a
 COMM_COLL node with its kind, input bytes and communicator group, and zeroes
 the measured host duration of the records nested inside it (gloo's own
 ``gloo:*`` records, buffer views), whose time is the collective's. Every other
-node keeps its measured ``duration_micros`` (exclusive host time), so
+node gets its measured exclusive host time from the profiler trace
+(:attr:`RankCounts.durations_us`; the converter's ``duration_micros`` is 0
+without Kineto linking), so
 :func:`flint.sim.simulate` replays the measured compute and prices the
 communication with the network model, exactly as for Flint's own traces.
 
@@ -52,6 +54,9 @@ def import_executed_trace(chakra_dir: str | Path, counts: list[RankCounts], mesh
         kind, comm_type = t.kind.copy(), t.comm_type.copy()
         comm_bytes, comm_group = t.comm_bytes.copy(), t.comm_group.copy()
         duration = t.duration_us.copy()
+        if rc.durations_us:
+            ids = t.node_ids.tolist()
+            duration = np.array([rc.durations_us.get(int(nid), 0.0) for nid in ids], dtype=np.float64)
         for c in rc.collective_ops:
             if c.kind not in _KIND:
                 continue

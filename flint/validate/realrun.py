@@ -10,7 +10,9 @@ passes), every other rank is killed (its whole process group), each failed
 rank's error is collected (the traceback it wrote, else its stderr tail) and
 :class:`RealRunError` is raised naming the rank(s): ``rank 1 failed:
 RuntimeError: ...``. The run directory is a fresh temporary directory that is
-removed on failure, and on success unless the caller keeps it.
+removed on failure, and on success unless the caller keeps it. SIGTERM to
+the parent during a run kills the ranks too (and each rank exits by itself
+if its parent dies).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -61,6 +64,8 @@ class RealRun:
     dir: Path
     host_traces: list[Path]  # host ET JSON per rank
     chakra_dir: Path  # converted traces ``step.<rank>.et``
+    kineto_traces: list[Path] = field(default_factory=list)  # profiler trace per rank (durations)
+    step_wall_us: list[float] = field(default_factory=list)  # measured wall time of the traced step
 
     def cleanup(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
@@ -100,6 +105,9 @@ def _launch(spec: RunSpec, run_dir: Path) -> dict[int, str]:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     procs: dict[int, subprocess.Popen] = {}
     logs: dict[int, Path] = {}
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _terminated)
     try:
         for rank in range(spec.world_size):
             logs[rank] = run_dir / f"stderr.{rank}.txt"
@@ -127,6 +135,12 @@ def _launch(spec: RunSpec, run_dir: Path) -> dict[int, str]:
     finally:
         for p in procs.values():
             _kill(p)
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _terminated(signum, frame):  # noqa: ANN001
+    raise RealRunError("terminated (SIGTERM) while ranks were running; all ranks killed")
 
 
 def convert(host_trace: Path, output: Path, log: Path) -> None:
@@ -156,7 +170,10 @@ def run_real(spec: RunSpec, work_dir: str | Path | None = None) -> RealRun:
             if not h.exists():
                 raise RealRunError(f"rank {r} wrote no execution trace", {r: "no execution trace"})
             convert(h, chakra_dir / f"step.{r}.et", run_dir / "converter.log")
-        return RealRun(spec, run_dir, host, chakra_dir)
+        kineto = [run_dir / f"kineto.{r}.json" for r in range(spec.world_size)]
+        wall = [json.loads((run_dir / f"timing.{r}.json").read_text())["step_wall_us"]
+                for r in range(spec.world_size)]
+        return RealRun(spec, run_dir, host, chakra_dir, kineto, wall)
     except BaseException:
         shutil.rmtree(run_dir, ignore_errors=True)
         raise

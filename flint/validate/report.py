@@ -39,7 +39,9 @@ def markdown(results: Sequence[CaseResult], *, command: str, chart: str | None) 
     import torch
 
     out = ["# Validation against real execution traces", "",
-           f"Regenerate this page and its chart with one command: `{command}`", "",
+           f"Regenerate this page and its chart with one command: `{command}` (the same as "
+           "`python -m flint.validate.cli`; about 15 minutes on 2 cores). Flint source: `flint/validate/`; "
+           "tests: `tests/test_validate.py`.", "",
            "Does the graph Flint builds from compiler IR match what actually executes? For each case "
            "below, one real training step (forward, loss, backward, `torch.optim.AdamW`) ran with "
            "`torch.distributed` on CPU (gloo backend, one process per rank on 127.0.0.1), parallelized "
@@ -52,7 +54,8 @@ def markdown(results: Sequence[CaseResult], *, command: str, chart: str | None) 
            "",
            f"Setup: torch {torch.__version__}, {platform.machine()} CPU, fp32, global batch "
            f"{results[0].case.batch[0] if results else '?'} × sequence {results[0].case.batch[1] if results else '?'}"
-           ", AdamW (foreach=False on CPU). Flint source: `flint/validate/`.", "",
+           ", AdamW (foreach=False on CPU). 2-D recipes run at world size 4 (2 × 2). No supported "
+           "recipe issues all-to-all (expert parallelism is not a recipe yet), so that column is empty.", "",
            "## How operators are counted", "",
            "- One classifier: `flint.capture.opclass.classify_aten`. Executed operator names map to ATen "
            "targets (the overload named by the trace's `op_schema`), c10d process-group operators to the "
@@ -119,13 +122,17 @@ def markdown(results: Sequence[CaseResult], *, command: str, chart: str | None) 
             extra = "" if r.flint_bytes == r.executed_bytes else f", bytes {r.flint_bytes} vs {r.executed_bytes}"
             out.append(f"- {res.case.label()}, {_SHORT[r.cls]}: Flint {r.flint} vs executed {r.executed}{extra}")
     out += ["", "## Differences, operator by operator (rank 0), with their reasons", "",
-            "In-place and out-of-place forms of an operator are counted together.", ""]
+            "Every operator whose count differs, in the compute classes (collectives are compared by count "
+            "and bytes above), with the rule of `flint/validate/expected.py` that explains it. In-place and "
+            "out-of-place forms of an operator are counted together.", ""]
     reasons: dict[str, str] = {}
     for res in results:
         rows = []
         for cls in COMPARED_CLASSES:
+            if cls in COMPARED_COLLECTIVES:
+                continue  # compared by count and bytes above; the two sides name them differently
             for phase, op, a, b in op_deltas(res.flint, res.ranks[0], cls):
-                rule = explain(cls, phase, op)
+                rule = explain(cls, phase, op, res.case.plan)
                 if rule:
                     reasons[rule.key] = rule.reason
                 rows.append(f"| {_SHORT[cls]} | {phase} | `{op}` | {a} | {b} | {rule.key if rule else '**unexplained**'} |")
@@ -140,19 +147,33 @@ def markdown(results: Sequence[CaseResult], *, command: str, chart: str | None) 
     out += ["", "## The real traces through Flint's reader and simulator", "",
             "Each converted trace is read with `flint.chakra.read_trace`; its c10d collectives become "
             "COMM_COLL nodes (kind, input bytes, group of the recipe's mesh axis) "
-            "(`flint.validate.imported.import_executed_trace`), `flint.chakra.check_trace` checks it "
-            "(cross-rank collective order per group) and `flint.sim.simulate` runs it with the `switch` "
-            "network preset. The host execution trace carries no durations without Kineto linking "
-            "(`chakra_trace_link`, not on PyPI), so compute nodes replay as 0 µs and the simulated time "
-            "is the network model's communication time.", "",
-            "| case | nodes (all ranks) | collectives (all ranks) | converter check | check_trace | simulated µs |",
-            "|---|---|---|---|---|---|"]
+            "(`flint.validate.imported.import_executed_trace`); every other node gets its measured "
+            "exclusive host time from the profiler trace of the same step (the converter writes 0 without "
+            "Kineto linking, `chakra_trace_link`, which is not on PyPI). `flint.chakra.check_trace` checks "
+            "the result (cross-rank collective order per group) and `flint.sim.simulate` replays it: "
+            "measured compute, communication priced by the `switch` network preset (not by gloo's "
+            "loopback TCP, so the replay is not expected to equal the measured step).", "",
+            "| case | nodes (all ranks) | collectives (all ranks) | converter check | check_trace "
+            "| measured step ms | replayed ms |",
+            "|---|---|---|---|---|---|---|"]
     for res in results:
         conv = "ok" if not res.converter_problems else f"{len(res.converter_problems)} problems"
         chk = "ok" if not res.trace_problems else f"{len(res.trace_problems)} problems"
         out.append(f"| {res.case.label()} | {res.imported_nodes} | {res.imported_collectives} | {conv} | {chk} "
-                   f"| {res.simulated_us:.1f} |")
-    out.append("")
+                   f"| {res.measured_step_us / 1e3:.1f} | {res.simulated_us / 1e3:.1f} |")
+    out += ["", "## Limits", "",
+            "- GEMM and attention do not match yet: Flint's capture traces scaled-dot-product attention on "
+            "meta tensors, where PyTorch takes the math path. Apart from that path's `bmm`s, GEMM counts "
+            "match exactly (tested). Calling `aten._scaled_dot_product_flash_attention_for_cpu` on meta "
+            "tensors works (meta kernel and autograd formula exist), so the capture can keep SDPA fused.",
+            "- On a 2-D mesh the process group of an executed collective is inferred (FSDP / replicate "
+            "profiler label: `dp`, otherwise `tp`): the execution trace does not name a gloo collective's "
+            "group. `check_trace` confirms every group's members issue the same collectives in order.",
+            "- Durations come from the CPU profiler (host time, including profiler overhead); gloo's "
+            "loopback transport is not modelled, the replay prices collectives with a network preset.",
+            "- CPU host operators are what is compared; GPU kernels (fusion, NCCL's own kernels) are not.",
+            "- fp32 only, tiny configurations whose shards divide evenly (so every rank counts the same).",
+            ""]
     return "\n".join(out)
 
 

@@ -23,7 +23,8 @@ class CaseResult:
     trace_problems: list[str] = field(default_factory=list)  # check_trace on the imported real trace
     imported_nodes: int = 0
     imported_collectives: int = 0
-    simulated_us: float = 0.0
+    simulated_us: float = 0.0  # the imported real trace through flint.sim.simulate
+    measured_step_us: float = 0.0  # wall time of the traced step, slowest rank
     real_s: float = 0.0
     capture_s: float = 0.0
 
@@ -42,7 +43,7 @@ def validate_case(case: Case, *, work_dir: str | Path | None = None, timeout_s: 
                     work_dir)
     try:
         real_s = time.perf_counter() - t0
-        ranks = [count_host_trace(h, r) for r, h in enumerate(real.host_traces)]
+        ranks = [count_host_trace(h, r, k) for r, (h, k) in enumerate(zip(real.host_traces, real.kineto_traces))]
         shape, axes = case.mesh()
         trace = import_executed_trace(real.chakra_dir, ranks, Mesh(shape, axes))
         conv = [p for r, rc in enumerate(ranks) for p in check_against_converted(rc, _raw_table(real.chakra_dir, r))]
@@ -50,6 +51,7 @@ def validate_case(case: Case, *, work_dir: str | Path | None = None, timeout_s: 
         sim = simulate(trace, None, load_network("switch"), Mesh(shape, axes), symmetric=False)
         n_nodes = sum(len(p.table) for p in trace.ranks)
         n_colls = sum(len(rc.collective_ops) for rc in ranks)
+        measured = max(real.step_wall_us)
     finally:
         if not keep:
             real.cleanup()
@@ -57,7 +59,7 @@ def validate_case(case: Case, *, work_dir: str | Path | None = None, timeout_s: 
     flint = flint_counts(case)
     capture_s = time.perf_counter() - t1
     return CaseResult(case, flint, ranks, compare(flint, ranks), conv, problems, n_nodes, n_colls,
-                      float(sim.iteration_time_us), real_s, capture_s)
+                      float(sim.iteration_time_us), measured, real_s, capture_s)
 
 
 def _raw_table(chakra_dir: Path, rank: int):

@@ -6,9 +6,12 @@ never imported by the parent process for anything but :func:`parallelize`.
 The step: build the model (seed 0, fp32, CPU), parallelize it with PyTorch's
 own APIs exactly as the Flint recipe of the same name describes it, run one
 untraced warm-up step (lazy FSDP init, AdamW state creation), then one step
-under ``torch.profiler.ExecutionTraceObserver`` written to
-``<dir>/host.<rank>.json``. On any exception the traceback is written to
-``<dir>/error.<rank>.txt`` and the process exits with status 1.
+under the CPU profiler with an ``ExecutionTraceObserver``: the host execution
+trace goes to ``<dir>/host.<rank>.json``, the profiler's (Kineto) trace, which
+has the operator durations (matched by record-function id), to
+``<dir>/kineto.<rank>.json``, the step's wall time to ``<dir>/timing.<rank>.json``.
+On any exception the traceback is written to ``<dir>/error.<rank>.txt`` and the
+process exits with status 1. A rank whose parent dies exits at once.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
+import time
 import traceback
 from datetime import timedelta
 
@@ -86,18 +91,34 @@ def run(spec: dict, rank: int) -> None:
 
         step()  # warm-up: lazy init, optimizer state
         dist.barrier()
-        obs = torch.profiler.ExecutionTraceObserver()
-        obs.register_callback(os.path.join(out, f"host.{rank}.json"))
-        obs.start()
-        step()
-        obs.stop()
-        obs.unregister_callback()
+        obs = torch.profiler.ExecutionTraceObserver().register_callback(os.path.join(out, f"host.{rank}.json"))
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                    execution_trace_observer=obs) as prof:
+            start = time.perf_counter()
+            step()
+            wall_us = (time.perf_counter() - start) * 1e6
+        prof.export_chrome_trace(os.path.join(out, f"kineto.{rank}.json"))
+        with open(os.path.join(out, f"timing.{rank}.json"), "w") as f:
+            json.dump({"step_wall_us": wall_us}, f)
         dist.barrier()
     finally:
         dist.destroy_process_group()
 
 
+def _exit_with_parent() -> None:
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            if os.getppid() != parent:
+                os._exit(1)
+            time.sleep(0.5)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
 def main(argv: list[str]) -> int:
+    _exit_with_parent()
     spec_path, rank = argv[0], int(argv[1])
     with open(spec_path) as f:
         spec = json.load(f)
