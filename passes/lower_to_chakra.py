@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from xdsl.context import Context
 from xdsl.dialects import func
-from xdsl.dialects.builtin import FlatSymbolRefAttr, IntegerAttr, ModuleOp, StringAttr, TensorType, i64
+from xdsl.dialects.builtin import FlatSymbolRefAttr, FloatAttr, IntegerAttr, ModuleOp, StringAttr, TensorType, f64, i64
 from xdsl.ir import Block, BlockArgument, Operation, Region, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.utils.exceptions import VerifyException
@@ -66,9 +66,15 @@ class _Streams:
 class _FunctionLowering:
     """Lowers one `func.func` body into chakra nodes appended to ``block``."""
 
-    def __init__(self, fn: func.FuncOp, block: Block, device: Device, streams: _Streams):
-        self.fn, self.block, self.device, self.s = fn, block, device, streams
+    def __init__(self, fn: func.FuncOp, block: Block, device: Device, streams: _Streams, merge: bool = False):
+        self.fn, self.block, self.device, self.s, self.merge = fn, block, device, streams, merge
         self.producer: dict[SSAValue, tuple[SSAValue, ...]] = {}
+        self.comm_nodes: set[SSAValue] = set()
+        # Sends and recvs are ordered among themselves, not with each other or with
+        # collectives: "send to +1; recv from -1" on every rank must not deadlock.
+        self.last_p2p: dict[type, SSAValue] = {}
+        # The compute node later ops may merge into, and the comm nodes it waits for.
+        self.run: tuple[chakra.CompOp, set[SSAValue], int] | None = None
         resident = set()
         arg_attrs = fn.arg_attrs.data if fn.arg_attrs is not None else ()
         for arg, attrs in zip(fn.body.block.args, arg_attrs):
@@ -125,16 +131,37 @@ class _FunctionLowering:
             for r in op.outputs:
                 self.producer[r] = tuple(data)
             return
-        ctrl = self._order(data, self.s.compute, self.s.blocking)
-        node = self._add(chakra.CompOp(op.overload, flops=flops, bytes=nbytes, duration_us=round(duration, 6),
-                                       data_deps=data, ctrl_deps=ctrl))
-        self.s.compute, self.s.blocking = node, []
+        comm_deps = {d for d in data if d in self.comm_nodes}
+        if self.merge and self.run is not None and not self.s.blocking and comm_deps <= self.run[1]:
+            self._merge(op, flops, nbytes, duration)
+            node = self.s.compute
+        else:
+            ctrl = self._order(data, self.s.compute, self.s.blocking)
+            comp = chakra.CompOp(op.overload, flops=flops, bytes=nbytes, duration_us=round(duration, 6),
+                                 data_deps=data, ctrl_deps=ctrl)
+            node = self._add(comp)
+            self.s.compute, self.s.blocking = node, []
+            self.run = (comp, comm_deps, 1)
         for r in op.outputs:
             self.producer[r] = (node,)
 
-    def _comm_node(self, op: dist.DistCommOp, node: chakra.NodeOp, result: SSAValue | None, is_async: bool) -> None:
+    def _merge(self, op: AtenOp, flops: int, nbytes: int, duration: float) -> None:
+        """Fold ``op`` into the current compute node: the stream runs them back to back anyway."""
+        comp, comm_deps, n = self.run
+        first = comp.node_name.data.split(" +")[0]
+        comp.properties["node_name"] = StringAttr(f"{first} +{n}")
+        comp.properties["flops"] = IntegerAttr(comp.flops.value.data + flops, i64)
+        comp.properties["bytes"] = IntegerAttr(comp.bytes.value.data + nbytes, i64)
+        comp.properties["duration_us"] = FloatAttr(round(comp.duration_us.value.data + duration, 6), f64)
+        self.run = (comp, comm_deps, n + 1)
+
+    def _comm_node(self, op: dist.DistCommOp, node: chakra.NodeOp, result: SSAValue | None, is_async: bool,
+                   p2p: bool = False) -> None:
         node = self._add(node)
-        self.s.comm = node
+        self.comm_nodes.add(node)
+        self.run = None  # a later compute node must not run before this comm node is issued
+        if not p2p:
+            self.s.comm = node
         if result is not None:
             self.producer[result] = (node,)
         if not is_async:
@@ -177,12 +204,14 @@ class _FunctionLowering:
         cls = chakra.SendOp if is_send else chakra.RecvOp
         nbytes = _bytes_of(op.input if is_send else op.result)
         node = cls.build(
-            operands=[data, self._order(data, self.s.comm)], result_types=[chakra.NODE],
+            operands=[data, self._order(data, self.last_p2p.get(cls))], result_types=[chakra.NODE],
             properties={"node_name": StringAttr(op.name), "bytes": IntegerAttr(nbytes, i64),
                         "tag": op.tag, "offset": op.offset, **self._spmd(op)},
         )
         result = op.token if is_send else op.result
-        self._comm_node(op, node, result, isinstance(result.type, dist.FutureType) if result is not None else False)
+        self._comm_node(op, node, result, isinstance(result.type, dist.FutureType) if result is not None else False,
+                        p2p=True)
+        self.last_p2p[cls] = node.node
 
 
 @dataclass(frozen=True)
@@ -199,21 +228,34 @@ class LowerToChakraPass(ModulePass):
     one-rank group vanish.
 
     Dependencies: data deps follow SSA use-def (through waits and views);
-    ctrl deps keep program order on the compute stream and on the comm
-    stream, and make compute wait for a synchronous collective. A function
+    ctrl deps keep program order on the compute stream, among collectives,
+    among sends and among recvs (sends and recvs are not ordered against
+    each other, so every rank may send before it receives), and make compute
+    wait for a synchronous communication op. A function
     repeated N times becomes ``chakra.repeat N`` carrying the last compute
     and comm node; function arguments are ready at once if their
     ``flint.role`` is parameter, buffer, input (batch data) or optimizer
     state (exp_avg, exp_avg_sq, step), otherwise after the
     previous part's last compute node.
 
+    ``merge-compute`` (default true) folds a compute op into the previous
+    compute node when nothing can tell them apart in time: no communication
+    was issued between them and the op waits for no communication node the
+    first one did not already wait for. The merged node is named
+    ``"<first op> +<n more>"`` and carries the summed FLOPs, bytes and duration.
+    On one in-order compute stream this changes no start or finish time and
+    cuts nodes per rank about tenfold (a captured step has hundreds of small
+    elementwise ops per layer).
+
     The `func.func`s are replaced by the graph; the grid stays. Options:
-    ``device`` (preset name or TOML path, default ``h100-sxm``).
+    ``device`` (preset name or TOML path, default ``h100-sxm``),
+    ``merge-compute`` (default true).
     """
 
     name = "lower-to-chakra"
 
     device: str = "h100-sxm"
+    merge_compute: bool = True
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         device = load_device(self.device)
@@ -227,12 +269,12 @@ class LowerToChakraPass(ModulePass):
             fn = funcs[name]
             if s.compute is None and s.comm is None:
                 # Nothing to carry yet: run one iteration flat, the rest as a repeat.
-                _FunctionLowering(fn, graph_block, device, s).lower()
+                _FunctionLowering(fn, graph_block, device, s, self.merge_compute).lower()
                 s.boundary = s.compute
                 count -= 1
                 if count == 0:
                     continue
-            self._repeat(fn, count, graph_block, device, s)
+            self._repeat(fn, count, graph_block, device, s, self.merge_compute)
         for f in funcs.values():
             op.body.block.erase_op(f)
         op.attributes.pop("flint.schedule", None)
@@ -240,7 +282,7 @@ class LowerToChakraPass(ModulePass):
                                                    regions=[Region(graph_block)]))
 
     @staticmethod
-    def _repeat(fn: func.FuncOp, count: int, outer: Block, device: Device, s: _Streams) -> None:
+    def _repeat(fn: func.FuncOp, count: int, outer: Block, device: Device, s: _Streams, merge: bool) -> None:
         carried = [v for v in (s.compute, s.comm) if v is not None]
         body = Block(arg_types=[chakra.NODE] * len(carried))
         args = iter(body.args)
@@ -250,7 +292,7 @@ class LowerToChakraPass(ModulePass):
             boundary=None,
         )
         inner.boundary = inner.compute
-        _FunctionLowering(fn, body, device, inner).lower()
+        _FunctionLowering(fn, body, device, inner, merge).lower()
         yielded = [v for v, was in ((inner.compute, s.compute), (inner.comm, s.comm)) if was is not None]
         # A stream the body never touched passes its node through.
         body.add_op(chakra.YieldOp.build(operands=[yielded]))
