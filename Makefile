@@ -15,7 +15,6 @@ $(VENV)/bin/python:
 # torch==2.13.0 resolves to the CPU wheel on this machine's disk; mlc-chakra is
 # installed without its declared dependencies (they pull a notebook stack).
 $(STAMP): $(VENV)/bin/python pyproject.toml
-	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet -e '.[test]'
 	$(PIP) install --quiet --no-deps mlc-chakra==1.0.0
 	touch $(STAMP)
@@ -31,8 +30,15 @@ test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(VENV)/bin/lit -q lit_tests
 
+# The main job: capture Llama-3 8B under FSDP on 64 ranks, write per-rank Chakra
+# traces, check them, and estimate the iteration on H100s (timeline in out/).
+DEMO := out/llama3-8b.fsdp64
 demo: $(STAMP)
-	$(VENV)/bin/flint-opt examples/step.mlir -p 'canonicalize-dist,verify-dist'
+	mkdir -p out
+	$(VENV)/bin/flint capture --model llama3-8b --world-size 64 --plan fsdp -o $(DEMO).mlir
+	$(VENV)/bin/flint emit $(DEMO).mlir -o $(DEMO) --prefix trace
+	$(VENV)/bin/flint inspect $(DEMO)/trace
+	$(VENV)/bin/flint estimate $(DEMO).mlir --device h100-sxm --network dgx-h100 --timeline $(DEMO).timeline.json
 
 bench: $(STAMP)
 	$(PY) bench/run_all.py

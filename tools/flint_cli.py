@@ -2,9 +2,13 @@
 
 Subcommands (``flint <command> --help`` explains each):
 
-  capture    capture a model's training step under a plan and write the IR (.mlir)
-  emit       lower a step's IR to per-rank Chakra ET files + comm-group JSON
-  inspect    summarize and check any Chakra trace directory
+  capture       capture a model's training step under a plan and write the IR (.mlir)
+  emit          lower a step's IR to per-rank Chakra ET files + comm-group JSON
+  inspect       summarize and check any Chakra trace directory
+  estimate      simulate a step (IR or trace) and print iteration time, exposed comm, MFU, memory
+  simulate      run a step on a simulator backend (native, or ASTRA-sim) and report per-rank times
+  import-trace  read any Chakra trace into the `chakra` dialect (.mlir)
+  validate      run real small steps with torch.distributed (gloo) and compare them with Flint's graph
 
 Errors name the input that is wrong and exit non-zero; no tracebacks.
 """
@@ -174,14 +178,36 @@ def cmd_emit(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_inspect(argv: Sequence[str]) -> int:
-    from flint.chakra.inspect import main as inspect_main
+def _delegate(command: str, argv: Sequence[str]) -> int:
+    """Subcommands whose argument parsing lives with their implementation."""
+    if command == "inspect":
+        from flint.chakra.inspect import main as run
+    elif command == "estimate":
+        from flint.sim.cli import estimate_main as run
+    elif command == "simulate":
+        from flint.sim.cli import simulate_main as run
+    elif command == "import-trace":
+        from flint.chakra.to_ir import main as run
+    else:
+        from flint.validate.cli import main as run
+    return run(list(argv))
 
-    return inspect_main(argv)
+
+DELEGATED = {
+    "inspect": "summarize and check a Chakra trace directory",
+    "estimate": "simulate a step (IR or trace): iteration time, exposed comm, MFU, memory",
+    "simulate": "run a step on a simulator backend (native or astra-sim)",
+    "import-trace": "read a Chakra trace into the chakra dialect (.mlir)",
+    "validate": "compare Flint's graph with real gloo runs (writes docs/validation.md)",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="flint", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="flint", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="From a model and a plan to traces, estimates and reports.",
+        epilog="Run `flint <command> --help` for each command's options. Errors name the input that is wrong "
+               "and exit non-zero.\nTypical flow: flint capture -> flint estimate (or flint emit -> any Chakra consumer).")
     sub = ap.add_subparsers(dest="command", metavar="command")
 
     cap = sub.add_parser("capture", help="capture a model's training step under a plan and write the IR",
@@ -211,14 +237,15 @@ def build_parser() -> argparse.ArgumentParser:
     emit.add_argument("--device", default="h100-sxm", help="device preset or TOML for compute durations (default: h100-sxm)")
     emit.set_defaults(func=cmd_emit)
 
-    sub.add_parser("inspect", help="summarize and check a Chakra trace directory", add_help=False)
+    for name, text in DELEGATED.items():
+        sub.add_parser(name, help=text, add_help=False)
     return ap
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "inspect":
-        return cmd_inspect(argv[1:])
+    if argv and argv[0] in DELEGATED:
+        return _delegate(argv[0], argv[1:])
     ap = build_parser()
     args = ap.parse_args(argv)
     if not getattr(args, "func", None):
