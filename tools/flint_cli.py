@@ -21,31 +21,9 @@ import sys
 import time
 from typing import Sequence
 
-from flint.errors import FlintError
-
-
-def _load_ir(path: str):
-    """Parse and verify a .mlir file, reporting errors with file:line:col."""
-    from xdsl.utils.exceptions import ParseError, VerifyException
-
-    from flint.ir import flint_context
-    from flint.tools.flint_opt import _RecordingParser
-
-    try:
-        text = open(path, "rb").read()
-    except OSError as e:
-        raise FlintError(f"cannot read IR file {path}: {e.strerror}") from None
-    positions: dict = {}
-    try:
-        module = _RecordingParser(flint_context(), text, path, positions=positions).parse_module()
-    except ParseError as e:
-        loc = e.span.get_location()
-        raise FlintError(f"{loc.file}:{loc.line}:{loc.col}: error: {e.msg}") from None
-    try:
-        module.verify()
-    except VerifyException as e:
-        raise FlintError(f"{path}: error: {str(e).splitlines()[0]}") from None
-    return module
+from flint.errors import FlintError, run_cli
+from flint.fileio import write_text_atomic
+from flint.ir.parse import load_ir
 
 
 def _model_factory(spec: str, layers: int | None):
@@ -74,22 +52,6 @@ def _model_factory(spec: str, layers: int | None):
     overrides = {"n_layers": layers} if layers is not None else {}
     cfg = config(spec, **overrides)
     return factory(spec, **overrides), cfg
-
-
-def _write_atomic(path: str, text: str) -> None:
-    import tempfile
-
-    path = os.path.abspath(path)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".flint.")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def _fmt_count(x: float) -> str:
@@ -136,7 +98,7 @@ def cmd_capture(args: argparse.Namespace) -> int:
     text = StringIO()
     Printer(stream=text, print_debuginfo=True).print_op(module)
     text.write("\n")
-    _write_atomic(args.output, text.getvalue())
+    write_text_atomic(args.output, text.getvalue())
     n_ops = sum(1 for _ in module.walk()) - 1
     summary = step.summary()
     print(f"wrote {args.output}: {n_ops} ops in {len([p for p in step.parts for _ in p.graphs()])} functions "
@@ -165,7 +127,7 @@ def cmd_emit(args: argparse.Namespace) -> int:
     from flint.passes.lower_to_chakra import LowerToChakraPass
 
     t0 = time.perf_counter()
-    module = _load_ir(args.input)
+    module = load_ir(args.input)
     if not any(op.name == "chakra.graph" for op in module.ops):
         CanonicalizeDistPass().apply(Context(), module)
         LowerToChakraPass(device=args.device).apply(Context(), module)
@@ -251,19 +213,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         ap.print_help()
         return 2
-    try:
-        return args.func(args)
-    except FlintError as e:
-        print(f"flint {args.command}: error: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
-    except Exception as e:
-        if os.environ.get("FLINT_TRACEBACK"):
-            raise
-        print(f"flint {args.command}: internal error: {type(e).__name__}: {e}\n"
-              "(this is a bug in Flint; set FLINT_TRACEBACK=1 to see the traceback)", file=sys.stderr)
-        return 2
+    return run_cli(f"flint {args.command}", args.func, args)
 
 
 if __name__ == "__main__":

@@ -14,38 +14,23 @@ import argparse
 import dataclasses
 import os
 import sys
-import tempfile
 from io import StringIO
 from typing import IO
 
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Operation
-from xdsl.parser import Parser
 from xdsl.printer import Printer
 from xdsl.utils.exceptions import ArgSpecParseError, DiagnosticException, ParseError
 from xdsl.xdsl_opt_main import xDSLOptMain
 
 from flint.errors import FlintError
+from flint.fileio import write_text_atomic
+from flint.ir.parse import RecordingParser, failing_op, parse_error_message
 from flint.ir import FLINT_DIALECTS
 from flint.passes.registry import FLINT_PASSES, all_passes, summary
 
 # Generic xDSL passes that are useful on Flint IR too.
 XDSL_PASSES = ("canonicalize", "cse", "dce")
-
-
-class _RecordingParser(Parser):
-    """A parser that remembers where each operation started in the source."""
-
-    def __init__(self, *args, positions: dict[Operation, tuple[int, int]], line_offset: int = 0, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._positions = positions
-        self._line_offset = line_offset
-
-    def parse_operation(self) -> Operation:
-        loc = self._current_token.span.get_location()
-        op = super().parse_operation()
-        self._positions[op] = (loc.line + self._line_offset, loc.col)
-        return op
 
 
 class FlintOptMain(xDSLOptMain):
@@ -95,23 +80,12 @@ class FlintOptMain(xDSLOptMain):
     def parse_chunk(self, chunk: IO[bytes], file_extension: str, start_offset: int = 0) -> ModuleOp | None:
         if self.args.frontend or file_extension != "mlir":
             return super().parse_chunk(chunk, file_extension, start_offset)
-        parser = _RecordingParser(
+        parser = RecordingParser(
             self.ctx, chunk.read(), self.get_input_name(), positions=self._positions, line_offset=start_offset
         )
         return parser.parse_module(not self.args.no_implicit_module)
 
     # -- errors --------------------------------------------------------------
-    def _failing_op(self, module: ModuleOp | None, err: Exception) -> Operation | None:
-        op = getattr(err, "op", None)
-        if isinstance(op, Operation) or module is None:
-            return op
-        for candidate in module.walk():
-            try:
-                candidate.verify(verify_nested_ops=False)
-            except Exception:
-                return candidate
-        return None
-
     def _locate(self, op: Operation | None) -> str:
         name = self.get_input_name()
         if op is not None and op in self._positions:
@@ -121,10 +95,8 @@ class FlintOptMain(xDSLOptMain):
 
     def _diagnostic(self, module: ModuleOp | None, err: Exception) -> str:
         if isinstance(err, ParseError):
-            loc = err.span.get_location()
-            context = "\n".join(err.span.print_with_context().rstrip().splitlines()[1:])
-            return f"{loc.file}:{loc.line}:{loc.col}: error: {err.msg}\n{context}"
-        where = self._locate(self._failing_op(module, err))
+            return parse_error_message(err)
+        where = self._locate(failing_op(module, err) if module is not None else getattr(err, "op", None))
         msg = str(err).strip() or type(err).__name__
         return f"{where}: error: {msg}"
 
@@ -162,17 +134,8 @@ class FlintOptMain(xDSLOptMain):
         """Print, or write ``-o`` atomically (temp file, then rename)."""
         if self.args.output_file is None:
             sys.stdout.write(text)
-            return
-        path = os.path.abspath(self.args.output_file)
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".flint-opt.")
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(text)
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        else:
+            write_text_atomic(self.args.output_file, text)
 
 
 def main(argv: list[str] | None = None) -> int:

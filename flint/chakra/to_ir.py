@@ -35,7 +35,6 @@ import argparse
 import math
 import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Sequence
 
@@ -197,19 +196,12 @@ def write_module_atomic(module: ModuleOp, path: str | os.PathLike) -> Path:
     """Print ``module`` to ``path`` through a temporary file and a rename."""
     from xdsl.printer import Printer
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            Printer(stream=f).print_op(module)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
+    from flint.fileio import atomic_text_file
+
+    with atomic_text_file(path) as f:
+        Printer(stream=f).print_op(module)
+        f.write("\n")
+    return Path(path)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
+from flint.fileio import atomic_text_file
 from flint.sim.engine import STREAM_NAMES
 from flint.sim.result import SimResult
 from flint.trace import CollKind, NodeKind
@@ -74,14 +74,6 @@ def write_chrome_trace(result: SimResult, path: str | os.PathLike, ranks: Sequen
     doc = {"traceEvents": chrome_trace_events(result, ranks, max_ranks), "displayTimeUnit": "ms",
            "otherData": {"iteration_time_us": result.iteration_time_us, "world_size": result.world_size,
                          "mfu": result.mfu}}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(doc, f)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with atomic_text_file(path) as f:
+        json.dump(doc, f)
     return path

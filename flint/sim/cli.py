@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from flint.errors import FlintError
+from flint.errors import FlintError, run_cli
 
 DEFAULT_DEVICE = "h100-sxm"
 DEFAULT_NETWORK = "dgx-h100"
@@ -108,9 +108,9 @@ def _load_ir_input(path: str, device_name: str, calibration: str | None, want_me
     from flint.cost import load_device
     from flint.passes.canonicalize_dist import CanonicalizeDistPass
     from flint.passes.lower_to_chakra import LowerToChakraPass
-    from flint.tools.flint_cli import _load_ir
+    from flint.ir.parse import load_ir
 
-    module = _load_ir(path)
+    module = load_ir(path)
     if WORLD_ATTR in module.attributes:  # concrete per-rank graphs from `flint import-trace`
         return Loaded(trace_from_concrete_ir(module), None, None,
                       "the IR holds imported per-rank Chakra graphs, no tensors",
@@ -209,19 +209,7 @@ def _timeline_args(ap: argparse.ArgumentParser, what: str = "") -> None:
 
 
 def _run(prog: str, fn, argv) -> int:
-    try:
-        return fn(argv)
-    except FlintError as e:
-        print(f"{prog}: error: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
-    except Exception as e:
-        if os.environ.get("FLINT_TRACEBACK"):
-            raise
-        print(f"{prog}: internal error: {type(e).__name__}: {e}\n"
-              "(this is a bug in Flint; set FLINT_TRACEBACK=1 to see the traceback)", file=sys.stderr)
-        return 2
+    return run_cli(prog, fn, argv)
 
 
 def _estimate(argv: Sequence[str]) -> int:
