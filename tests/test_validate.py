@@ -150,6 +150,51 @@ def test_cli_rejects_bad_arguments(argv, message, capsys, tmp_path):
     assert not (tmp_path / "v.md").exists()
 
 
+def test_collective_notes_are_specific():
+    from flint.validate.expected import explain_collective
+
+    assert explain_collective("all_reduce", "optim", "tp+sp").key == "dtensor-partial-grad"
+    assert explain_collective("all_reduce", "optim", "fsdp+tp+sp").key == "dtensor-partial-grad"
+    assert explain_collective("all_reduce", "optim", "tp") is None
+    assert explain_collective("all_gather", "fwd", "tp+sp") is None
+
+
+def _fake_result(case, executed_ar=4):
+    from flint.validate.compare import FlintCounts, compare
+    from flint.validate.executed import RankCounts
+    from flint.validate.run import CaseResult
+
+    flint = FlintCounts(Counter({"gemm": 6, "elementwise": 10, "all_reduce": 4}), Counter({("all_reduce", "bwd"): 4}),
+                        Counter({("all_reduce", "bwd"): 400}),
+                        Counter({("gemm", "fwd", "aten::mm"): 6, ("elementwise", "optim", "aten::mul"): 10}))
+    ranks = [RankCounts(r, Counter({"gemm": 6, "elementwise": 8, "all_reduce": executed_ar}),
+                        Counter({("all_reduce", "bwd"): executed_ar}), Counter({("all_reduce", "bwd"): 100 * executed_ar}),
+                        Counter({("gemm", "fwd", "aten::mm"): 6, ("elementwise", "optim", "aten::mul"): 8}))
+             for r in range(case.world_size)]
+    return CaseResult(case, flint, ranks, compare(flint, ranks), simulated_us=10.0, measured_step_us=20.0)
+
+
+def test_cli_writes_report_and_chart_and_lists_failed_cases(tmp_path, monkeypatch, capsys):
+    import flint.validate.run as run_mod
+
+    def fake_validate(case, **kw):
+        if case.plan == "fsdp":
+            raise RealRunError("real run fsdp at world size 2: rank 1 failed: RuntimeError: boom", {1: "boom"})
+        return _fake_result(case, executed_ar=3 if case.plan == "tp" else 4)
+
+    monkeypatch.setattr(run_mod, "validate_case", fake_validate)
+    out, chart = tmp_path / "docs" / "v.md", tmp_path / "docs" / "v.png"
+    code = main(["--models", "gpt2-tiny", "--plans", "dp,fsdp,tp", "--world-sizes", "2", "--out", str(out),
+                 "--chart", str(chart)])
+    assert code == 1 and "rank 1 failed: RuntimeError: boom" in capsys.readouterr().err
+    text = out.read_text()
+    assert "Regenerate this page and its chart with one command: `flint validate`" in text
+    assert "| gpt2-tiny dp w2 | 6/6 (1.00) |" in text and "![" in text and chart.stat().st_size > 0
+    assert "## Failed cases" in text and "gpt2-tiny fsdp w2: real run fsdp" in text
+    assert "gpt2-tiny tp w2, all-reduce: Flint 4 vs executed 3" in text and "**unexplained**" in text
+    assert "| elementwise | optim | `aten::mul` | 10 | 8 | optimizer |" in text
+
+
 # ------------------------------------------------------------ failure path
 
 

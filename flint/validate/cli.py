@@ -6,8 +6,9 @@ One command regenerates the page and the chart::
 
 Options select the models, recipes and world sizes; a recipe needs a world
 size it can use (2-D recipes need dp >= 2 and tp = 2, so world size 4; they
-are skipped at other sizes). A failing real run prints ``rank R failed: ...``
-and the command exits 1 after the remaining cases (no report is written).
+are skipped at other sizes). A failing real run prints ``rank R failed: ...``;
+the remaining cases still run, the report lists the failed cases, and the
+command exits 1.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 from flint.errors import FlintError
 
 DEFAULT_MODELS = ("llama-tiny", "gpt2-tiny")
-DEFAULT_PLANS = ("dp", "fsdp", "tp", "fsdp+tp")
+DEFAULT_PLANS = ("dp", "fsdp", "tp", "tp+sp", "fsdp+tp")
 DEFAULT_WORLD_SIZES = (2, 4)
 DEFAULT_OUT = "docs/validation.md"
 DEFAULT_CHART = "docs/validation_ratios.png"
@@ -96,15 +97,15 @@ def main(argv: list[str] | None = None) -> int:
             res = validate_case(case, work_dir=args.work_dir, timeout_s=args.timeout)
         except (RealRunError, FlintError) as e:
             print(f"{case.label()}: {e}", file=sys.stderr)
-            failed.append(case)
+            failed.append((case, str(e)))
             continue
         results.append(res)
         exact = all(r.flint == r.executed and r.flint_bytes == r.executed_bytes for r in res.rows
                     if r.cls not in ("gemm", "attention", "elementwise", "reduction"))
         print(f"{case.label()}: collectives {'match' if exact else 'DIFFER'} "
               f"({time.perf_counter() - t0:.0f} s)", flush=True)
-    if failed:
-        print(f"flint validate: {len(failed)} case(s) failed; {args.out} not written", file=sys.stderr)
+    if not results:
+        print(f"flint validate: every case failed; {args.out} not written", file=sys.stderr)
         return 1
     out = Path(args.out)
     chart_ref = None
@@ -113,8 +114,12 @@ def main(argv: list[str] | None = None) -> int:
         chart_ref = str(Path(args.chart).resolve().relative_to(out.resolve().parent)) \
             if Path(args.chart).resolve().is_relative_to(out.resolve().parent) else str(Path(args.chart))
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(markdown(results, command=COMMAND, chart=chart_ref))
+    out.write_text(markdown(results, command=COMMAND, chart=chart_ref,
+                            failed=[(c.label(), e) for c, e in failed]))
     print(f"wrote {out}" + (f" and {args.chart}" if args.chart else ""))
+    if failed:
+        print(f"flint validate: {len(failed)} case(s) failed (listed in {out})", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -83,3 +83,35 @@ def base_op(name: str) -> str:
 def explain(cls: str, phase: str, op: str, plan: str = "") -> Expected | None:
     """The first rule explaining an op-level difference under recipe ``plan``, or ``None``."""
     return next((e for e in EXPECTED if e.matches(cls, phase, base_op(op), plan)), None)
+
+
+@dataclass(frozen=True)
+class CollectiveNote:
+    """An explained difference in a collective class (these must otherwise match exactly)."""
+
+    key: str
+    kind: str
+    phase: str
+    plans: str
+    reason: str
+
+    def matches(self, kind: str, phase: str, plan: str) -> bool:
+        return kind == self.kind and phase == self.phase and re.fullmatch(self.plans, plan) is not None
+
+
+COLLECTIVE_NOTES: tuple[CollectiveNote, ...] = (
+    CollectiveNote(
+        "dtensor-partial-grad", "all_reduce", "optim", r"(.*\+)?tp\+sp",
+        "With sequence parallelism the norm weights' gradients stay DTensor Partial after backward. Eager "
+        "torch.optim.AdamW (single-tensor, as on CPU) redistributes a Partial operand every time an op reads "
+        "it and does not cache the result: lerp_(grad) all-reduces it once and addcmul_(grad, grad) twice, "
+        "3 all-reduces per such gradient (found in the execution trace: each c10d::allreduce_ sits under "
+        "_c10d_functional::all_reduce < aten::lerp_ / aten::addcmul_ < Optimizer.step). Flint's capture "
+        "all-reduces each Partial gradient once, which is what an implementation that reduces before the "
+        "update (or caches the redistribution) does; it under-counts eager PyTorch 3x here."),
+)
+
+
+def explain_collective(kind: str, phase: str, plan: str) -> CollectiveNote | None:
+    """The note explaining a collective difference, or ``None`` (unexplained)."""
+    return next((n for n in COLLECTIVE_NOTES if n.matches(kind, phase, plan)), None)

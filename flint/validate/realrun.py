@@ -1,7 +1,8 @@
 """Run a real small training step on CPU with torch.distributed (gloo), one process per rank.
 
 :func:`run_real` starts ``world_size`` processes of :mod:`flint.validate.worker`
-on loopback (a free port found by binding port 0), each in its own process
+on loopback (a free port found by binding port 0; tried once more with another port if it
+was taken in between), each in its own process
 group (session), waits with a timeout, converts every rank's host execution
 trace with Chakra's own ``chakra_converter PyTorch`` and returns the paths.
 
@@ -102,6 +103,8 @@ def _launch(spec: RunSpec, run_dir: Path) -> dict[int, str]:
     payload = asdict(spec) | {"dir": str(run_dir), "port": port}
     spec_path = run_dir / "spec.json"
     spec_path.write_text(json.dumps(payload))
+    for stale in run_dir.glob("error.*.txt"):  # from an earlier attempt in this directory
+        stale.unlink()
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     procs: dict[int, subprocess.Popen] = {}
     logs: dict[int, Path] = {}
@@ -160,6 +163,8 @@ def run_real(spec: RunSpec, work_dir: str | Path | None = None) -> RealRun:
                                     dir=work_dir))
     try:
         failures = _launch(spec, run_dir)
+        if spec.port is None and any("EADDRINUSE" in e for e in failures.values()):
+            failures = _launch(spec, run_dir)  # the free port was taken in between: once more, another port
         if failures:
             msg = "; ".join(f"rank {r} failed: {e}" for r, e in sorted(failures.items()))
             raise RealRunError(f"real run {spec.plan} at world size {spec.world_size}: {msg}", failures)

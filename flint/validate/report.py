@@ -10,7 +10,7 @@ from typing import Sequence
 from flint.capture import opclass
 from flint.validate.classify import C10D_TO_FUNCTIONAL, COMPARED_CLASSES, COMPARED_COLLECTIVES
 from flint.validate.compare import op_deltas
-from flint.validate.expected import explain
+from flint.validate.expected import explain, explain_collective
 from flint.validate.run import CaseResult
 
 EXACT_CLASSES = (opclass.GEMM, opclass.ATTENTION, *COMPARED_COLLECTIVES)
@@ -34,8 +34,9 @@ def _mib(nbytes: int) -> str:
     return f"{nbytes / 2**20:.3f}"
 
 
-def markdown(results: Sequence[CaseResult], *, command: str, chart: str | None) -> str:
-    """The whole docs/validation.md text."""
+def markdown(results: Sequence[CaseResult], *, command: str, chart: str | None,
+             failed: Sequence[tuple[str, str]] = ()) -> str:
+    """The whole docs/validation.md text; ``failed`` lists (case, error) of runs that failed."""
     import torch
 
     out = ["# Validation against real execution traces", "",
@@ -111,7 +112,8 @@ def markdown(results: Sequence[CaseResult], *, command: str, chart: str | None) 
     if not bad:
         out.append("GEMM, attention and every collective match exactly on every rank of every case.")
     else:
-        out.append("Mismatches in classes that must match exactly (reasons in the next section):")
+        out.append("Mismatches in classes that must match exactly, rank 0 (every rank is in the table above; "
+                   "GEMM and attention reasons in the next section):")
         out.append("")
         seen = set()
         for res, r in bad:
@@ -121,6 +123,14 @@ def markdown(results: Sequence[CaseResult], *, command: str, chart: str | None) 
             seen.add(key)
             extra = "" if r.flint_bytes == r.executed_bytes else f", bytes {r.flint_bytes} vs {r.executed_bytes}"
             out.append(f"- {res.case.label()}, {_SHORT[r.cls]}: Flint {r.flint} vs executed {r.executed}{extra}")
+            if r.cls in COMPARED_COLLECTIVES:
+                rc = res.ranks[r.rank]
+                for phase in ("fwd", "bwd", "optim"):
+                    a, b = res.flint.collectives.get((r.cls, phase), 0), rc.collectives.get((r.cls, phase), 0)
+                    if a != b:
+                        note = explain_collective(r.cls, phase, res.case.plan)
+                        out.append(f"  - {phase}: Flint {a} vs executed {b}: "
+                                   + (f"**{note.key}**: {note.reason}" if note else "**unexplained**"))
     out += ["", "## Differences, operator by operator (rank 0), with their reasons", "",
             "Every operator whose count differs, in the compute classes (collectives are compared by count "
             "and bytes above), with the rule of `flint/validate/expected.py` that explains it. In-place and "
@@ -161,6 +171,8 @@ def markdown(results: Sequence[CaseResult], *, command: str, chart: str | None) 
         chk = "ok" if not res.trace_problems else f"{len(res.trace_problems)} problems"
         out.append(f"| {res.case.label()} | {res.imported_nodes} | {res.imported_collectives} | {conv} | {chk} "
                    f"| {res.measured_step_us / 1e3:.1f} | {res.simulated_us / 1e3:.1f} |")
+    if failed:
+        out += ["", "## Failed cases", ""] + [f"- {label}: {error}" for label, error in failed]
     out += ["", "## Limits", "",
             "- GEMM and attention do not match yet: Flint's capture traces scaled-dot-product attention on "
             "meta tensors, where PyTorch takes the math path. Apart from that path's `bmm`s, GEMM counts "

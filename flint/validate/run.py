@@ -32,7 +32,7 @@ class CaseResult:
 def validate_case(case: Case, *, work_dir: str | Path | None = None, timeout_s: float = 180.0,
                   keep: bool = False) -> CaseResult:
     """Run ``case`` for real and with Flint and compare (see :mod:`flint.validate`)."""
-    from flint.chakra import check_trace
+    from flint.chakra import check_trace, read_trace
     from flint.cost import load_network
     from flint.mesh import Mesh
     from flint.sim import simulate
@@ -46,7 +46,8 @@ def validate_case(case: Case, *, work_dir: str | Path | None = None, timeout_s: 
         ranks = [count_host_trace(h, r, k) for r, (h, k) in enumerate(zip(real.host_traces, real.kineto_traces))]
         shape, axes = case.mesh()
         trace = import_executed_trace(real.chakra_dir, ranks, Mesh(shape, axes))
-        conv = [p for r, rc in enumerate(ranks) for p in check_against_converted(rc, _raw_table(real.chakra_dir, r))]
+        raw = read_trace(real.chakra_dir)  # as converted: every counted op must be there
+        conv = [p for rc, prog in zip(ranks, raw.ranks) for p in check_against_converted(rc, prog.table)]
         problems = [str(p) for p in check_trace(trace)]
         sim = simulate(trace, None, load_network("switch"), Mesh(shape, axes), symmetric=False)
         n_nodes = sum(len(p.table) for p in trace.ranks)
@@ -61,8 +62,3 @@ def validate_case(case: Case, *, work_dir: str | Path | None = None, timeout_s: 
     return CaseResult(case, flint, ranks, compare(flint, ranks), conv, problems, n_nodes, n_colls,
                       float(sim.iteration_time_us), measured, real_s, capture_s)
 
-
-def _raw_table(chakra_dir: Path, rank: int):
-    from flint.chakra import read_trace
-
-    return read_trace(chakra_dir).ranks[rank].table
