@@ -6,7 +6,6 @@ import inspect
 import math
 import operator
 from collections import Counter
-from functools import cache
 
 import pytest
 import torch
@@ -17,16 +16,8 @@ from flint.capture import CaptureError, capture_step, classify_aten
 from flint.capture.fake_dist import device_mesh, fake_world
 from flint.capture.recipes import apply_tp
 from flint.models import build, config, factory
+from captures import SEQ, captured
 
-SEQ = 64
-
-
-@cache
-def captured(model: str, plan: str, world: int, mesh: tuple[int, ...], axes: tuple[str, ...], repeat: bool = True):
-    dp = mesh[axes.index("dp")] if "dp" in axes else 1
-    batch = (2 * dp, SEQ)
-    return capture_step(factory(model), {"tokens": batch, "labels": batch}, world_size=world,
-                        mesh_shape=mesh, mesh_axis_names=axes, plan=plan, repeat=repeat)
 
 
 def colls(step, phases=("fwd", "bwd")) -> Counter:

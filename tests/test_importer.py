@@ -6,28 +6,23 @@ import operator
 import subprocess
 import sys
 from collections import Counter
-from functools import cache
 from io import StringIO
 
 import pytest
 import torch
+from captures import captured, imported
 from xdsl.parser import Parser
 from xdsl.printer import Printer
 
-from flint.capture import capture_step
 from flint.importer import ImportError_, import_step, schedule_of
 from flint.ir import aten, dist, flint_context
 from flint.ir.aten import get_schedule
-from flint.models import factory
 
 pytestmark = pytest.mark.slow  # each capture compiles with dynamo/AOTAutograd (~10 s)
 
 
-@cache
-def step_and_module(plan: str = "fsdp+tp"):
-    step = capture_step(factory("llama-tiny"), {"tokens": (8, 64), "labels": (8, 64)}, world_size=8,
-                        mesh_shape=(4, 2), mesh_axis_names=("dp", "tp"), plan=plan)
-    return step, import_step(step)
+def step_and_module():
+    return imported("llama-tiny", "fsdp+tp", 8, (4, 2), ("dp", "tp"))
 
 
 def _fx_counts(step) -> Counter:
@@ -104,7 +99,7 @@ def test_round_trips_through_flint_opt(tmp_path):
 
 
 def test_unknown_op_names_op_and_source_line():
-    step, _ = step_and_module("fsdp")
+    step = captured("llama-tiny", "fsdp", 8, (8,), ("dp",))
     g = step.part("block").fwd.gm
     node = next(n for n in g.graph.nodes if n.op == "call_function" and n.target is torch.ops.aten.mm.default)
     original = node.target

@@ -3,24 +3,18 @@
 from __future__ import annotations
 
 import math
-from functools import cache
 
 import pytest
+from captures import imported
 
-from flint.capture import capture_step
-from flint.importer import import_step
-from flint.models import factory
 from flint.sim.lifetimes import step_memory
 
 pytestmark = pytest.mark.slow  # each capture compiles with dynamo/AOTAutograd (~10 s)
 
 
-@cache
 def captured(plan: str):
     mesh = {"dp": ((8,), ("dp",)), "fsdp+tp": ((4, 2), ("dp", "tp"))}[plan]
-    step = capture_step(factory("llama-tiny"), {"tokens": (8, 64), "labels": (8, 64)}, world_size=8,
-                        mesh_shape=mesh[0], mesh_axis_names=mesh[1], plan=plan)
-    return step, import_step(step)
+    return imported("llama-tiny", plan, 8, mesh[0], mesh[1])
 
 
 def role_bytes(step, kind: str) -> int:
