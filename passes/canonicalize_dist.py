@@ -39,10 +39,10 @@ class DropSingleRankCollective(RewritePattern):
             wait = _only_wait(op, op.result)
             if wait is None:
                 return
-            rewriter.replace_op(wait, [], [op.input])
-            rewriter.erase_op(op)
+            rewriter.replace(wait, [], [op.input])
+            rewriter.erase(op)
         else:
-            rewriter.replace_op(op, [], [op.input])
+            rewriter.replace(op, [], [op.input])
 
 
 @dataclass
@@ -57,8 +57,8 @@ class DropSingleRankBarrier(RewritePattern):
             wait = _only_wait(op, op.token)
             if wait is None:
                 return
-            rewriter.erase_op(wait)
-        rewriter.erase_op(op)
+            rewriter.erase(wait)
+        rewriter.erase(op)
 
 
 @dataclass
@@ -81,9 +81,9 @@ class FoldImmediateWait(RewritePattern):
             attributes=dict(start.attributes),
         )
         sync.location = start.location
-        rewriter.insert_op(sync, InsertPoint.before(start))
-        rewriter.replace_op(op, [], [sync.result])
-        rewriter.erase_op(start)
+        rewriter.insert(sync, InsertPoint.before(start))
+        rewriter.replace(op, [], [sync.result])
+        rewriter.erase(start)
 
 
 @dataclass(frozen=True)
