@@ -175,6 +175,25 @@ class _Capture:
     inputs: list[tuple[str, Any]] = field(default_factory=list)  # dynamo placeholder (source, example)
 
 
+_EAGER_SDPA = torch.nn.functional.scaled_dot_product_attention
+
+
+def _fused_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    """``F.scaled_dot_product_attention`` as the fused kernel PyTorch runs on a real device.
+
+    On meta tensors SDPA's dispatcher takes the math path (``bmm`` + softmax);
+    a real run executes one fused attention kernel (on CPU
+    ``_scaled_dot_product_flash_attention_for_cpu``, with its own backward),
+    so the captured graph calls that kernel directly. GQA without repeated
+    heads and masks other than causal keep PyTorch's own dispatch.
+    """
+    if enable_gqa or attn_mask is not None or query.dim() != 4:
+        return _EAGER_SDPA(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                           scale=scale, enable_gqa=enable_gqa)
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        query, key, value, dropout_p, is_causal, scale=scale)[0]
+
+
 def _compile_part(module: nn.Module, args: Sequence[torch.Tensor], part: str) -> tuple[_Capture, torch.Tensor]:
     """Run ``module(*args)`` and its backward through torch.compile, keeping the graphs."""
     cap = _Capture()
@@ -204,6 +223,7 @@ def _compile_part(module: nn.Module, args: Sequence[torch.Tensor], part: str) ->
 
     compiled = torch.compile(module, backend=backend, fullgraph=True, dynamic=False)
     try:
+        torch.nn.functional.scaled_dot_product_attention = _fused_sdpa
         out = compiled(*args)
         if out.requires_grad:
             if out.ndim == 0:
@@ -216,6 +236,8 @@ def _compile_part(module: nn.Module, args: Sequence[torch.Tensor], part: str) ->
         raise CaptureError("model", f"graph break in part '{part}': {_reason(exc)}", _user_source(exc)) from exc
     except torch._dynamo.exc.TorchDynamoException as exc:
         raise CaptureError("model", f"cannot capture part '{part}': {_reason(exc)}", _user_source(exc)) from exc
+    finally:
+        torch.nn.functional.scaled_dot_product_attention = _EAGER_SDPA
     return cap, out
 
 

@@ -35,21 +35,10 @@ class Expected:
                 and (self.plans is None or re.fullmatch(self.plans, plan) is not None))
 
 
-SDPA_MATH = ("Flint captures on meta tensors, where scaled_dot_product_attention has no fused kernel and "
-             "PyTorch takes its math path: per attention call 2 bmm forward and 4 backward, a scale mul on q "
-             "and on k, the causal mask (where, add), _safe_softmax and its backward. The CPU run executes "
-             "the fused kernel _scaled_dot_product_flash_attention_for_cpu (+ _backward). Not an acceptable "
-             "difference for GEMM and attention: the fix belongs in flint/capture (keep SDPA fused on meta).")
-
 _DATA_PARALLEL = r"(dp|fsdp)(\+.*)?"
 _FSDP = r"fsdp(\+.*)?"
 
 EXPECTED: tuple[Expected, ...] = (
-    Expected("sdpa-math", "gemm", r"aten::bmm", None, SDPA_MATH),
-    Expected("sdpa-math", "attention", r"aten::_scaled_dot_product_flash_attention_for_cpu(_backward)?", None,
-             SDPA_MATH),
-    Expected("sdpa-math", "reduction", r"aten::(_safe_softmax|_softmax_backward_data)", None, SDPA_MATH),
-    Expected("sdpa-math", "elementwise", r"aten::(where|add|mul)", "fwd", SDPA_MATH),
     Expected("optimizer", "elementwise", r"aten::\w+", "optim",
              "Flint traces AdamW in its capturable form (tensor step: bias corrections as tensor ops pow, rsub, "
              "sqrt, reciprocal, neg, mul per parameter group); eager torch.optim.AdamW(foreach=False) on CPU "
@@ -70,7 +59,7 @@ EXPECTED: tuple[Expected, ...] = (
     Expected("backward-formulas", "elementwise", r"aten::(add|mul|div|silu|neg|sub|pow|rsqrt)", "bwd",
              "eager autograd runs each op's backward formula (in place where it can: gradient accumulation "
              "add_); AOTAutograd's joint graph is functionalized and decomposed (norm and mean backward as "
-             "explicit mul/div/add chains, the SDPA math path's scale muls), and its min-cut partitioner "
+             "explicit mul/div/add chains), and its min-cut partitioner "
              "recomputes cheap forward ops such as silu in the backward instead of saving them."),
 )
 

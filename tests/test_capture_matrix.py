@@ -1,0 +1,91 @@
+"""The issue's capture matrix: GPT-2 small and a 2-layer Llama at world sizes 1, 8 and 1024
+with DP, FSDP, TP and FSDP+TP. Expected kinds, counts and sizes follow how PyTorch runs each
+configuration (the per-recipe eager comparisons are in test_capture.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from captures import captured, imported
+from xdsl.context import Context
+
+from flint.ir import dist
+from flint.models import build, config
+from flint.passes.canonicalize_dist import CanonicalizeDistPass
+
+pytestmark = pytest.mark.slow
+
+TP_DEGREE = {"gpt2-small": 4, "llama-tiny": 8}  # GPT-2 small has 12 heads
+# TP all-reduces per block, forward and backward, as DTensor's parallelize_module issues them
+TP_PER_BLOCK = {"gpt2-small": (2, 4), "llama-tiny": (2, 5)}
+
+
+def plan_mesh(model: str, plan: str, world: int):
+    t = min(TP_DEGREE[model], world)
+    if plan in ("dp", "fsdp"):
+        return plan, (world,), ("dp",)
+    if plan == "tp" and world == t:
+        return "tp", (world,), ("tp",)
+    data = "dp" if plan == "tp" else "fsdp"
+    return f"{data}+tp", (world // t, t), ("dp", "tp")
+
+
+def param_bytes(model: str, pad_dim0_to: int = 1) -> int:
+    """fp32 bytes of all parameters, each padded on dim 0 to a multiple of ``pad_dim0_to``
+    (FSDP shards every parameter on dim 0)."""
+    with torch.device("meta"):
+        params = list(build(model).parameters())
+    total = 0
+    for p in params:
+        rows = -(-p.shape[0] // pad_dim0_to) * pad_dim0_to
+        total += rows * (p.numel() // p.shape[0])
+    return total * 4
+
+
+def totals(step, kind, axis, phase):
+    s = step.summary()
+    key = (kind, (axis,), phase)
+    return s.collectives.get(key, 0), s.collective_bytes.get(key, 0)
+
+
+CASES = [(m, p, w) for m in TP_DEGREE for w in (1, 8, 1024) for p in ("dp", "fsdp", "tp", "fsdp+tp")]
+
+
+@pytest.mark.parametrize("model,plan,world", CASES, ids=[f"{m}-{p}-{w}" for m, p, w in CASES])
+def test_collectives_match_how_pytorch_runs_it(model, plan, world):
+    recipe, mesh, axes = plan_mesh(model, plan, world)
+    step = captured(model, recipe, world, mesh, axes)
+    layers = config(model).n_layers
+    groups = layers + 2  # FSDP / DDP units: embedding, each block, head
+    dp = mesh[axes.index("dp")] if "dp" in axes else 1
+    tp = mesh[axes.index("tp")] if "tp" in axes else 1
+
+    if world == 1:
+        # every collective is over a one-rank group: nothing survives canonicalization
+        _, module = imported(model, recipe, world, mesh, axes)
+        module = module.clone()
+        CanonicalizeDistPass().apply(Context(), module)
+        assert not [op for op in module.walk() if isinstance(op, (dist.CollectiveOp, dist.WaitOp))]
+        return
+
+    if recipe.startswith("dp"):
+        n, b = totals(step, "all_reduce", "dp", "bwd")
+        assert n == groups
+        if tp == 1:
+            assert b == param_bytes(model)
+    if recipe.startswith("fsdp"):
+        n_fwd, b_fwd = totals(step, "all_gather", "dp", "fwd")
+        n_bwd, b_bwd = totals(step, "all_gather", "dp", "bwd")
+        n_rs, b_rs = totals(step, "reduce_scatter", "dp", "bwd")
+        assert n_fwd == n_bwd == n_rs == groups  # gathered again in backward (reshard after forward)
+        assert b_fwd == b_bwd and b_rs == dp * b_fwd  # reduce-scatter input = full (padded) gradient
+        if tp == 1:
+            assert b_rs == param_bytes(model, pad_dim0_to=dp)
+        else:  # TP shards most weights (not norms / biases) before FSDP pads them
+            assert param_bytes(model) // tp <= b_rs <= param_bytes(model, pad_dim0_to=dp)
+    if tp > 1:
+        fwd_per, bwd_per = TP_PER_BLOCK[model]
+        assert totals(step, "all_reduce", "tp", "fwd")[0] == fwd_per * layers + 1
+        assert totals(step, "all_reduce", "tp", "bwd")[0] == bwd_per * layers + 1
+    else:
+        assert not any(ax == ("tp",) for _, ax, _ in step.summary().collectives)
