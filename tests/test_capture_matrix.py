@@ -89,3 +89,20 @@ def test_collectives_match_how_pytorch_runs_it(model, plan, world):
         assert totals(step, "all_reduce", "tp", "bwd")[0] == bwd_per * layers + 1
     else:
         assert not any(ax == ("tp",) for _, ax, _ in step.summary().collectives)
+
+
+@pytest.mark.parametrize("plan", ["dp", "fsdp"])
+def test_mixture_of_experts_captures_and_imports(plan):
+    step, module = imported("moe-tiny", plan, 8, (8,), ("dp",))
+    groups = config("moe-tiny").n_layers + 2
+    kind = "all_reduce" if plan == "dp" else "reduce_scatter"
+    assert totals(step, kind, "dp", "bwd")[0] == groups
+    assert step.summary().op_classes["gemm"] > 0 and step.summary().op_classes["attention"] > 0
+    module.verify()
+
+
+def test_mixture_of_experts_refuses_tensor_parallel():
+    from flint.capture import CaptureError
+
+    with pytest.raises(CaptureError, match="tensor parallelism of mixture-of-experts layers is not implemented"):
+        captured("moe-tiny", "tp", 2, (2,), ("tp",))
