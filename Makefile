@@ -22,7 +22,7 @@ $(STAMP): $(VENV)/bin/python pyproject.toml
 install: $(STAMP)
 
 test: $(STAMP)
-	$(PY) -m pytest -q -m "slow or not slow"
+	$(PY) -m pytest -q
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(VENV)/bin/lit -q lit_tests
 
 # Unit tests and goldens without the slow end-to-end tests.
@@ -40,8 +40,12 @@ demo: $(STAMP)
 	$(VENV)/bin/flint inspect $(DEMO)/trace
 	$(VENV)/bin/flint estimate $(DEMO).mlir --device h100-sxm --network dgx-h100 --timeline $(DEMO).timeline.json
 
+# Benchmarks (each prints a table; several minutes in all).
 bench: $(STAMP)
-	$(PY) bench/run_all.py
+	$(PY) bench/capture.py
+	$(PY) bench/pipeline.py
+	$(PY) bench/emit.py
+	$(PY) bench/simulate.py
 
 clean:
 	rm -rf $(VENV) out
