@@ -12,18 +12,16 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import sys
 from io import StringIO
 from typing import IO
 
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Operation
-from xdsl.printer import Printer
 from xdsl.utils.exceptions import ArgSpecParseError, DiagnosticException, ParseError
 from xdsl.xdsl_opt_main import xDSLOptMain
 
-from flint.errors import FlintError
+from flint.errors import FlintError, run_cli
 from flint.fileio import write_text_atomic
 from flint.ir.parse import RecordingParser, failing_op, parse_error_message
 from flint.ir import FLINT_DIALECTS
@@ -104,7 +102,6 @@ class FlintOptMain(xDSLOptMain):
     def run(self) -> int:
         chunks, file_extension = self.prepare_input()
         output = StringIO()
-        status = 0
         for i, (chunk, offset) in enumerate(chunks):
             if i > 0:
                 output.write("// -----\n")
@@ -128,7 +125,7 @@ class FlintOptMain(xDSLOptMain):
             finally:
                 chunk.close()
         self._write(output.getvalue())
-        return status
+        return 0
 
     def _write(self, text: str) -> None:
         """Print, or write ``-o`` atomically (temp file, then rename)."""
@@ -139,25 +136,13 @@ class FlintOptMain(xDSLOptMain):
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        return FlintOptMain(args=argv).run()
-    except (FlintError, ValueError, OSError) as e:
-        print(f"flint-opt: error: {e}", file=sys.stderr)
-        return 1
-    except ArgSpecParseError as e:  # a BaseException in xDSL: a malformed -p / -t spec
-        print(f"flint-opt: error: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
-    except Exception as e:  # never a bare traceback for users
-        if os.environ.get("FLINT_TRACEBACK"):
-            raise
-        print(
-            f"flint-opt: internal error: {type(e).__name__}: {e}\n"
-            "(this is a bug in Flint or a plug-in; set FLINT_TRACEBACK=1 to see the traceback)",
-            file=sys.stderr,
-        )
-        return 2
+    def run() -> int:
+        try:
+            return FlintOptMain(args=argv).run()
+        except (ValueError, OSError, ArgSpecParseError) as e:  # ArgSpecParseError: a malformed -p / -t spec
+            raise FlintError(str(e)) from None
+
+    return run_cli("flint-opt", run)
 
 
 if __name__ == "__main__":
