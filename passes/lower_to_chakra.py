@@ -121,6 +121,8 @@ class _FunctionLowering:
             deps = tuple(self.producer.get(op.future, ()))
             if op.result is not None:
                 self.producer[op.result] = deps
+            # As wait_tensor on a device: the compute stream waits here, users or not.
+            self.s.blocking += [d for d in deps if d in self.comm_nodes and d not in self.s.blocking]
             return
         raise LoweringError(op, f"'{op.name}' op cannot be lowered to Chakra (lower-to-chakra knows aten and dist ops)")
 
@@ -230,8 +232,10 @@ class LowerToChakraPass(ModulePass):
     Dependencies: data deps follow SSA use-def (through waits and views);
     ctrl deps keep program order on the compute stream, among collectives,
     among sends and among recvs (sends and recvs are not ordered against
-    each other, so every rank may send before it receives), and make compute
-    wait for a synchronous communication op. A function
+    each other, so every rank may send before it receives), and make the
+    next compute node wait for a synchronous communication op or at a
+    ``dist.wait`` (a device stream waits there whether or not the next
+    kernel uses the value). A function
     repeated N times becomes ``chakra.repeat N`` carrying the last compute
     and comm node; function arguments are ready at once if their
     ``flint.role`` is parameter, buffer, input (batch data) or optimizer

@@ -37,4 +37,4 @@ def test_merge_actually_merges():
     module = Parser(flint_context(), (LIT / "lower-to-chakra-merge.mlir").read_text()).parse_module()
     LowerToChakraPass().apply(Context(), module)
     names = [op.node_name.data for op in module.walk() if op.name == "chakra.comp"]
-    assert names == ["aten.relu.default +2", "aten.mm.default +1", "aten.relu.default"]
+    assert names == ["aten.relu.default +2", "aten.mm.default +1", "aten.relu.default", "aten.neg.default"]

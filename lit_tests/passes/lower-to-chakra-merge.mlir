@@ -18,14 +18,17 @@ func.func @step(%x: tensor<8x64xbf16> {flint.role = "input"}, %w_shard: tensor<1
   %6 = dist.all_reduce %5 on @mesh grid_axes = [0] : tensor<8x64xbf16> -> !dist.future<tensor<8x64xbf16>>
   %7 = aten.op "aten.relu.default"(%x) : (tensor<8x64xbf16>) -> tensor<8x64xbf16>
   %8 = dist.wait %6 : tensor<8x64xbf16>
+  // The compute stream waits at dist.wait even for a kernel that does not read the value.
+  %9 = aten.op "aten.neg.default"(%x) : (tensor<8x64xbf16>) -> tensor<8x64xbf16>
   func.return %8 : tensor<8x64xbf16>
 }
 
 // CHECK: %[[AG:.*]] = chakra.coll all_gather
 // CHECK-NEXT: %[[E:.*]] = chakra.comp "aten.relu.default +2" flops = 0 bytes = 6144 duration_us = {{.*}}{{$}}
 // CHECK-NEXT: %[[M:.*]] = chakra.comp "aten.mm.default +1" flops = 65536 bytes = 13312 duration_us = {{.*}} data(%[[E]], %[[AG]])
-// CHECK-NEXT: chakra.coll all_reduce "dist.all_reduce" on @mesh grid_axes = [0] bytes = 1024 data(%[[M]]) ctrl(%[[AG]])
-// CHECK-NEXT: chakra.comp "aten.relu.default" flops = 0 bytes = 2048 duration_us = {{.*}} ctrl(%[[M]])
+// CHECK-NEXT: %[[AR:.*]] = chakra.coll all_reduce "dist.all_reduce" on @mesh grid_axes = [0] bytes = 1024 data(%[[M]]) ctrl(%[[AG]])
+// CHECK-NEXT: %[[R:.*]] = chakra.comp "aten.relu.default" flops = 0 bytes = 2048 duration_us = {{.*}} ctrl(%[[M]])
+// CHECK-NEXT: chakra.comp "aten.neg.default" flops = 0 bytes = 2048 duration_us = {{.*}} ctrl(%[[R]], %[[AR]])
 // CHECK-NOT: chakra.comp
 
-// SEPARATE-COUNT-6: chakra.comp
+// SEPARATE-COUNT-7: chakra.comp
