@@ -14,23 +14,10 @@ from typing import Any
 
 import torch
 
-GEMM = "gemm"
-ATTENTION = "attention"
-ELEMENTWISE = "elementwise"
-REDUCTION = "reduction"
-VIEW = "view"
-MEMORY = "memory"
-ALL_GATHER = "all_gather"
-REDUCE_SCATTER = "reduce_scatter"
-ALL_REDUCE = "all_reduce"
-ALL_TO_ALL = "all_to_all"
-BROADCAST = "broadcast"
-SEND = "send"
-RECV = "recv"
-WAIT = "wait"
-OTHER = "other"
-
-COLLECTIVES = (ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE, ALL_TO_ALL, BROADCAST, SEND, RECV)
+from flint.opclasses import (  # noqa: F401  (re-exported: the classes this module assigns)
+    ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, ATTENTION, BROADCAST, COLLECTIVES, ELEMENTWISE, GEMM, MEMORY, OTHER, RECV,
+    REDUCE_SCATTER, REDUCTION, SEND, VIEW, WAIT,
+)
 
 _COLLECTIVE_OPS = {
     "all_gather_into_tensor": ALL_GATHER,

@@ -20,14 +20,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-GEMM = "gemm"
-ATTENTION = "attention"
-ELEMENTWISE = "elementwise"
-REDUCTION = "reduction"
-MEMORY = "memory"
-VIEW = "view"
-OTHER = "other"
-COST_CLASSES = (GEMM, ATTENTION, ELEMENTWISE, REDUCTION, MEMORY, VIEW, OTHER)
+from flint.opclasses import ATTENTION, COST_CLASSES, ELEMENTWISE, GEMM, MEMORY, OTHER, REDUCTION, VIEW  # noqa: F401
 
 
 def split_target(target: str) -> tuple[str, str, str]:
