@@ -19,7 +19,7 @@ from xdsl.pattern_rewriter import (
 from flint.ir import dist
 
 
-def _only_wait(op: dist.DistCommOp, future) -> dist.WaitOp | None:
+def _only_wait(future) -> dist.WaitOp | None:
     """The single ``dist.wait`` using ``future``, if that is its only use."""
     uses = list(future.uses)
     if len(uses) == 1 and isinstance(uses[0].operation, dist.WaitOp):
@@ -36,7 +36,7 @@ class DropSingleRankCollective(RewritePattern):
         if op.group_size() != 1:
             return
         if op.is_async:
-            wait = _only_wait(op, op.result)
+            wait = _only_wait(op.result)
             if wait is None:
                 return
             rewriter.replace(wait, [], [op.input])
@@ -54,7 +54,7 @@ class DropSingleRankBarrier(RewritePattern):
         if op.group_size() != 1:
             return
         if op.token is not None:
-            wait = _only_wait(op, op.token)
+            wait = _only_wait(op.token)
             if wait is None:
                 return
             rewriter.erase(wait)
@@ -72,7 +72,7 @@ class FoldImmediateWait(RewritePattern):
         start = op.future.owner
         if not isinstance(start, dist.CollectiveOp) or start.next_op is not op:
             return
-        if _only_wait(start, start.result) is not op:
+        if _only_wait(start.result) is not op:
             return
         sync = type(start).create(
             operands=[start.input],

@@ -157,8 +157,7 @@ class _FunctionLowering:
         comp.properties["duration_us"] = FloatAttr(round(comp.duration_us.value.data + duration, 6), f64)
         self.run = (comp, comm_deps, n + 1)
 
-    def _comm_node(self, op: dist.DistCommOp, node: chakra.NodeOp, result: SSAValue | None, is_async: bool,
-                   p2p: bool = False) -> None:
+    def _comm_node(self, node: chakra.NodeOp, result: SSAValue | None, is_async: bool, p2p: bool = False) -> None:
         node = self._add(node)
         self.comm_nodes.add(node)
         self.run = None  # a later compute node must not run before this comm node is issued
@@ -184,21 +183,20 @@ class _FunctionLowering:
             properties={"kind": chakra.CollKindAttr(kind), "node_name": StringAttr(op.name),
                         "bytes": IntegerAttr(_bytes_of(op.input), i64), **self._spmd(op)},
         )
-        self._comm_node(op, node, op.result, op.is_async)
+        self._comm_node(node, op.result, op.is_async)
 
     def lower_barrier(self, op: dist.BarrierOp) -> None:
         if op.group_size() == 1:
             if op.token is not None:
                 self.producer[op.token] = ()
             return
-        data = self.deps_of([])
-        ctrl = self._order(data, self.s.comm, [self.s.compute] if self.s.compute is not None else [])
+        ctrl = self._order([], self.s.comm, [self.s.compute] if self.s.compute is not None else [])
         node = chakra.CollOp.build(
-            operands=[data, ctrl], result_types=[chakra.NODE],
+            operands=[[], ctrl], result_types=[chakra.NODE],
             properties={"kind": chakra.CollKindAttr(chakra.CollKind.ALL_REDUCE), "node_name": StringAttr(op.name),
                         "bytes": IntegerAttr(BARRIER_BYTES, i64), **self._spmd(op)},
         )
-        self._comm_node(op, node, op.token, op.token is not None)
+        self._comm_node(node, op.token, op.token is not None)
 
     def lower_p2p(self, op: dist.SendOp | dist.RecvOp) -> None:
         is_send = isinstance(op, dist.SendOp)
@@ -211,7 +209,7 @@ class _FunctionLowering:
                         "tag": op.tag, "offset": op.offset, **self._spmd(op)},
         )
         result = op.token if is_send else op.result
-        self._comm_node(op, node, result, isinstance(result.type, dist.FutureType) if result is not None else False,
+        self._comm_node(node, result, isinstance(result.type, dist.FutureType) if result is not None else False,
                         p2p=True)
         self.last_p2p[cls] = node.node
 
