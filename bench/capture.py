@@ -20,13 +20,13 @@ import time
 
 
 def _one(model: str, plan: str, world: int, tp: int, batch: int, seq: int) -> dict:
-    from flint.capture import capture_step, default_mesh
+    from flint.capture import capture_step
     from flint.models import config, factory
 
-    mesh, axes = default_mesh(plan, world, tp)
     start = time.perf_counter()
     step = capture_step(factory(model), {"tokens": (batch, seq), "labels": (batch, seq)}, world_size=world,
-                        mesh_shape=mesh, mesh_axis_names=axes, plan=plan, dtype="bfloat16")
+                        plan=plan, tp=tp, dtype="bfloat16")
+    mesh = step.mesh.shape
     seconds = time.perf_counter() - start
     summary = step.summary()
     return {

@@ -24,7 +24,7 @@ import time
 def one(model: str, plan: str, ranks: int, tp: int, seq: int) -> dict:
     from xdsl.context import Context
 
-    from flint.capture import capture_step, default_mesh
+    from flint.capture import capture_step
     from flint.chakra import write_trace
     from flint.chakra.from_ir import trace_from_ir
     from flint.importer import import_step
@@ -34,10 +34,11 @@ def one(model: str, plan: str, ranks: int, tp: int, seq: int) -> dict:
 
     row: dict = {"model": model, "plan": plan, "ranks": ranks}
     t = time.perf_counter()
-    mesh, axes = default_mesh(plan, ranks, tp)
-    dp = mesh[axes.index("dp")] if "dp" in axes else 1
+    from flint.plan import from_recipe
+
+    dp = from_recipe(plan, ranks, tp).dp
     step = capture_step(factory(model), {"tokens": (dp, seq), "labels": (dp, seq)}, world_size=ranks,
-                        mesh_shape=mesh, mesh_axis_names=axes, plan=plan, dtype="bfloat16")
+                        plan=plan, tp=tp, dtype="bfloat16")
     row["capture_s"] = time.perf_counter() - t
     t = time.perf_counter()
     module = import_step(step)

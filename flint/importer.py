@@ -14,7 +14,8 @@ Every ``call_function`` of a captured FX graph becomes one op:
 
 Each captured graph becomes a ``func.func @<part>_<phase>`` whose arguments
 carry ``flint.role`` (and ``flint.param`` for parameters); the module gets
-the grid (``shard.grid @mesh`` with ``flint.axis_names``) and the schedule
+the grid (``shard.grid @mesh`` with ``flint.axis_names``), the plan it was
+captured under (``flint.plan``, see :func:`flint.plan.attach`) and the schedule
 (``flint.schedule``): all forward parts in order, then the backward parts in
 reverse, then the optimizer parts, each repeated as captured.
 """
@@ -57,6 +58,7 @@ from flint.chakra.from_ir import AXIS_NAMES_ATTR
 from flint.errors import FlintError
 from flint.ir import dist
 from flint.ir.aten import AtenOp, set_schedule
+from flint.plan import attach
 from flint.passes.lower_to_chakra import ROLE_ATTR
 
 GRID = "mesh"
@@ -295,5 +297,7 @@ def import_step(step: CapturedStep) -> ModuleOp:
     funcs = [_GraphImporter(step, g, f"{p.name}_{g.phase}").build() for p in step.parts for g in p.graphs()]
     module = ModuleOp([grid, *funcs])
     set_schedule(module, schedule_of(step))
+    if step.plan is not None:
+        attach(module, step.plan)
     module.verify()
     return module

@@ -289,6 +289,18 @@ class Plan:
                                 f"{getattr(self, f.name)!r}; supported fields: {', '.join(sorted(supported))})",
                                 self.source)
 
+    def to_dict(self) -> dict[str, Any]:
+        """The fields that differ from the defaults, plus ``world_size`` (TOML-ready; ``from_dict`` inverts it)."""
+        default = Plan()
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(Plan):
+            if f.name == "source":
+                continue
+            value = getattr(self, f.name)
+            if f.name == "world_size" or value != getattr(default, f.name):
+                out[f.name] = list(value) if isinstance(value, tuple) else value
+        return out
+
     # ------------------------------------------------------------------- mesh
 
     @property
@@ -421,3 +433,46 @@ def divisors(n: int) -> list[int]:
     """The divisors of ``n`` in increasing order (for plan searches)."""
     small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
     return sorted(set(small + [n // d for d in small]))
+
+
+# The plan a module was captured or expanded under, as a module attribute.
+PLAN_ATTR = "flint.plan"
+
+
+def attach(module: Any, plan: Plan) -> None:
+    """Record ``plan`` on an IR module (``flint.plan = {dp_shard = 8 : i64, ...}``)."""
+    from xdsl.dialects.builtin import ArrayAttr, BoolAttr, DictionaryAttr, IntegerAttr, StringAttr, i64
+
+    def attr(value: Any):
+        if isinstance(value, bool):
+            return BoolAttr.from_bool(value)
+        if isinstance(value, int):
+            return IntegerAttr(value, i64)
+        if isinstance(value, str):
+            return StringAttr(value)
+        return ArrayAttr([attr(v) for v in value])
+
+    module.attributes[PLAN_ATTR] = DictionaryAttr({k: attr(v) for k, v in plan.to_dict().items()})
+
+
+def plan_of(module: Any) -> Plan | None:
+    """The plan recorded on an IR module by :func:`attach`, validated (None if there is none)."""
+    from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, IntegerAttr, StringAttr
+
+    table = module.attributes.get(PLAN_ATTR)
+    if table is None:
+        return None
+    if not isinstance(table, DictionaryAttr):
+        raise PlanError("plan", f"module attribute '{PLAN_ATTR}' must be a dictionary")
+
+    def value(a: Any) -> Any:
+        if isinstance(a, IntegerAttr):
+            v = a.value.data
+            return bool(v) if a.type.width.data == 1 else v
+        if isinstance(a, StringAttr):
+            return a.data
+        if isinstance(a, ArrayAttr):
+            return [value(v) for v in a.data]
+        raise PlanError("plan", f"module attribute '{PLAN_ATTR}' holds an unsupported value {a}")
+
+    return Plan.from_dict({k: value(v) for k, v in table.data.items()}, source=f"module attribute '{PLAN_ATTR}'")

@@ -7,23 +7,24 @@ from functools import cache
 
 from flint.capture import capture_step
 from flint.models import factory
+from flint.plan import from_recipe
 
 SEQ = 64
 
 
 @cache
-def captured(model: str, plan: str, world: int, mesh: tuple[int, ...], axes: tuple[str, ...], repeat: bool = True):
-    """Two sequences of SEQ tokens per data-parallel rank."""
-    dp = mesh[axes.index("dp")] if "dp" in axes else 1
+def captured(model: str, plan: str, world: int, tp: int = 1, repeat: bool = True):
+    """Recipe ``plan`` (TP degree ``tp`` for 2-D recipes); two sequences of SEQ tokens per data-parallel rank."""
+    dp = from_recipe(plan, world, tp).dp
     batch = (2 * dp, SEQ)
-    return capture_step(factory(model), {"tokens": batch, "labels": batch}, world_size=world,
-                        mesh_shape=mesh, mesh_axis_names=axes, plan=plan, repeat=repeat)
+    return capture_step(factory(model), {"tokens": batch, "labels": batch}, world_size=world, plan=plan, tp=tp,
+                        repeat=repeat)
 
 
 @cache
-def imported(model: str, plan: str, world: int, mesh: tuple[int, ...], axes: tuple[str, ...]):
+def imported(model: str, plan: str, world: int, tp: int = 1):
     """(captured step, its IR module). Tests must not mutate the module."""
     from flint.importer import import_step
 
-    step = captured(model, plan, world, mesh, axes)
+    step = captured(model, plan, world, tp)
     return step, import_step(step)

@@ -13,6 +13,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from flint.capture import CaptureError, capture_step, classify_aten
+from flint.errors import FlintError
 from flint.capture.fake_dist import device_mesh, fake_world
 from flint.capture.recipes import apply_tp
 from flint.models import build, config, factory
@@ -80,10 +81,11 @@ def test_classify_aten_rules():
 @pytest.mark.slow
 @pytest.mark.parametrize("model,world", [("llama-tiny", 8), ("llama-tiny", 1024), ("gpt2-tiny", 8)])
 def test_fsdp_one_gather_per_group_each_way_and_one_reduce_scatter(model, world):
-    step = captured(model, "fsdp", world, (world,), ("dp",))
+    step = captured(model, "fsdp", world)
     groups = 2 + config(model).n_layers
-    assert phase_colls(step, "fwd") == {("all_gather", ("dp",)): groups}
-    assert phase_colls(step, "bwd") == {("all_gather", ("dp",)): groups, ("reduce_scatter", ("dp",)): groups}
+    assert phase_colls(step, "fwd") == {("all_gather", ("dp_shard",)): groups}
+    assert phase_colls(step, "bwd") == {("all_gather", ("dp_shard",)): groups,
+                                        ("reduce_scatter", ("dp_shard",)): groups}
     assert phase_colls(step, "optim") == {}
     # sizes: the all-gather input is the concatenated local dim-0 shards of the group
     sizes = Counter()
@@ -100,25 +102,52 @@ def test_fsdp_one_gather_per_group_each_way_and_one_reduce_scatter(model, world)
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["llama-tiny", "gpt2-tiny"])
 def test_dp_one_all_reduce_per_group(model):
-    world = 1 if model == "gpt2-tiny" else 8
-    step = captured(model, "dp", world, (world,), ("dp",))
+    world = 2 if model == "gpt2-tiny" else 8
+    step = captured(model, "dp", world)
     groups = 2 + config(model).n_layers
     assert colls(step, ("fwd",)) == {}
-    assert colls(step, ("bwd",)) == {("all_reduce", ("dp",)): groups}
+    assert colls(step, ("bwd",)) == {("all_reduce", ("dp_replicate",)): groups}
     with torch.device("meta"):
         n_params = sum(p.numel() for p in build(model).parameters())
-    assert step.summary().collective_bytes[("all_reduce", ("dp",), "bwd")] == 4 * n_params
+    assert step.summary().collective_bytes[("all_reduce", ("dp_replicate",), "bwd")] == 4 * n_params
+
+
+@pytest.mark.slow
+def test_one_rank_is_the_single_device_program():
+    step = captured("gpt2-tiny", "dp", 1)
+    assert step.summary().collectives == {}
+    assert step.mesh.world_size == 1 and step.plan.degrees == {"pp": 1, "dp_replicate": 1, "dp_shard": 1,
+                                                                "cp": 1, "tp": 1}
+
+
+@pytest.mark.slow
+def test_hsdp_shards_and_all_reduces_the_gradient_shards():
+    from flint.plan import Plan
+
+    plan = Plan.from_dict({"dp_replicate": 2, "dp_shard": 4})
+    step = capture_step(factory("llama-tiny"), {"tokens": (8, SEQ), "labels": (8, SEQ)}, plan=plan)
+    groups = 2 + config("llama-tiny").n_layers
+    assert step.mesh.axis_names == ("dp_replicate", "dp_shard")
+    assert phase_colls(step, "fwd") == {("all_gather", ("dp_shard",)): groups}
+    bwd = phase_colls(step, "bwd")
+    assert bwd == {("all_gather", ("dp_shard",)): groups, ("reduce_scatter", ("dp_shard",)): groups,
+                   ("all_reduce", ("dp_replicate",)): groups}
+    s = step.summary()
+    # the all-reduce is of the gradient shard: the reduce-scatter's output, 1/4 of its input
+    assert 4 * s.collective_bytes[("all_reduce", ("dp_replicate",), "bwd")] == \
+        s.collective_bytes[("reduce_scatter", ("dp_shard",), "bwd")]
+    assert step.batch_local_shapes["tokens"] == (1, SEQ)
 
 
 @pytest.mark.slow
 def test_fsdp_tp_2d_at_1024_ranks():
-    step = captured("llama-tiny", "fsdp+tp", 1024, (128, 8), ("dp", "tp"))
+    step = captured("llama-tiny", "fsdp+tp", 1024, 8)
     layers = config("llama-tiny").n_layers
     assert set(step.group_axes.values()) >= {(0,), (1,)}
     fwd, bwd = phase_colls(step, "fwd"), phase_colls(step, "bwd")
-    assert fwd[("all_gather", ("dp",))] == layers + 2
-    assert bwd[("all_gather", ("dp",))] == layers + 2
-    assert bwd[("reduce_scatter", ("dp",))] == layers + 2
+    assert fwd[("all_gather", ("dp_shard",))] == layers + 2
+    assert bwd[("all_gather", ("dp_shard",))] == layers + 2
+    assert bwd[("reduce_scatter", ("dp_shard",))] == layers + 2
     # TP without SP: rowwise outputs all-reduce (embedding + wo + w2), colwise input grads in backward
     assert fwd[("all_reduce", ("tp",))] == 1 + 2 * layers
     assert bwd[("all_reduce", ("tp",))] == 5 * layers + 1
@@ -126,7 +155,7 @@ def test_fsdp_tp_2d_at_1024_ranks():
     block = step.part("block")
     shards = {r.param: r for r in block.fwd.roles.values() if r.kind == "parameter"}
     wq = shards["layers.0.attention.wq.weight"]
-    assert wq.global_shape == (256, 256) and wq.local_shape == (1, 256) and wq.sharding == {"tp": 0, "dp": 0}
+    assert wq.global_shape == (256, 256) and wq.local_shape == (1, 256) and wq.sharding == {"tp": 0, "dp_shard": 0}
 
 
 class CommCounter(TorchDispatchMode):
@@ -149,7 +178,7 @@ class CommCounter(TorchDispatchMode):
 def _eager_counts(model: str, world: int, parallelize) -> tuple[Counter, Counter]:
     """Collectives issued by a real eager fwd+bwd on CPU tensors over the fake process group."""
     with fake_world(world):
-        mesh = device_mesh((world,), ("dp",))
+        mesh = device_mesh((world,), ("dp_shard",))
         torch.manual_seed(0)
         m = build(model)
         parallelize(m, mesh)
@@ -174,7 +203,7 @@ def test_fsdp_matches_eager_fully_shard():
         fully_shard(m, mesh=mesh)
 
     fwd, bwd = _eager_counts("llama-tiny", 8, fsdp2)
-    step = captured("llama-tiny", "fsdp", 8, (8,), ("dp",))
+    step = captured("llama-tiny", "fsdp", 8)
     assert Counter({k: n for (k, _), n in phase_colls(step, "fwd").items()}) == fwd
     assert Counter({k: n for (k, _), n in phase_colls(step, "bwd").items()}) == bwd
 
@@ -183,7 +212,7 @@ def test_fsdp_matches_eager_fully_shard():
 @pytest.mark.parametrize("plan", ["tp", "tp+sp"])
 def test_tp_matches_eager_parallelize_module(plan):
     fwd, bwd = _eager_counts("llama-tiny", 8, lambda m, mesh: apply_tp(m, mesh, plan == "tp+sp"))
-    step = captured("llama-tiny", plan, 8, (8,), ("tp",))
+    step = captured("llama-tiny", plan, 8, 8)
     assert Counter({k: n for (k, _), n in phase_colls(step, "fwd").items()}) == fwd
     assert Counter({k: n for (k, _), n in phase_colls(step, "bwd").items()}) == bwd
     if plan == "tp+sp":
@@ -193,9 +222,8 @@ def test_tp_matches_eager_parallelize_module(plan):
 
 @pytest.mark.slow
 def test_repeated_block_equals_full_stack():
-    mesh, axes = (128, 8), ("dp", "tp")
-    rep = captured("llama-tiny", "fsdp+tp", 1024, mesh, axes, True).summary()
-    full = captured("llama-tiny", "fsdp+tp", 1024, mesh, axes, False).summary()
+    rep = captured("llama-tiny", "fsdp+tp", 1024, 8, True).summary()
+    full = captured("llama-tiny", "fsdp+tp", 1024, 8, False).summary()
     assert rep.flops == full.flops > 0
     assert rep.collectives == full.collectives
     assert rep.collective_bytes == full.collective_bytes
@@ -205,7 +233,7 @@ def test_repeated_block_equals_full_stack():
 
 @pytest.mark.slow
 def test_roles_mesh_and_optimizer():
-    step = captured("llama-tiny", "fsdp", 8, (8,), ("dp",))
+    step = captured("llama-tiny", "fsdp", 8)
     assert [p.name for p in step.parts] == ["embed", "block", "head"]
     block = step.part("block")
     assert block.repeat == 2
@@ -226,15 +254,30 @@ def test_roles_mesh_and_optimizer():
 
 
 def test_mesh_must_divide_world():
-    with pytest.raises(CaptureError, match="mesh_shape"):
+    with pytest.raises(FlintError, match="TP degree 3 does not divide world size 1024"):
         capture_step(factory("llama-tiny"), {"tokens": (8, 8), "labels": (8, 8)}, world_size=1024,
-                     mesh_shape=(100, 8), mesh_axis_names=("dp", "tp"), plan="fsdp+tp")
+                     plan="fsdp+tp", tp=3)
+    with pytest.raises(CaptureError, match="mesh_shape.*has 800 ranks, but world_size is 1024"):
+        capture_step(factory("llama-tiny"), {"tokens": (8, 8), "labels": (8, 8)}, world_size=1024,
+                     mesh_shape=(100, 8), mesh_axis_names=("dp_shard", "tp"), plan=lambda m, mesh: None)
+    with pytest.raises(CaptureError, match="world_size: 16 does not match the plan's 8 ranks"):
+        from flint.plan import Plan
+
+        capture_step(factory("llama-tiny"), {"tokens": (8, 8), "labels": (8, 8)}, world_size=16,
+                     plan=Plan.from_dict({"dp_shard": 8}))
+
+
+def test_capture_refuses_plan_fields_it_does_not_implement():
+    from flint.plan import Plan
+
+    with pytest.raises(FlintError, match="plan field 'cp': capture does not support it yet"):
+        capture_step(factory("llama-tiny"), {"tokens": (8, 8), "labels": (8, 8)},
+                     plan=Plan.from_dict({"dp_shard": 2, "cp": 2}))
 
 
 def test_heads_must_divide_tp():
     with pytest.raises(CaptureError, match="n_kv_heads.*not divisible.*16"):
-        capture_step(factory("llama-tiny"), {"tokens": (8, 8), "labels": (8, 8)}, world_size=16,
-                     mesh_shape=(16,), mesh_axis_names=("tp",), plan="tp")
+        capture_step(factory("llama-tiny"), {"tokens": (8, 8), "labels": (8, 8)}, world_size=16, plan="tp")
 
 
 def test_batch_must_divide_dp():

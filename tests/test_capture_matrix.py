@@ -20,14 +20,14 @@ TP_DEGREE = {"gpt2-small": 4, "llama-tiny": 8}  # GPT-2 small has 12 heads
 TP_PER_BLOCK = {"gpt2-small": (2, 4), "llama-tiny": (2, 5)}
 
 
-def plan_mesh(model: str, plan: str, world: int):
+def plan_recipe(model: str, plan: str, world: int) -> tuple[str, int]:
+    """(recipe, TP degree): TP at the model's degree, data parallel over the rest."""
     t = min(TP_DEGREE[model], world)
     if plan in ("dp", "fsdp"):
-        return plan, (world,), ("dp",)
+        return plan, 1
     if plan == "tp" and world == t:
-        return "tp", (world,), ("tp",)
-    data = "dp" if plan == "tp" else "fsdp"
-    return f"{data}+tp", (world // t, t), ("dp", "tp")
+        return "tp", world
+    return ("dp+tp" if plan == "tp" else "fsdp+tp"), t
 
 
 def param_bytes(model: str, pad_dim0_to: int = 1) -> int:
@@ -53,30 +53,32 @@ CASES = [(m, p, w) for m in TP_DEGREE for w in (1, 8, 1024) for p in ("dp", "fsd
 
 @pytest.mark.parametrize("model,plan,world", CASES, ids=[f"{m}-{p}-{w}" for m, p, w in CASES])
 def test_collectives_match_how_pytorch_runs_it(model, plan, world):
-    recipe, mesh, axes = plan_mesh(model, plan, world)
-    step = captured(model, recipe, world, mesh, axes)
+    recipe, t = plan_recipe(model, plan, world)
+    step = captured(model, recipe, world, t)
     layers = config(model).n_layers
     groups = layers + 2  # FSDP / DDP units: embedding, each block, head
-    dp = mesh[axes.index("dp")] if "dp" in axes else 1
-    tp = mesh[axes.index("tp")] if "tp" in axes else 1
+    tp = t if "tp" in recipe else 1
+    dp = world // tp
 
     if world == 1:
-        # every collective is over a one-rank group: nothing survives canonicalization
-        _, module = imported(model, recipe, world, mesh, axes)
+        # no collective over a one-rank group survives canonicalization
+        _, module = imported(model, recipe, world, t)
         module = module.clone()
         CanonicalizeDistPass().apply(Context(), module)
         assert not [op for op in module.walk() if isinstance(op, (dist.CollectiveOp, dist.WaitOp))]
         return
 
-    if recipe.startswith("dp"):
-        n, b = totals(step, "all_reduce", "dp", "bwd")
+    if dp == 1:  # a data-parallel degree of 1 is no data parallelism: no ParamGroup, no collective
+        assert not any(set(ax) & {"dp_shard", "dp_replicate"} for _, ax, _ in step.summary().collectives)
+    if recipe.startswith("dp") and dp > 1:
+        n, b = totals(step, "all_reduce", "dp_replicate", "bwd")
         assert n == groups
         if tp == 1:
             assert b == param_bytes(model)
-    if recipe.startswith("fsdp"):
-        n_fwd, b_fwd = totals(step, "all_gather", "dp", "fwd")
-        n_bwd, b_bwd = totals(step, "all_gather", "dp", "bwd")
-        n_rs, b_rs = totals(step, "reduce_scatter", "dp", "bwd")
+    if recipe.startswith("fsdp") and dp > 1:
+        n_fwd, b_fwd = totals(step, "all_gather", "dp_shard", "fwd")
+        n_bwd, b_bwd = totals(step, "all_gather", "dp_shard", "bwd")
+        n_rs, b_rs = totals(step, "reduce_scatter", "dp_shard", "bwd")
         assert n_fwd == n_bwd == n_rs == groups  # gathered again in backward (reshard after forward)
         assert b_fwd == b_bwd and b_rs == dp * b_fwd  # reduce-scatter input = full (padded) gradient
         if tp == 1:
@@ -93,10 +95,10 @@ def test_collectives_match_how_pytorch_runs_it(model, plan, world):
 
 @pytest.mark.parametrize("plan", ["dp", "fsdp"])
 def test_mixture_of_experts_captures_and_imports(plan):
-    step, module = imported("moe-tiny", plan, 8, (8,), ("dp",))
+    step, module = imported("moe-tiny", plan, 8)
     groups = config("moe-tiny").n_layers + 2
-    kind = "all_reduce" if plan == "dp" else "reduce_scatter"
-    assert totals(step, kind, "dp", "bwd")[0] == groups
+    kind, axis = ("all_reduce", "dp_replicate") if plan == "dp" else ("reduce_scatter", "dp_shard")
+    assert totals(step, kind, axis, "bwd")[0] == groups
     assert step.summary().op_classes["gemm"] > 0 and step.summary().op_classes["attention"] > 0
     module.verify()
 
@@ -105,4 +107,4 @@ def test_mixture_of_experts_refuses_tensor_parallel():
     from flint.capture import CaptureError
 
     with pytest.raises(CaptureError, match="tensor parallelism of mixture-of-experts layers is not implemented"):
-        captured("moe-tiny", "tp", 2, (2,), ("tp",))
+        captured("moe-tiny", "tp", 2, 2)

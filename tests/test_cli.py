@@ -65,3 +65,47 @@ def test_capture_emit_inspect_end_to_end(tmp_path):
     assert ins.returncode == 0, ins.stdout + ins.stderr
     summary = json.loads(ins.stdout)
     assert summary["world_size"] == 1024 and summary["problem_count"] == 0
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--world-size", "8", "--plan", "dp", "--tp", "2"], "--tp applies to plans with tp; recipe 'dp' has none"),
+    (["--world-size", "8", "--plan", "tp", "--tp", "4"], "recipe 'tp' spans the whole world"),
+    (["--world-size", "8", "--plan", "zero3"], "unknown recipe 'zero3'"),
+    (["--plan", "fsdp"], "--world-size is required with --plan"),
+    (["--world-size", "8", "--seq-len", "-5"], "--seq-len must be at least 1"),
+    (["--world-size", "8", "--batch-size", "0"], "--batch-size must be at least 1"),
+])
+def test_capture_plan_arguments_are_checked_before_any_work(tmp_path, capsys, argv, message):
+    out = tmp_path / "s.mlir"
+    rc, _, err = _run(capsys, "capture", "--model", "llama-tiny", *argv, "-o", str(out))
+    assert rc == 1 and message in err and "Traceback" not in err
+    assert not out.exists()
+
+
+def test_capture_plan_file_errors_name_the_file_and_field(tmp_path, capsys):
+    plan = tmp_path / "plan.toml"
+    plan.write_text("dp_shard = 3\ntp = 2\n")
+    rc, _, err = _run(capsys, "capture", "--model", "llama-tiny", "--plan-file", str(plan), "--world-size", "8",
+                      "-o", str(tmp_path / "s.mlir"))
+    assert rc == 1 and f"{plan}: plan field 'world_size'" in err and "= 6, not the world size 8" in err
+    plan.write_text("dp_shard = 2\npp = 2\n")
+    rc, _, err = _run(capsys, "capture", "--model", "llama-tiny", "--plan-file", str(plan),
+                      "-o", str(tmp_path / "s.mlir"))
+    assert rc == 1 and "plan field 'pp': capture does not support it yet" in err
+    assert not (tmp_path / "s.mlir").exists()
+
+
+@pytest.mark.slow
+def test_capture_plan_file_hsdp_tp(tmp_path, capsys):
+    from flint.ir.parse import load_ir
+    from flint.plan import Plan, plan_of
+
+    plan = tmp_path / "plan.toml"
+    plan.write_text("[plan]\ndp_replicate = 2\ndp_shard = -1\ntp = 2\nworld_size = 8\n")
+    out = tmp_path / "s.mlir"
+    rc, stdout, err = _run(capsys, "capture", "--model", "llama-tiny", "--plan-file", str(plan), "-o", str(out))
+    assert rc == 0, err
+    assert "dp_replicate" in stdout and "dp_shard" in stdout
+    module = load_ir(str(out))
+    assert plan_of(module) == Plan.from_dict({"dp_replicate": 2, "dp_shard": 2, "tp": 2})
+    assert "flint.axis_names = [\"dp_replicate\", \"dp_shard\", \"tp\"]" in out.read_text()

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow  # each capture compiles with dynamo/AOTAutograd (
 
 
 def step_and_module():
-    return imported("llama-tiny", "fsdp+tp", 8, (4, 2), ("dp", "tp"))
+    return imported("llama-tiny", "fsdp+tp", 8, 2)
 
 
 def _fx_counts(step) -> Counter:
@@ -99,7 +99,7 @@ def test_round_trips_through_flint_opt(tmp_path):
 
 
 def test_unknown_op_names_op_and_source_line():
-    step = captured("llama-tiny", "fsdp", 8, (8,), ("dp",))
+    step = captured("llama-tiny", "fsdp", 8)
     g = step.part("block").fwd.gm
     node = next(n for n in g.graph.nodes if n.op == "call_function" and n.target is torch.ops.aten.mm.default)
     original = node.target

@@ -118,3 +118,17 @@ def test_every_role_is_a_group_of_the_right_size(dpr, dps, cp, tp, pp, order):
 
 def test_divisors():
     assert divisors(12) == [1, 2, 3, 4, 6, 12] and divisors(1) == [1]
+
+
+def test_plan_round_trips_through_a_module_attribute():
+    from xdsl.dialects.builtin import ModuleOp
+
+    from flint.plan import attach, plan_of
+
+    module = ModuleOp([])
+    assert plan_of(module) is None
+    for fields in ({"dp_shard": 8, "tp": 4, "sp": True},
+                   {"dp_shard": 2, "pp": 2, "pp_layers": [3, 5], "order": ["dp_shard", "tp", "cp", "dp_replicate", "pp"]}):
+        plan = Plan.from_dict(fields)
+        attach(module, plan)
+        assert plan_of(module) == plan

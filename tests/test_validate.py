@@ -133,7 +133,7 @@ def test_expected_differences_rules():
 def test_cases_skip_2d_recipes_below_world_size_4():
     got = [(c.plan, c.world_size) for c in cases(["llama-tiny"], ["tp", "fsdp+tp"], [2, 4])]
     assert got == [("tp", 2), ("tp", 4), ("fsdp+tp", 4)]
-    assert Case("llama-tiny", "fsdp+tp", 4).mesh() == ((2, 2), ("dp", "tp"))
+    assert Case("llama-tiny", "fsdp+tp", 4).mesh() == ((2, 2), ("dp_shard", "tp"))
     assert Case("llama-tiny", "tp", 4).mesh() == ((4,), ("tp",))
 
 

@@ -73,26 +73,55 @@ def _step_bytes(module) -> int:
                for name, count in get_schedule(module))
 
 
+def _capture_plan(args: argparse.Namespace):
+    """The plan of ``flint capture``: ``--plan-file`` or a named ``--plan`` (with ``--tp``)."""
+    from flint.plan import Plan, from_recipe
+
+    if args.plan_file:
+        if args.plan is not None or args.tp is not None:
+            raise FlintError("give either --plan-file or --plan/--tp, not both")
+        return Plan.load(args.plan_file, world_size=args.world_size)
+    if args.world_size is None:
+        raise FlintError("--world-size is required with --plan (a plan file may give world_size instead)")
+    from flint.capture import RECIPES
+
+    name = args.plan or "fsdp"
+    if name not in RECIPES:
+        raise FlintError(f"--plan: unknown recipe '{name}'; known: {', '.join(RECIPES)} (or use --plan-file)")
+    tp = 1 if args.tp is None else args.tp
+    if tp < 1:
+        raise FlintError(f"--tp must be at least 1, got {tp}")
+    parts = name.split("+")
+    if args.tp is not None and "tp" not in parts:
+        raise FlintError(f"--tp applies to plans with tp; recipe '{name}' has none")
+    if args.tp is not None and not {"dp", "fsdp"} & set(parts) and tp != args.world_size:
+        raise FlintError(f"--tp {tp}: recipe '{name}' spans the whole world (tp = {args.world_size}); "
+                         "use dp+tp or fsdp+tp for a 2-D mesh")
+    return from_recipe(name, args.world_size, tp)
+
+
 def cmd_capture(args: argparse.Namespace) -> int:
     from io import StringIO
 
     from xdsl.printer import Printer
 
-    from flint.capture import capture_step, default_mesh
+    from flint.capture import capture_step
     from flint.importer import import_step
 
     t0 = time.perf_counter()
+    plan = _capture_plan(args)
     model_factory, cfg = _model_factory(args.model, args.layers)
-    if args.tp < 1:
-        raise FlintError(f"--tp must be at least 1, got {args.tp}")
-    mesh_shape, axes = default_mesh(args.plan, args.world_size, args.tp)
+    for name in ("batch_size", "seq_len"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise FlintError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
     seq = args.seq_len or min(getattr(cfg, "max_seq_len", 2048), 2048)
-    batch = args.batch_size or mesh_shape[axes.index("dp")] if "dp" in axes else (args.batch_size or 1)
+    batch = args.batch_size or plan.dp
     shapes = {"tokens": (batch, seq), "labels": (batch, seq)}
-    print(f"capturing {args.model} ({args.plan}, world size {args.world_size}, mesh "
-          f"{'x'.join(map(str, mesh_shape))} {tuple(axes)}, batch {batch}x{seq}, {args.dtype}) ...", file=sys.stderr)
-    step = capture_step(model_factory, shapes, world_size=args.world_size, mesh_shape=mesh_shape,
-                        mesh_axis_names=axes, plan=args.plan, dtype=args.dtype)
+    mesh = plan.mesh()
+    print(f"capturing {args.model} ({plan.describe()}; mesh {'x'.join(map(str, mesh.shape))} "
+          f"{tuple(mesh.axis_names)}, batch {batch}x{seq}, {args.dtype}) ...", file=sys.stderr)
+    step = capture_step(model_factory, shapes, plan=plan, dtype=args.dtype)
     t_capture = time.perf_counter() - t0
     module = import_step(step)
     text = StringIO()
@@ -110,10 +139,11 @@ def cmd_capture(args: argparse.Namespace) -> int:
     print(f"  {'FLOPs':<22} {_fmt_count(summary.flops) + 'FLOP':>12}")
     print(f"  {'bytes read+written':<22} {_fmt_count(_step_bytes(module)) + 'B':>12}")
     if summary.collectives:
-        print(f"\n  {'collective':<16} {'axes':<10} {'phase':<6} {'count':>6} {'input bytes':>14}")
+        width = max(10, *(len(",".join(ax)) for _, ax, _ in summary.collectives))
+        print(f"\n  {'collective':<16} {'axes':<{width}} {'phase':<6} {'count':>6} {'input bytes':>14}")
         for key in sorted(summary.collectives):
             kind, ax, phase = key
-            print(f"  {kind:<16} {','.join(ax):<10} {phase:<6} {summary.collectives[key]:>6} "
+            print(f"  {kind:<16} {','.join(ax):<{width}} {phase:<6} {summary.collectives[key]:>6} "
                   f"{_fmt_count(summary.collective_bytes[key]) + 'B':>14}")
     return 0
 
@@ -179,9 +209,14 @@ def build_parser() -> argparse.ArgumentParser:
     cap.add_argument("--model", required=True,
                      help="zoo preset (llama3-8b, llama3-70b, llama3-405b, mixtral-8x7b, gpt2-small, ...) or "
                           "path/to/file.py[:function] defining a zero-argument model factory (default function: model_factory)")
-    cap.add_argument("--world-size", type=int, required=True, help="number of ranks")
-    cap.add_argument("--plan", default="fsdp", help="dp, fsdp, tp, tp+sp, dp+tp, fsdp+tp, fsdp+tp+sp (default: fsdp)")
-    cap.add_argument("--tp", type=int, default=1, help="tensor-parallel degree for plans with tp (default: 1)")
+    cap.add_argument("--world-size", type=int, default=None,
+                     help="number of ranks (required with --plan; optional with a --plan-file that gives world_size)")
+    cap.add_argument("--plan", default=None,
+                     help="named plan: dp, fsdp, tp, tp+sp, dp+tp, fsdp+tp, fsdp+tp+sp (default: fsdp)")
+    cap.add_argument("--tp", type=int, default=None,
+                     help="tensor-parallel degree of 2-D plans (dp+tp, fsdp+tp, fsdp+tp+sp; default: 1)")
+    cap.add_argument("--plan-file", default=None,
+                     help="a plan as TOML (dp_replicate, dp_shard, tp, sp, ...; see flint/plan.py) instead of --plan")
     cap.add_argument("--layers", type=int, default=None, help="override the model's depth (zoo models)")
     cap.add_argument("--batch-size", type=int, default=None, help="global batch size (default: one sequence per data-parallel rank)")
     cap.add_argument("--seq-len", type=int, default=None, help="sequence length (default: min(model max, 2048))")

@@ -3,19 +3,19 @@
 >>> from flint.capture import capture_step
 >>> from flint.models import factory
 >>> step = capture_step(factory("llama3-8b"), {"tokens": (1024, 8192), "labels": (1024, 8192)},
-...                     world_size=1024, mesh_shape=(128, 8), mesh_axis_names=("dp", "tp"),
-...                     plan="fsdp+tp", dtype="bfloat16")   # doctest: +SKIP
+...                     world_size=1024, plan="fsdp+tp", tp=8, dtype="bfloat16")   # doctest: +SKIP
 >>> step.part("block").repeat                             # doctest: +SKIP
 32
 
 See :func:`capture_step` (flint/capture/step.py) for the inputs and
-:class:`CapturedStep` for what comes back; recipes are in
+:class:`CapturedStep` for what comes back; plans are :class:`flint.plan.Plan`
+(or a recipe name, a preset for one); recipes are in
 :mod:`flint.capture.recipes`, op classes in :mod:`flint.capture.opclass`.
 """
 
 from flint.capture.errors import CaptureError
 from flint.capture.opclass import classify_aten
-from flint.capture.recipes import RECIPES, ParamInfo, default_mesh
+from flint.capture.recipes import RECIPES, ParamInfo
 from flint.capture.step import (
     CapturedGraph,
     CapturedPart,
@@ -27,4 +27,4 @@ from flint.capture.step import (
 )
 
 __all__ = ["capture_step", "CapturedStep", "CapturedPart", "CapturedGraph", "Role", "StepSummary",
-           "summarize", "classify_aten", "CaptureError", "RECIPES", "ParamInfo", "default_mesh"]
+           "summarize", "classify_aten", "CaptureError", "RECIPES", "ParamInfo"]

@@ -1,26 +1,30 @@
-"""Parallelism recipes written with PyTorch's own APIs, selectable by name.
+"""Parallelism recipes written with PyTorch's own APIs, driven by a :class:`flint.plan.Plan`.
+
+What a plan's degrees do to a :class:`~flint.models.StagedLM` in capture:
 
 ======================  ==========================================================
-recipe                  what it does
+plan                    what it does
 ======================  ==========================================================
-``dp``                  replicated parameters; one gradient all-reduce (avg) per
+``dp_replicate``        replicated parameters; one gradient all-reduce (avg) per
                         parameter group in backward (DDP / ``replicate`` bucketing
-                        at group granularity)
-``fsdp``                ZeRO-3 / FSDP2 semantics, SimpleFSDP-style: parameters are
+                        at group granularity), on mesh axis ``dp_replicate``
+``dp_shard``            ZeRO-3 / FSDP2 semantics, SimpleFSDP-style: parameters are
                         dim-0 shards; per group one all-gather before use in
                         forward, one again in backward (selective-checkpoint
-                        MUST_RECOMPUTE), one gradient reduce-scatter
-``tp``                  Megatron tensor parallel with ``parallelize_module``:
-                        colwise wq/wk/wv/w1/w3, rowwise wo/w2 (all-reduce)
-``tp+sp``               ``tp`` plus sequence parallel norms (all-gather before,
-                        reduce-scatter after attention and MLP)
-``fsdp+tp``, ``dp+tp``  2-D: TP on axis ``tp``, then FSDP / DP on axis ``dp``
-``fsdp+tp+sp``          2-D with sequence parallel
+                        MUST_RECOMPUTE), one gradient reduce-scatter, on ``dp_shard``
+both                    HSDP: shards on ``dp_shard``, and the gradient shard is
+                        all-reduced over ``dp_replicate`` (as FSDP2's HSDP does)
+``tp`` (``sp``)         Megatron tensor parallel with ``parallelize_module``:
+                        colwise wq/wk/wv/w1/w3, rowwise wo/w2 (all-reduce); with
+                        ``sp``, sequence-parallel norms (all-gather before,
+                        reduce-scatter after attention and MLP), on axis ``tp``
 ======================  ==========================================================
 
-A *parameter group* is what FSDP2 would wrap with ``fully_shard``: the
-embedding, each transformer block, and the head (final norm + output).
-Data-parallel axes are named ``dp``; the tensor-parallel axis ``tp``.
+The named recipes of ``flint capture --plan`` (``dp``, ``fsdp``, ``tp``,
+``tp+sp``, ``dp+tp``, ``fsdp+tp``, ``fsdp+tp+sp``) are presets for plans
+(:func:`flint.plan.from_recipe`). A *parameter group* is what FSDP2 would wrap
+with ``fully_shard``: the embedding, each transformer block, and the head
+(final norm + output).
 """
 
 from __future__ import annotations
@@ -43,40 +47,11 @@ from torch.distributed.tensor.parallel import (
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from flint.capture.errors import CaptureError
+from flint.plan import Plan
 
 RECIPES = ("dp", "fsdp", "tp", "tp+sp", "dp+tp", "fsdp+tp", "fsdp+tp+sp")
-
-
-@dataclass(frozen=True)
-class Recipe:
-    """A parsed recipe name."""
-
-    name: str
-    data: str | None  # None, "dp" or "fsdp"
-    tp: bool
-    sp: bool
-
-    @staticmethod
-    def parse(name: str) -> "Recipe":
-        if name not in RECIPES:
-            raise CaptureError("plan", f"unknown recipe '{name}'; known recipes: {', '.join(RECIPES)}")
-        parts = set(name.split("+"))
-        data = "fsdp" if "fsdp" in parts else "dp" if "dp" in parts else None
-        return Recipe(name, data, "tp" in parts, "sp" in parts)
-
-    def axes(self) -> tuple[str, ...]:
-        """Mesh axis names this recipe needs, outermost first."""
-        return tuple(a for a, on in (("dp", self.data is not None), ("tp", self.tp)) if on)
-
-
-def default_mesh(plan: str, world_size: int, tp: int = 1) -> tuple[tuple[int, ...], tuple[str, ...]]:
-    """(mesh_shape, mesh_axis_names) for ``plan`` at ``world_size`` with TP degree ``tp``."""
-    recipe = Recipe.parse(plan)
-    if recipe.tp and world_size % tp:
-        raise CaptureError("tp", f"TP degree {tp} does not divide world size {world_size}")
-    sizes = {"dp": world_size // (tp if recipe.tp else 1), "tp": tp if recipe.data else world_size}
-    axes = recipe.axes()
-    return tuple(sizes[a] for a in axes), axes
+# Plan fields the capture recipes implement; others are refused by Plan.require.
+CAPTURE_FIELDS = ("dp_replicate", "dp_shard", "tp", "sp")
 
 
 @dataclass
@@ -208,15 +183,20 @@ class ParamGroup(nn.Module):
     Holds the group's local parameters in ``self.local`` (dim-0 shards for
     ``fsdp``; the whole, or TP-local, tensors for ``dp``) and runs the wrapped
     module with ``torch.func.functional_call`` on the unsharded values.
+    ``dp_mesh`` is the axis the group shards over (``fsdp``) or replicates
+    over (``dp``); ``replicate_mesh`` (``fsdp`` only) adds HSDP's gradient
+    all-reduce of the shard over the replicas.
     """
 
     def __init__(self, module: nn.Module, dp_mesh: DeviceMesh, mode: str, prefix: str,
-                 infos: dict[int, ParamInfo]) -> None:
+                 infos: dict[int, ParamInfo], replicate_mesh: DeviceMesh | None = None) -> None:
         super().__init__()
         self.module = module
         self.mode = mode
         self.dp_size = dp_mesh.size()
         self.group_name = dp_mesh.get_group().group_name
+        self.replicate_group = replicate_mesh.get_group().group_name if replicate_mesh is not None else None
+        shard_axis = (dp_mesh.mesh_dim_names or ("dp_shard",))[0]
         self.backward_unshard = False
         self.names: list[str] = []
         self.specs: list = []
@@ -232,7 +212,7 @@ class ParamGroup(nn.Module):
                 rows = local.shape[0]
                 shard_rows = -(-rows // self.dp_size)
                 leaf = nn.Parameter(torch.empty((shard_rows, *local.shape[1:]), dtype=local.dtype, device=local.device))
-                sharding["dp"] = 0
+                sharding[shard_axis] = 0
             else:
                 leaf = nn.Parameter(local.detach())
             key = name.replace(".", "__")
@@ -257,6 +237,8 @@ class ParamGroup(nn.Module):
     def forward(self, *args: torch.Tensor, **kwargs: torch.Tensor) -> torch.Tensor:
         leaves = [self.local[n.replace(".", "__")] for n in self.names]
         if self.mode == "fsdp":
+            if self.replicate_group is not None:
+                leaves = list(_GradAllReduce.apply(self.replicate_group, *leaves))
             values = checkpoint(self._unshard, *leaves, use_reentrant=False, context_fn=_RECOMPUTE)
         else:
             values = _GradAllReduce.apply(self.group_name, *leaves)
@@ -273,32 +255,38 @@ class ParamGroup(nn.Module):
         return out
 
 
-def apply_data_parallel(model: nn.Module, dp_mesh: DeviceMesh, mode: str, infos: dict[int, ParamInfo]) -> None:
+def apply_data_parallel(model: nn.Module, dp_mesh: DeviceMesh, mode: str, infos: dict[int, ParamInfo],
+                        replicate_mesh: DeviceMesh | None = None) -> None:
     """Wrap embed, every block and head of a StagedLM as parameter groups."""
-    model.embed = ParamGroup(model.embed, dp_mesh, mode, "embed", infos)
+    kw = dict(replicate_mesh=replicate_mesh)
+    model.embed = ParamGroup(model.embed, dp_mesh, mode, "embed", infos, **kw)
     for i in range(len(model.layers)):
-        model.layers[i] = ParamGroup(model.layers[i], dp_mesh, mode, f"layers.{i}", infos)
-    model.head = ParamGroup(model.head, dp_mesh, mode, "head", infos)
+        model.layers[i] = ParamGroup(model.layers[i], dp_mesh, mode, f"layers.{i}", infos, **kw)
+    model.head = ParamGroup(model.head, dp_mesh, mode, "head", infos, **kw)
 
 
-def apply(plan: str, model: nn.Module, mesh: DeviceMesh) -> tuple[Recipe, dict[int, ParamInfo], nn.Module]:
-    """Parallelise ``model`` by recipe ``plan``.
+def data_parallel_mode(plan: Plan) -> str | None:
+    """``"fsdp"`` (parameters sharded on ``dp_shard``), ``"dp"`` (replicated) or None."""
+    return "fsdp" if plan.dp_shard > 1 else "dp" if plan.dp_replicate > 1 else None
 
-    Returns the recipe, the ParamInfo table (keyed by ``id`` of each leaf
-    parameter) and the model to run (``model`` itself, or a ParamGroup around
-    it for ``dp`` on a model that is not a StagedLM).
+
+def apply(plan: Plan, model: nn.Module, mesh: DeviceMesh) -> tuple[dict[int, ParamInfo], nn.Module]:
+    """Parallelise ``model`` by ``plan`` on the device mesh built from ``plan.mesh()``.
+
+    Returns the ParamInfo table (keyed by ``id`` of each leaf parameter) and
+    the model to run (``model`` itself, or a ParamGroup around it for data
+    parallelism of a model that is not a StagedLM).
     """
-    recipe = Recipe.parse(plan)
-    names = tuple(mesh.mesh_dim_names or ())
-    missing = [a for a in recipe.axes() if a not in names]
-    if missing:
-        raise CaptureError("mesh_axis_names", f"recipe '{plan}' needs mesh axes {list(recipe.axes())}, "
-                           f"got {list(names)}")
+    plan.require(CAPTURE_FIELDS, "capture")
+    staged = all(hasattr(model, a) for a in ("embed", "layers", "head"))
     infos: dict[int, ParamInfo] = {}
     for name, p in model.named_parameters():
         infos[id(p)] = ParamInfo(name, tuple(p.shape), tuple(p.shape), p.dtype)
-    if recipe.tp:
-        apply_tp(model, mesh["tp"], recipe.sp)
+    if plan.tp > 1:
+        if not staged:
+            raise CaptureError("plan", "tensor parallelism needs a StagedLM (embed, layers, head); "
+                               "pass a parallelisation function instead")
+        apply_tp(model, mesh["tp"], plan.sp)
         by_name = {info.name: info for info in infos.values()}
         infos.clear()
         for name, p in model.named_parameters():
@@ -306,8 +294,12 @@ def apply(plan: str, model: nn.Module, mesh: DeviceMesh) -> tuple[Recipe, dict[i
             local = p.to_local() if isinstance(p, DTensor) else p
             sharding = {"tp": pl.dim for pl in getattr(p, "placements", ()) if isinstance(pl, Shard)}
             infos[id(p)] = ParamInfo(info.name, info.global_shape, tuple(local.shape), p.dtype, sharding)
-    if recipe.data and not all(hasattr(model, a) for a in ("embed", "layers", "head")):
-        return recipe, infos, ParamGroup(model, mesh["dp"], recipe.data, "", infos)
-    if recipe.data:
-        apply_data_parallel(model, mesh["dp"], recipe.data, infos)
-    return recipe, infos, model
+    mode = data_parallel_mode(plan)
+    if mode is None:
+        return infos, model
+    dp_mesh = mesh["dp_shard"] if mode == "fsdp" else mesh["dp_replicate"]
+    replicate = mesh["dp_replicate"] if mode == "fsdp" and plan.dp_replicate > 1 else None
+    if not staged:
+        return infos, ParamGroup(model, dp_mesh, mode, "", infos, replicate_mesh=replicate)
+    apply_data_parallel(model, dp_mesh, mode, infos, replicate)
+    return infos, model

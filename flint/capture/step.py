@@ -35,8 +35,9 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from flint.capture import opclass
 from flint.capture.errors import CaptureError
 from flint.capture.fake_dist import device_mesh, fake_world, group_axes
-from flint.capture.recipes import ParamGroup, ParamInfo, Recipe, apply
+from flint.capture.recipes import RECIPES, ParamGroup, ParamInfo, apply, data_parallel_mode
 from flint.mesh import Mesh
+from flint.plan import Plan, from_recipe
 
 
 @dataclass
@@ -99,11 +100,12 @@ class CapturedStep:
 
     parts: list[CapturedPart]
     mesh: Mesh
-    plan: str
+    plan_name: str  # the recipe name, the plan's description, or the parallelisation function's name
     group_axes: dict[str, tuple[int, ...]]
     param_dtype: torch.dtype
     batch_local_shapes: dict[str, tuple[int, ...]]
     global_params: dict[str, tuple[int, ...]]
+    plan: Plan | None = None  # None for a user parallelisation function
 
     def part(self, name: str) -> CapturedPart:
         return next(p for p in self.parts if p.name == name)
@@ -395,47 +397,74 @@ def capture_step(
     model_factory: Callable[[], nn.Module],
     batch_shapes: Mapping[str, Sequence[int]],
     *,
-    world_size: int,
+    plan: Plan | str | Callable[[nn.Module, Any], nn.Module | None] = "dp",
+    world_size: int | None = None,
+    tp: int = 1,
     mesh_shape: Sequence[int] | None = None,
     mesh_axis_names: Sequence[str] | None = None,
-    plan: str | Callable[[nn.Module, Any], nn.Module | None] = "dp",
     repeat: bool = True,
     optimizer: str | None = "adamw",
     dtype: str | torch.dtype | None = None,
 ) -> CapturedStep:
-    """Capture one training step of ``model_factory()`` as rank 0 of ``world_size`` ranks.
+    """Capture one training step of ``model_factory()`` as rank 0 of the plan's world.
 
     ``model_factory`` is called under ``torch.device("meta")``. ``batch_shapes``
     gives GLOBAL shapes, e.g. ``{"tokens": (B, S), "labels": (B, S)}``; dim 0 is
-    split over the data-parallel axis ``dp``. ``mesh_shape`` /
-    ``mesh_axis_names`` default to ``(world_size,)`` / the recipe's axes.
-    ``plan`` is a recipe name (see :mod:`flint.capture.recipes`) or a function
-    ``plan(model, device_mesh)`` that parallelises the model with PyTorch
-    APIs (then every mesh axis named ``dp`` is taken as data parallel).
+    split over the data-parallel axes (``dp_replicate`` x ``dp_shard``).
+
+    ``plan`` is one of:
+    - a :class:`flint.plan.Plan` (its mesh is ``plan.mesh()``; ``world_size``,
+      if given, must agree);
+    - a recipe name (``dp``, ``fsdp``, ``fsdp+tp``, ...; see
+      :mod:`flint.capture.recipes`), with ``world_size`` and, for 2-D recipes,
+      the TP degree ``tp`` (:func:`flint.plan.from_recipe`);
+    - a function ``plan(model, device_mesh)`` that parallelises the model with
+      PyTorch APIs; its mesh is ``mesh_shape`` / ``mesh_axis_names``
+      (default ``(world_size,)`` named ``dp_replicate``), and mesh axes named
+      ``dp_replicate`` or ``dp_shard`` split the batch.
     ``repeat=True`` captures one block of a StagedLM and repeats it;
     ``repeat=False`` captures the whole stack as one part (for checks).
     ``optimizer`` is ``"adamw"`` or ``None``. ``dtype`` casts the model
     (default: as built, float32).
     """
-    if world_size < 1:
+    if world_size is not None and world_size < 1:
         raise CaptureError("world_size", f"must be a positive integer, got {world_size}")
-    if mesh_shape is None:
-        mesh_shape = (world_size,)
-    if mesh_axis_names is None:
-        mesh_axis_names = Recipe.parse(plan).axes()[-len(mesh_shape):] if isinstance(plan, str) else ()
-        if len(mesh_axis_names) != len(mesh_shape):
-            mesh_axis_names = ("dp",) if len(mesh_shape) == 1 else ()
-    mesh = Mesh(tuple(mesh_shape), tuple(mesh_axis_names))
-    if mesh.world_size != world_size:
-        raise CaptureError("mesh_shape", f"mesh {list(mesh.shape)} has {mesh.world_size} ranks, "
-                           f"but world_size is {world_size}")
+    custom = callable(plan) and not isinstance(plan, Plan)
+    if isinstance(plan, str):
+        if world_size is None:
+            raise CaptureError("world_size", f"recipe '{plan}' needs a world size")
+        if plan not in RECIPES:
+            raise CaptureError("plan", f"unknown recipe '{plan}'; known recipes: {', '.join(RECIPES)}")
+        plan_name, plan = plan, from_recipe(plan, world_size, tp)
+    elif isinstance(plan, Plan):
+        plan_name = plan.describe()
+        if world_size is not None and world_size != plan.world_size:
+            raise CaptureError("world_size", f"{world_size} does not match the plan's {plan.world_size} ranks "
+                               f"({plan_name})")
+    elif not custom:
+        raise CaptureError("plan", f"expected a Plan, a recipe name or a function, got {type(plan).__name__}")
+    if custom:
+        world = world_size or 1
+        shape = tuple(mesh_shape) if mesh_shape is not None else (world,)
+        names = tuple(mesh_axis_names) if mesh_axis_names is not None else \
+            (("dp_replicate",) if len(shape) == 1 else ())
+        mesh = Mesh(shape, names)
+        if mesh.world_size != world:
+            raise CaptureError("mesh_shape", f"mesh {list(mesh.shape)} has {mesh.world_size} ranks, "
+                               f"but world_size is {world}")
+        plan_name = getattr(plan, "__name__", "custom")
+    else:
+        if mesh_shape is not None or mesh_axis_names is not None:
+            raise CaptureError("mesh_shape", "the mesh of a plan or recipe comes from the plan "
+                               "(flint.plan.Plan.mesh); give mesh_shape only with a parallelisation function")
+        mesh = plan.mesh()
     if optimizer not in (None, "adamw"):
         raise CaptureError("optimizer", f"unknown optimizer '{optimizer}'; supported: 'adamw' or None")
     torch_dtype = _DTYPES.get(dtype, dtype) if isinstance(dtype, str) else dtype
     if isinstance(dtype, str) and dtype not in _DTYPES:
         raise CaptureError("dtype", f"unknown dtype '{dtype}'; supported: {', '.join(_DTYPES)}")
 
-    with fake_world(world_size):
+    with fake_world(mesh.world_size):
         dm = device_mesh(mesh.shape, mesh.axis_names)
         torch._dynamo.reset()
         with torch.device("meta"):
@@ -450,22 +479,21 @@ def capture_step(
             _check_layers(model.layers)
         if staged:
             _check_batch(batch_shapes, ("tokens", "labels"))
-        if isinstance(plan, str):
-            if not staged and plan != "dp":
-                raise CaptureError("plan", f"recipe '{plan}' needs a StagedLM (embed, layers, head); "
-                                   "pass a parallelisation function instead")
-            recipe, infos, model = apply(plan, model, dm)
-            plan_name = plan
-        else:
+        if custom:
             result = plan(model, dm)
             model = result if isinstance(result, nn.Module) else model
             infos = {id(p): ParamInfo(n, tuple(p.shape), tuple(_local(p).shape), p.dtype)
                      for n, p in model.named_parameters()}
-            recipe, plan_name = Recipe("custom", "dp" if "dp" in mesh.axis_names else None, False, False), \
-                getattr(plan, "__name__", "custom")
-        dp = mesh.shape[mesh.axis_names.index("dp")] if "dp" in mesh.axis_names else 1
+            data_axes = [a for a in mesh.axis_names if a in ("dp_replicate", "dp_shard")]
+            dp_group = None
+        else:
+            cfg = getattr(model, "config", None)
+            plan.check_model(n_layers=getattr(cfg, "n_layers", None))
+            infos, model = apply(plan, model, dm)
+            data_axes = [a for a in mesh.axis_names if a in ("dp_replicate", "dp_shard")]
+            dp_group = dm["dp_shard"].get_group().group_name if data_parallel_mode(plan) == "fsdp" else None
+        dp = mesh.group_size(data_axes) if data_axes else 1
         local = _local_batch(batch_shapes, dp)
-        dp_group = dm["dp"].get_group().group_name if recipe.data == "fsdp" else None
         kw = dict(infos=infos, buffers=buffers, optimizer=optimizer, dp_group=dp_group)
         parts: list[CapturedPart] = []
         if staged:
@@ -491,7 +519,8 @@ def capture_step(
         axes = group_axes(dm)
         _check_groups(parts, axes)
         torch._dynamo.reset()
-    return CapturedStep(parts, mesh, plan_name, axes, param_dtype, local, global_params)
+    return CapturedStep(parts, mesh, plan_name, axes, param_dtype, local, global_params,
+                        None if custom else plan)
 
 
 class _Stack(nn.Module):

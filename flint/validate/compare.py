@@ -45,9 +45,10 @@ class Case:
         return 2 if parts & {"dp", "fsdp"} else self.world_size
 
     def mesh(self) -> tuple[tuple[int, ...], tuple[str, ...]]:
-        from flint.capture.recipes import default_mesh
+        from flint.plan import from_recipe
 
-        return default_mesh(self.plan, self.world_size, self.tp)
+        mesh = from_recipe(self.plan, self.world_size, self.tp).mesh()
+        return mesh.shape, mesh.axis_names
 
     def label(self) -> str:
         return f"{self.model} {self.plan} w{self.world_size}"
@@ -68,10 +69,9 @@ def flint_counts(case: Case) -> FlintCounts:
     from flint.capture import capture_step
     from flint.models import factory
 
-    shape, axes = case.mesh()
     batch = {"tokens": case.batch, "labels": case.batch}
-    step = capture_step(factory(case.model), batch, world_size=case.world_size, mesh_shape=shape,
-                        mesh_axis_names=axes, plan=case.plan, repeat=False)
+    step = capture_step(factory(case.model), batch, world_size=case.world_size, plan=case.plan, tp=case.tp,
+                        repeat=False)
     summary = step.summary()
     colls, coll_bytes = Counter(), Counter()
     for (kind, _axes, phase), n in summary.collectives.items():

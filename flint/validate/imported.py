@@ -45,7 +45,8 @@ def import_executed_trace(chakra_dir: str | Path, counts: list[RankCounts], mesh
     trace = read_trace(chakra_dir)
     axes_sets = [(a,) for a in range(mesh.ndim)]
     groups, lookup = assign_group_ids(mesh, axes_sets)
-    dp_axis = mesh.axis_names.index("dp") if "dp" in mesh.axis_names else 0
+    data = [a for a in ("dp_shard", "dp_replicate") if a in mesh.axis_names]
+    dp_axis = mesh.axis_names.index(data[0]) if data else 0
     tp_axis = mesh.axis_names.index("tp") if "tp" in mesh.axis_names else dp_axis
     ranks = []
     for rank, (prog, rc) in enumerate(zip(trace.ranks, counts)):

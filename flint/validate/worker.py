@@ -29,30 +29,34 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from flint.capture.recipes import Recipe, apply_tp, default_mesh
+from flint.capture.recipes import apply_tp, data_parallel_mode
+from flint.plan import Plan
 
 LR, BETAS, EPS, WEIGHT_DECAY = 3e-4, (0.9, 0.95), 1e-8, 0.1  # flint.capture.step.adamw_step defaults
 
 
-def parallelize(model: nn.Module, plan: str, mesh: DeviceMesh) -> None:
-    """Parallelize a StagedLM in place with PyTorch's APIs, following recipe ``plan``.
+def parallelize(model: nn.Module, plan: Plan, mesh: DeviceMesh) -> None:
+    """Parallelize a StagedLM in place with PyTorch's APIs, following ``plan``.
 
     - TP part: :func:`flint.capture.recipes.apply_tp` itself (``parallelize_module``
       with the recipe's plans), on mesh axis ``tp``.
-    - ``fsdp``: ``fully_shard`` on the embedding, every block, the head and the root
-      (FSDP2's parameter groups = the recipe's groups) on mesh axis ``dp``.
-    - ``dp``: ``replicate`` (FSDP2-based, ``torch.distributed._composable.replicate_with_fsdp``)
-      on the same groups: one gradient all-reduce per group.
+    - ``dp_shard``: ``fully_shard`` on the embedding, every block, the head and the root
+      (FSDP2's parameter groups = the recipe's groups) on mesh axis ``dp_shard``.
+    - ``dp_replicate``: ``replicate`` (FSDP2-based,
+      ``torch.distributed._composable.replicate_with_fsdp``) on the same groups, on
+      mesh axis ``dp_replicate``: one gradient all-reduce per group.
     """
     from torch.distributed._composable.replicate_with_fsdp import replicate
     from torch.distributed.fsdp import fully_shard
 
-    recipe = Recipe.parse(plan)
-    if recipe.tp:
-        apply_tp(model, mesh["tp"], recipe.sp)
-    if recipe.data:
-        wrap = fully_shard if recipe.data == "fsdp" else replicate
-        dp_mesh = mesh["dp"]
+    if plan.tp > 1:
+        apply_tp(model, mesh["tp"], plan.sp)
+    mode = data_parallel_mode(plan)
+    if mode is not None:
+        if plan.dp_shard > 1 and plan.dp_replicate > 1:
+            raise ValueError("validation runs do not cover HSDP")
+        wrap = fully_shard if mode == "fsdp" else replicate
+        dp_mesh = mesh["dp_shard" if mode == "fsdp" else "dp_replicate"]
         for module in (model.embed, *model.layers, model.head, model):
             wrap(module, mesh=dp_mesh)
 
@@ -68,14 +72,18 @@ def run(spec: dict, rank: int) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{spec['port']}", rank=rank,
                             world_size=spec["world_size"], timeout=timedelta(seconds=spec["timeout_s"]))
     try:
-        shape, axes = default_mesh(spec["plan"], spec["world_size"], spec.get("tp", 1))
-        mesh = init_device_mesh("cpu", shape, mesh_dim_names=axes)
+        from flint.plan import from_recipe
+
+        plan = from_recipe(spec["plan"], spec["world_size"], spec.get("tp", 1))
+        fmesh = plan.mesh()
+        mesh = init_device_mesh("cpu", fmesh.shape, mesh_dim_names=fmesh.axis_names)
         torch.manual_seed(0)
         model = build(spec["model"], **spec.get("overrides", {}))
-        parallelize(model, spec["plan"], mesh)
-        dp = shape[axes.index("dp")] if "dp" in axes else 1
+        parallelize(model, plan, mesh)
+        dp = plan.dp
         batch, seq = spec["batch"]
-        dp_rank = mesh["dp"].get_local_rank() if "dp" in axes else 0
+        data_axes = plan.axes("dp")
+        dp_rank = mesh[data_axes[0]].get_local_rank() if data_axes else 0
         gen = torch.Generator().manual_seed(1 + dp_rank)
         vocab = model.config.vocab_size
         tokens = torch.randint(0, vocab, (batch // dp, seq), generator=gen)
