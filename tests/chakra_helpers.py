@@ -77,3 +77,24 @@ def attrs(node: pb.Node) -> dict[str, tuple[str, object]]:
 
 def dir_bytes(d: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(Path(d).iterdir())}
+
+
+def real_astra_sim() -> str | None:
+    """The real ASTRA-sim binary: $FLINT_ASTRA_SIM, else ../shared/tools/astra-sim/ beside the checkout, else PATH."""
+    import os
+    import shutil
+
+    from flint.chakra.astra_sim import BINARY_ENV, DEFAULT_BINARY
+
+    env = os.environ.get(BINARY_ENV)
+    if env:
+        return env
+    shared = Path(__file__).resolve().parents[2] / "shared" / "tools" / "astra-sim" / DEFAULT_BINARY
+    if shared.is_file() and os.access(shared, os.X_OK):
+        return str(shared)
+    return shutil.which(DEFAULT_BINARY)
+
+
+REAL_ASTRA_SIM = real_astra_sim()
+ASTRA_SKIP_REASON = ("the real ASTRA-sim binary is not available (set FLINT_ASTRA_SIM, or keep "
+                     "../shared/tools/astra-sim/AstraSim_Analytical_Congestion_Unaware beside the checkout)")

@@ -197,10 +197,18 @@ def test_comm_groups_must_cover_used_groups(tmp_path):
     with pytest.raises(TraceError, match=r"s\.0\.et: node \d+ \('L0\.all_reduce'\) uses comm group 3, but .*comm_groups\.json does not define it"):
         read_trace(tmp_path / "a")
     (tmp_path / "a" / "s.comm_groups.json").unlink()
-    with pytest.raises(TraceError, match="there is no s.comm_groups.json"):
+    with pytest.raises(TraceError, match=r"no comm-group file was found beside the rank files \(s.comm_groups.json, workload.json, comm_group.json\); pass one with --comm-groups"):
         read_trace(tmp_path / "a")
     full = fsdp_tp_trace().comm_groups
     assert read_trace(tmp_path / "a", comm_groups=full).comm_groups == full
+
+
+@pytest.mark.parametrize("name", ["workload.json", "comm_group.json"])
+def test_comm_group_file_found_by_conventional_names(tmp_path, name):
+    """symbolic_tensor_graph writes workload.<rank>.et with workload.json (its README: comm_group.json)."""
+    write_trace(fsdp_tp_trace(), tmp_path / "a", "workload")
+    (tmp_path / "a" / "workload.comm_groups.json").rename(tmp_path / "a" / name)
+    assert read_trace(tmp_path / "a").comm_groups == fsdp_tp_trace().comm_groups
 
 
 def test_gzip_is_rejected(tmp_path):

@@ -150,3 +150,18 @@ def test_timeline_ranks(step_ir, tmp_path, capsys):
     assert pids == {1}
     rc, _, err = run(estimate_main, [step_ir, "--timeline", tl, "--timeline-ranks", "0-2"], capsys)
     assert rc == 1 and "rank 2 out of range for world size 2" in err
+
+
+def test_comm_groups_option_on_trace_input(tmp_path, step_ir, capsys):
+    from flint.chakra import write_trace
+
+    from chakra_helpers import fsdp_tp_trace
+
+    write_trace(fsdp_tp_trace(), tmp_path / "t", "s")
+    (tmp_path / "t" / "s.comm_groups.json").rename(tmp_path / "g.json")
+    rc, _, err = run(estimate_main, [tmp_path / "t"], capsys)
+    assert rc == 1 and "--comm-groups" in err
+    rc, out, err = run(estimate_main, [tmp_path / "t", "--comm-groups", tmp_path / "g.json"], capsys)
+    assert rc == 0 and "iteration time" in out, err
+    rc, _, err = run(estimate_main, [step_ir, "--comm-groups", tmp_path / "g.json"], capsys)
+    assert rc == 1 and "--comm-groups applies to trace input" in err

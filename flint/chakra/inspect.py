@@ -23,7 +23,7 @@ from typing import Sequence
 import numpy as np
 
 from flint.chakra.check import check_trace
-from flint.chakra.reader import read_trace
+from flint.chakra.reader import COMM_GROUPS_HELP, read_trace
 from flint.errors import FlintError
 from flint.trace import CollKind, NodeKind, NodeTable, Trace
 
@@ -172,7 +172,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="flint inspect", description="Summarize and check a Chakra execution trace.")
     ap.add_argument("trace", help="trace directory, DIR/PREFIX, or one <prefix>.<rank>.et file")
     ap.add_argument("--json", action="store_true", help="print the summary as stable JSON")
-    ap.add_argument("--comm-groups", default=None, help="comm-group JSON (default: <prefix>.comm_groups.json next to the trace)")
+    ap.add_argument("--comm-groups", default=None, help=COMM_GROUPS_HELP)
     ap.add_argument("--max-problems", type=int, default=50, help="problems to list (default 50)")
     args = ap.parse_args(argv)
     try:

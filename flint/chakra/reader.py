@@ -476,19 +476,37 @@ def find_rank_files(dir_or_prefix: str | Path) -> tuple[Path, str, list[Path]]:
     return directory, prefix, [directory / f"{prefix}.{r}.et" for r in range(world)]
 
 
+#: Conventional comm-group file names beside the rank files, in the order they are looked for:
+#: Flint's, symbolic_tensor_graph's ``workload.json`` and its README's ``comm_group.json``.
+COMM_GROUP_NAMES = ("{prefix}.comm_groups.json", "workload.json", "comm_group.json")
+#: ``--help`` text of every command's ``--comm-groups`` option.
+COMM_GROUPS_HELP = ("comm-group JSON of a trace (default: the first of <prefix>.comm_groups.json, workload.json, "
+                    "comm_group.json beside the rank files)")
+
+
+def find_comm_groups(directory: str | Path, prefix: str) -> Path | None:
+    """The trace's comm-group file: the first of :data:`COMM_GROUP_NAMES` in ``directory``, or ``None``."""
+    for pattern in COMM_GROUP_NAMES:
+        p = Path(directory) / pattern.format(prefix=prefix)
+        if p.is_file():
+            return p
+    return None
+
+
 def read_trace(dir_or_prefix: str | Path, *, comm_groups: Mapping[int, Sequence[int]] | str | Path | None = None) -> Trace:
     """Read ``<prefix>.<rank>.et`` for ranks 0..N-1 (and the comm-group file) into a :class:`Trace`.
 
-    ``comm_groups`` overrides ``<prefix>.comm_groups.json``: a mapping id ->
-    ranks or a path to such a JSON file. Every group id a node uses must be
-    covered, or a :class:`TraceError` names the file, node and group.
+    ``comm_groups`` overrides the comm-group file found beside the rank files
+    (:func:`find_comm_groups`): a mapping id -> ranks or a path to such a JSON
+    file. Every group id a node uses must be covered, or a
+    :class:`TraceError` names the file, node and group.
     """
     directory, prefix, files = find_rank_files(dir_or_prefix)
     groups_source = None
     if comm_groups is None:
-        gpath = directory / f"{prefix}.comm_groups.json"
-        groups = load_comm_groups(gpath) if gpath.exists() else {}
-        groups_source = str(gpath) if gpath.exists() else None
+        gpath = find_comm_groups(directory, prefix)
+        groups = load_comm_groups(gpath) if gpath is not None else {}
+        groups_source = str(gpath) if gpath is not None else None
     elif isinstance(comm_groups, (str, Path)):
         groups = load_comm_groups(comm_groups)
         groups_source = str(comm_groups)
@@ -510,7 +528,8 @@ def _read_all(reader, files, groups, groups_source, prefix, ranks) -> Trace:
             for gid in used:
                 if int(gid) not in groups:
                     row = int(np.flatnonzero((table.kind == NodeKind.COLL) & (table.comm_group == gid))[0])
-                    where = f"{groups_source} does not define it" if groups_source else f"there is no {prefix}.comm_groups.json and no comm_groups was given"
+                    where = (f"{groups_source} does not define it" if groups_source else
+                             f"no comm-group file was found beside the rank files ({', '.join(n.format(prefix=prefix) for n in COMM_GROUP_NAMES)}); pass one with --comm-groups")
                     raise TraceError(f"{path}: node {int(table.node_ids[row])} ('{table.names[row]}') uses comm group {int(gid)}, but {where}")
         ranks.append(RankProgram(table))
     return Trace(world_size=len(files), ranks=ranks, comm_groups=groups)

@@ -206,7 +206,7 @@ def write_module_atomic(module: ModuleOp, path: str | os.PathLike) -> Path:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``flint import-trace DIR [--rank R ...] -o out.mlir``."""
-    from flint.chakra.reader import read_trace
+    from flint.chakra.reader import COMM_GROUPS_HELP, read_trace
 
     ap = argparse.ArgumentParser(
         prog="flint import-trace",
@@ -215,7 +215,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("trace", help="trace directory, DIR/PREFIX, or one rank file")
     ap.add_argument("--rank", type=int, action="append", dest="ranks", metavar="R",
                     help="import only rank R (repeatable; default: every rank)")
-    ap.add_argument("--comm-groups", help="comm-group JSON overriding <prefix>.comm_groups.json")
+    ap.add_argument("--comm-groups", help=COMM_GROUPS_HELP)
     ap.add_argument("-o", "--output", required=True, help="output .mlir (written atomically; '-' for stdout)")
     ap.add_argument("--max-ops", type=int, default=MAX_OPS, help=f"refuse bigger modules (default {MAX_OPS:,})")
     args = ap.parse_args(argv)

@@ -85,16 +85,22 @@ def _is_ir(path: str) -> bool:
     return path.endswith(".mlir") and Path(path).is_file()
 
 
-def load_input(path: str, device_name: str, calibration: str | None, *, want_memory: bool = True) -> Loaded:
-    """Read ``path`` (IR or trace) into a :class:`Loaded` (module docstring)."""
+def load_input(path: str, device_name: str, calibration: str | None, *, want_memory: bool = True,
+               comm_groups: str | None = None) -> Loaded:
+    """Read ``path`` (IR or trace) into a :class:`Loaded` (module docstring).
+
+    ``comm_groups`` (trace input only) overrides the comm-group file found beside the rank files.
+    """
     if _is_ir(path):
+        if comm_groups is not None:
+            raise FlintError(f"--comm-groups applies to trace input; {path} is IR, whose groups come from its grid")
         return _load_ir_input(path, device_name, calibration, want_memory)
     if path.endswith(".mlir"):
         raise FlintError(f"IR file {path} does not exist")
     from flint.chakra.reader import find_rank_files, read_trace
 
     directory, prefix, _ = find_rank_files(path)
-    trace = read_trace(path)
+    trace = read_trace(path, comm_groups=comm_groups)
     return Loaded(trace, None, None, "needs the step IR (tensor types and lifetimes); a trace has none",
                   "from the trace's duration_micros (device roofline where missing)", "trace", directory / prefix)
 
@@ -147,6 +153,8 @@ def _load_ir_input(path: str, device_name: str, calibration: str | None, want_me
 
 
 def _common_args(ap: argparse.ArgumentParser) -> None:
+    from flint.chakra.reader import COMM_GROUPS_HELP
+
     ap.add_argument("input", help="step IR (.mlir: aten + dist functions, or a lowered chakra.graph) or a Chakra "
                                   "trace (directory, DIR/PREFIX or one rank file)")
     ap.add_argument("--device", default=DEFAULT_DEVICE,
@@ -157,6 +165,7 @@ def _common_args(ap: argparse.ArgumentParser) -> None:
                     help="collective algorithm: ring, tree, direct, halving-doubling; or per kind, e.g. "
                          "'all_reduce=tree,all_gather=ring' (default ring)")
     ap.add_argument("--dtype", default="bf16", help="dtype whose device peak the MFU uses (default bf16)")
+    ap.add_argument("--comm-groups", metavar="JSON", help=COMM_GROUPS_HELP)
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
@@ -173,7 +182,7 @@ def _native(args, want_memory: bool) -> tuple[dict, object]:
     from flint.sim.report import estimate_report
 
     device, network, algorithm = _models(args)
-    loaded = load_input(args.input, args.device, args.calibration, want_memory=want_memory)
+    loaded = load_input(args.input, args.device, args.calibration, want_memory=want_memory, comm_groups=args.comm_groups)
     result = simulate(loaded.trace, device, network, loaded.mesh, algorithm=algorithm, dtype=args.dtype)
     rep = estimate_report(result, source=args.input, device=device.name, network=network.name, algorithm=algorithm,
                           dtype=args.dtype, memory=loaded.memory, memory_note=loaded.memory_note,
@@ -239,7 +248,14 @@ _ASTRA_ALGORITHM = {"ring": "ring", "tree": "doubleBinaryTree", "direct": "direc
 
 def astra_sim_config(network, world_size: int, algorithm="ring", device=None, roofline: bool = False,
                      dtype: str = "bf16"):
-    """ASTRA-sim's configuration for ``network`` at ``world_size`` ranks (size-1 dimensions dropped)."""
+    """ASTRA-sim's configuration for ``network`` at ``world_size`` ranks (size-1 dimensions dropped).
+
+    With ``roofline``, ASTRA-sim prices compute nodes that have no duration
+    with one roofline: the device's peak for ``dtype`` times its GEMM
+    efficiency, and its HBM bandwidth times its elementwise memory efficiency
+    (Flint's own roofline has an efficiency per op class and a kernel floor;
+    ASTRA-sim's has neither).
+    """
     from flint.chakra.astra_sim import AstraSimConfig, NetworkDim
 
     net = network.for_world(world_size)
@@ -254,11 +270,15 @@ def astra_sim_config(network, world_size: int, algorithm="ring", device=None, ro
         dims.append(NetworkDim(topo, d.size, d.link.bandwidth_gbytes_per_s, d.link.latency_us * 1e3))
     if not dims:
         raise FlintError(f"ASTRA-sim needs at least 2 ranks; the trace has {world_size}")
-    algs = {k: algorithm for k in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")} \
-        if isinstance(algorithm, str) else {k: algorithm.get(k, "ring") for k in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")}
+    kinds = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
+    algs = {k: algorithm for k in kinds} if isinstance(algorithm, str) else {k: algorithm.get(k, "ring") for k in kinds}
     kw = {k: (_ASTRA_ALGORITHM[v],) for k, v in algs.items()}
-    peak = device.peak_flops_per_s(dtype) / 1e12 if (roofline and device is not None) else None
-    cfg = AstraSimConfig(dims=tuple(dims), roofline=roofline, peak_tflops=peak, **kw)
+    if roofline:
+        if device is None:
+            raise FlintError("the trace has compute nodes without durations: ASTRA-sim's roofline needs a device")
+        kw.update(peak_tflops=device.peak_flops_per_s(dtype) * device.compute_eff("gemm") / 1e12,
+                  roofline_mem_bw_gbps=device.hbm_bandwidth_gbytes_per_s * device.memory_eff("elementwise"))
+    cfg = AstraSimConfig(dims=tuple(dims), roofline=roofline, **kw)
     if cfg.npus_count != world_size:
         raise FlintError(f"network '{net.name}' places {cfg.npus_count} ranks ({' x '.join(str(d.npus) for d in dims)}) "
                          f"but the trace has {world_size}")
@@ -272,7 +292,7 @@ def _needs_roofline(trace) -> bool:
 
     for p in {id(p.table): p for p in trace.ranks}.values():
         t = p.table
-        if np.any((t.kind == NodeKind.COMP) & np.isnan(t.duration_us) & (t.flops > 0)):
+        if np.any((t.kind == NodeKind.COMP) & np.isnan(t.duration_us) & ((t.flops > 0) | (t.tensor_bytes > 0))):
             return True
     return False
 
@@ -280,21 +300,24 @@ def _needs_roofline(trace) -> bool:
 def run_astra_backend(args) -> dict:
     """Write the trace (if needed) and the configs, run ASTRA-sim, return the report dict."""
     from flint.chakra import write_trace
-    from flint.chakra.astra_sim import run_astra_sim
+    from flint.chakra.astra_sim import roofline_safe, run_astra_sim
 
     device, network, algorithm = _models(args)
-    loaded = load_input(args.input, args.device, args.calibration, want_memory=False)
+    loaded = load_input(args.input, args.device, args.calibration, want_memory=False, comm_groups=args.comm_groups)
     trace = loaded.trace
-    cfg = astra_sim_config(network, trace.world_size, algorithm, device, _needs_roofline(trace), args.dtype)
+    roofline = _needs_roofline(trace)
+    cfg = astra_sim_config(network, trace.world_size, algorithm, device, roofline, args.dtype)
     with tempfile.TemporaryDirectory(prefix="flint-astra-") as tmp:
-        trace_dir = loaded.trace_dir
-        if trace_dir is None:
-            write_trace(trace, Path(tmp) / "trace", "trace")
-            trace_dir = Path(tmp) / "trace" / "trace"
+        trace_dir, groups = loaded.trace_dir, args.comm_groups
+        safe = roofline_safe(trace) if roofline else None
+        if trace_dir is None or safe is not None:  # IR input, or compute nodes ASTRA-sim's roofline cannot price
+            write_trace(safe or trace, Path(tmp) / "trace", "trace")
+            trace_dir, groups = Path(tmp) / "trace" / "trace", None
         work = Path(args.work_dir) if args.work_dir else Path(tmp) / "configs"
-        res = run_astra_sim(trace_dir, cfg, binary=args.astra_sim, work_dir=work, timeout_s=args.timeout)
+        res = run_astra_sim(trace_dir, cfg, binary=args.astra_sim, work_dir=work, timeout_s=args.timeout,
+                            comm_groups=groups)
     ranks = sorted(res.cycles)
-    return {
+    rep = {
         "backend": "astra-sim",
         "input": args.input,
         "network": network.name,
@@ -303,7 +326,14 @@ def run_astra_backend(args) -> dict:
         "finish_us": {r: res.cycles[r] / 1e3 for r in ranks},
         "exposed_comm_us": {r: res.exposed_comm_cycles[r] / 1e3 for r in ranks},
         "roofline": cfg.roofline,
+        "notes": [],
     }
+    if res.teardown_status is not None:
+        rep["notes"].append(f"ASTRA-sim crashed in teardown (status {res.teardown_status}) after every rank finished: "
+                            "a known bug of its sub-group collectives on one-dimensional networks; the times are complete")
+    if args.work_dir:
+        rep["work_dir"] = str(Path(args.work_dir).resolve())
+    return rep
 
 
 def format_astra(rep: dict) -> str:
@@ -313,6 +343,9 @@ def format_astra(rep: dict) -> str:
              f"{'rank':>6}  {'finish (ms)':>12}  {'exposed comm (ms)':>18}"]
     for r, f in rep["finish_us"].items():
         lines.append(f"{r:>6}  {f / 1e3:>12,.3f}  {rep['exposed_comm_us'][r] / 1e3:>18,.3f}")
+    lines += [f"note: {n}" for n in rep.get("notes", [])]
+    if rep.get("work_dir"):
+        lines.append(f"wrote ASTRA-sim's configs to {rep['work_dir']}")
     return "\n".join(lines)
 
 
