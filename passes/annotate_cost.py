@@ -67,11 +67,18 @@ def aten_op_cost(op: AtenOp, device: Device) -> tuple[int, int, float]:
         return (op.attributes[FLOPS_ATTR].value.data, op.attributes[BYTES_ATTR].value.data,
                 op.attributes[DURATION_ATTR].value.data)
     cost = aten_op_work(op)
-    dtype = str(((list(op.outputs) or list(op.inputs))[0].type.element_type)) if (op.outputs or op.inputs) else "bf16"
-    if dtype not in ("bf16", "f16", "f32", "f64", "tf32"):
-        dtype = "bf16"
-    duration = device.compute_time_us(cost.flops * cost.work_fraction, cost.bytes, cost.op_class, dtype)
-    return cost.flops, cost.bytes, duration
+    return cost.flops, cost.bytes, device.op_time_us(cost, compute_dtype(op, device))
+
+
+def compute_dtype(op: AtenOp, device: Device) -> str:
+    """The dtype whose peak an op runs at: fp8 for a product of fp8 operands (``_scaled_mm``), else its
+    result's (inputs' for ops without results); bf16 when the device has no unit for it."""
+    ins = [str(v.type.element_type) for v in op.inputs if isinstance(v.type, TensorType)]
+    if ins and ins[0].startswith("f8") and device.has_peak(ins[0]):
+        return ins[0]
+    values = list(op.outputs) or list(op.inputs)
+    dtype = str(values[0].type.element_type) if values else "bf16"
+    return dtype if dtype in ("bf16", "f16", "f32", "f64", "tf32") else "bf16"
 
 
 @dataclass(frozen=True)
@@ -79,9 +86,12 @@ class AnnotateCostPass(ModulePass):
     """Annotate every `aten.op` with its FLOPs, bytes and roofline duration on a device.
 
     Adds the attributes ``flops`` (i64, model FLOPs from PyTorch's formulas),
-    ``bytes`` (i64, bytes read plus written) and ``duration_us`` (f64,
-    max(FLOPs / (peak x efficiency), bytes / (HBM bandwidth x efficiency),
-    kernel floor)). View ops get zero. Existing annotations are recomputed.
+    ``bytes`` (i64, bytes read plus written) and ``duration_us`` (f64: the
+    device's kernel time, :meth:`flint.cost.Device.op_time_us`: GEMMs by
+    their shape (tile and wave quantization, small-K cost), fused attention by
+    its measured efficiency, everything else max(FLOPs / (peak x efficiency),
+    bytes / (HBM bandwidth x efficiency)), never below the kernel floor).
+    View ops get zero. Existing annotations are recomputed.
 
     Options: ``device`` (a preset name such as ``h100-sxm``, or a TOML path).
     The IR is otherwise unchanged.

@@ -1,49 +1,60 @@
-"""Device models: peak FLOP/s, HBM and efficiencies, loaded from TOML data.
+"""Device models: datasheet peaks and memory, plus the device's calibration.
 
 Presets live in ``flint/devices/<name>.toml`` (public datasheet numbers, dense,
-no sparsity). Keys, all with units in their names::
+no sparsity); each names its calibration, ``flint/devices/calibration/<name>.toml``
+(:mod:`flint.cost.calibration`: the sourced efficiencies of the compute model).
+Device keys, all with units in their names::
 
     name, description
     peak_tflops_fp64 / _fp32 / _tf32 / _bf16 / _fp16 / _fp8   dense peak, 1e12 FLOP/s (fp64: matrix units)
     hbm_capacity_gib                                  HBM capacity, GiB
     hbm_bandwidth_gbytes_per_s                        HBM bandwidth, 1e9 bytes/s
-    kernel_floor_us                                   shortest time any kernel takes
-    [compute_efficiency]  <op class> = fraction of dense peak   ("default" for the rest)
-    [memory_efficiency]   <op class> = fraction of HBM bandwidth ("default" for the rest)
+    sm_count                                          streaming multiprocessors / compute units
+    power_limit_w                                     board power limit the peaks and calibration assume
+    calibration                                       a shipped calibration name or a .toml path
+    kernel_floor_us, [compute_efficiency], [memory_efficiency], [gemm], [attention]
+                                                      inline calibration (a custom device without a file)
 
-A calibration TOML (or dict) has the same ``[compute_efficiency]``,
-``[memory_efficiency]`` tables and ``kernel_floor_us``; its entries replace
-the preset's, per op class.
+A device without ``calibration`` and without ``[gemm]`` uses the plain
+roofline: one efficiency per op class (defaults: compute 0.5, memory 0.8,
+floor 0), as older device files do.
 
-The roofline (:meth:`Device.compute_time_us`)::
+The roofline (:meth:`Device.compute_time_us`, for callers that know only
+FLOPs and bytes)::
 
     duration_us = max(flops / (peak(dtype) * compute_eff[class]),
                       bytes / (hbm_bandwidth * memory_eff[class]),
                       kernel_floor_us)
 
-``view``-class ops launch no kernel and cost 0.
+:meth:`Device.op_time_us` prices an op from its shape when the calibration
+has a GEMM or attention model (:mod:`flint.cost.compute`), and falls back to
+the roofline otherwise. ``view``-class ops launch no kernel and cost 0.
 """
 
 from __future__ import annotations
 
-import tomllib
+import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 
+from flint.cost.calibration import Calibration, load_calibration, merge_calibration, parse_calibration, read_toml
 from flint.cost.dtypes import canonical_dtype
-from flint.cost.opclass import COST_CLASSES, GEMM, VIEW
+from flint.cost.opclass import ATTENTION, GEMM, VIEW
 from flint.errors import FlintError
+
+if TYPE_CHECKING:
+    from flint.cost.flops import OpCost
 
 DEVICES_DIR = Path(__file__).resolve().parent.parent / "devices"
 
 _PEAK_KEY = {"f64": "fp64", "f32": "fp32", "tf32": "tf32", "bf16": "bf16", "f16": "fp16",
              "f8e4m3fn": "fp8", "f8e5m2": "fp8", "f8e4m3fnuz": "fp8", "f8e5m2fnuz": "fp8"}
-_TOP_KEYS = {"name", "description", "hbm_capacity_gib", "hbm_bandwidth_gbytes_per_s", "kernel_floor_us",
-             "compute_efficiency", "memory_efficiency"} | {f"peak_tflops_{k}" for k in set(_PEAK_KEY.values())}
-_CLASSES = set(COST_CLASSES) | {"default"}
+_CAL_KEYS = {"kernel_floor_us", "compute_efficiency", "memory_efficiency", "gemm", "attention"}
+_TOP_KEYS = {"name", "description", "hbm_capacity_gib", "hbm_bandwidth_gbytes_per_s", "sm_count", "power_limit_w",
+             "calibration"} | _CAL_KEYS | {f"peak_tflops_{k}" for k in set(_PEAK_KEY.values())}
 
 
 @dataclass(frozen=True)
@@ -54,11 +65,23 @@ class Device:
     peak_tflops: Mapping[str, float]  # "fp32" / "tf32" / "bf16" / "fp16" / "fp8" -> dense TFLOP/s
     hbm_capacity_gib: float
     hbm_bandwidth_gbytes_per_s: float
-    kernel_floor_us: float
-    compute_efficiency: Mapping[str, float]
-    memory_efficiency: Mapping[str, float]
+    calibration: Calibration
+    sm_count: int | None = None
+    power_limit_w: float | None = None
     description: str = ""
     source: str = field(default="", compare=False)
+
+    @property
+    def kernel_floor_us(self) -> float:
+        return self.calibration.kernel_floor_us
+
+    @property
+    def compute_efficiency(self) -> Mapping[str, float]:
+        return self.calibration.compute_efficiency
+
+    @property
+    def memory_efficiency(self) -> Mapping[str, float]:
+        return self.calibration.memory_efficiency
 
     @property
     def hbm_capacity_bytes(self) -> int:
@@ -72,8 +95,22 @@ class Device:
                              f"(it has: {', '.join(sorted(self.peak_tflops))})")
         return self.peak_tflops[key] * 1e12
 
+    def has_peak(self, dtype: object) -> bool:
+        return _PEAK_KEY.get(canonical_dtype(dtype)) in self.peak_tflops
+
     def compute_eff(self, op_class: str) -> float:
-        return self.compute_efficiency.get(str(op_class), self.compute_efficiency["default"])
+        """Fraction of the peak an op of ``op_class`` reaches when only its FLOPs are known: the
+        calibration's ``[compute_efficiency]`` entry, else for ``gemm`` the GEMM model's peak fraction
+        and for ``attention`` the mean of its forward and backward plateaus, else ``default``."""
+        cls = str(op_class)
+        if cls in self.compute_efficiency:
+            return self.compute_efficiency[cls]
+        cal = self.calibration
+        if cls == GEMM and cal.gemm is not None:
+            return cal.gemm.peak_fraction
+        if cls == ATTENTION and cal.attention is not None:
+            return (cal.attention.fwd_fraction + cal.attention.bwd_fraction) / 2
+        return self.compute_efficiency["default"]
 
     def memory_eff(self, op_class: str) -> float:
         return self.memory_efficiency.get(str(op_class), self.memory_efficiency["default"])
@@ -95,41 +132,50 @@ class Device:
         t_bytes = b / (self.hbm_bandwidth_gbytes_per_s * 1e9 * self.memory_eff(op_class)) * 1e6
         return np.maximum(np.maximum(t_flops, t_bytes), self.kernel_floor_us)
 
+    def op_time_us(self, cost: "OpCost", dtype: object = "bf16") -> float:
+        """Duration of one op from its :class:`~flint.cost.OpCost`: the shape models where the
+        calibration has them (GEMM tiles and waves, fused attention), else the roofline."""
+        cls = str(cost.op_class)
+        if cls == VIEW:
+            return 0.0
+        cal = self.calibration
+        flops = cost.flops * cost.work_fraction
+        if cls == GEMM and cost.gemm_dims is not None and cal.gemm is not None and self.sm_count:
+            gemm = cal.gemm
+            key = _PEAK_KEY.get(canonical_dtype(dtype))
+            if key == "fp8" and cal.gemm_fp8_peak_fraction is not None:
+                gemm = replace(gemm, peak_fraction=cal.gemm_fp8_peak_fraction)
+            bytes_per_us = self.hbm_bandwidth_gbytes_per_s * 1e3 * self.memory_eff(GEMM)
+            t = gemm.time_us(cost.gemm_dims, cost.bytes, self.peak_flops_per_s(dtype), self.sm_count, bytes_per_us)
+            return max(t, self.kernel_floor_us)
+        if cls == ATTENTION and cost.attention_seq is not None and cal.attention is not None:
+            seq_k, backward = cost.attention_seq
+            t = cal.attention.time_us(flops, seq_k, backward, self.peak_flops_per_s(dtype))
+            t_bytes = cost.bytes / (self.hbm_bandwidth_gbytes_per_s * 1e3 * self.memory_eff(ATTENTION))
+            return max(t, t_bytes, self.kernel_floor_us)
+        return self.compute_time_us(flops, cost.bytes, cls, dtype)
+
     def calibrated(self, calibration: Mapping[str, Any] | str | Path) -> "Device":
-        """A copy with ``calibration``'s efficiencies and floor replacing the preset's."""
-        cal = _read_toml(calibration, "calibration") if not isinstance(calibration, Mapping) else dict(calibration)
-        unknown = set(cal) - {"compute_efficiency", "memory_efficiency", "kernel_floor_us", "name", "description"}
-        if unknown:
-            raise FlintError(f"calibration for '{self.name}' has unknown keys {sorted(unknown)} "
-                             "(allowed: compute_efficiency, memory_efficiency, kernel_floor_us)")
-        ce = dict(self.compute_efficiency)
-        me = dict(self.memory_efficiency)
-        ce.update(_efficiencies(cal.get("compute_efficiency", {}), "calibration [compute_efficiency]"))
-        me.update(_efficiencies(cal.get("memory_efficiency", {}), "calibration [memory_efficiency]"))
-        return replace(self, compute_efficiency=ce, memory_efficiency=me,
-                       kernel_floor_us=float(cal.get("kernel_floor_us", self.kernel_floor_us)))
+        """A copy with ``calibration``'s keys overriding the device's calibration (each range-checked)."""
+        if isinstance(calibration, Mapping):
+            data, where = dict(calibration), "calibration"
+        else:
+            data, where = read_toml(calibration, "calibration"), str(calibration)
+        data.pop("device", None)
+        data.pop("description", None)
+        return replace(self, calibration=merge_calibration(self.calibration, data, where))
 
-
-def _efficiencies(table: Mapping[str, Any], where: str) -> dict[str, float]:
-    out = {}
-    for k, v in table.items():
-        if k not in _CLASSES:
-            raise FlintError(f"{where}: unknown op class '{k}' (valid: {', '.join(sorted(_CLASSES))})")
-        v = float(v)
-        if not 0.0 < v <= 1.0:
-            raise FlintError(f"{where}: efficiency {k} = {v} must be in (0, 1]")
-        out[k] = v
-    return out
-
-
-def _read_toml(path: str | Path, what: str) -> dict[str, Any]:
-    try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
-    except FileNotFoundError:
-        raise FlintError(f"{what} file '{path}' does not exist") from None
-    except tomllib.TOMLDecodeError as e:
-        raise FlintError(f"{what} file '{path}' is not valid TOML: {e}") from None
+    def to_toml(self) -> str:
+        """This device, calibration included, as one self-contained device TOML."""
+        lines = [f"name = {json.dumps(self.name)}", f"description = {json.dumps(self.description)}",
+                 f"hbm_capacity_gib = {self.hbm_capacity_gib!r}",
+                 f"hbm_bandwidth_gbytes_per_s = {self.hbm_bandwidth_gbytes_per_s!r}"]
+        if self.sm_count is not None:
+            lines.append(f"sm_count = {self.sm_count}")
+        if self.power_limit_w is not None:
+            lines.append(f"power_limit_w = {float(self.power_limit_w)!r}")
+        lines += [f"peak_tflops_{k} = {float(v)!r}" for k, v in sorted(self.peak_tflops.items())]
+        return "\n".join(lines) + "\n" + self.calibration.to_toml()
 
 
 def list_devices() -> list[str]:
@@ -137,7 +183,15 @@ def list_devices() -> list[str]:
     return sorted(p.stem for p in DEVICES_DIR.glob("*.toml"))
 
 
-def device_from_dict(d: Mapping[str, Any], where: str = "device") -> Device:
+def _positive(d: Mapping[str, Any], key: str, where: str, kind: type = float) -> Any:
+    v = d[key]
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and not isinstance(v, int)) \
+            or not v > 0 or v != v:
+        raise FlintError(f"{where}: {key} = {v!r} must be a positive {'integer' if kind is int else 'number'}")
+    return kind(v)
+
+
+def device_from_dict(d: Mapping[str, Any], where: str = "device", base_dir: Path | None = None) -> Device:
     """Build a :class:`Device` from a parsed device TOML (validating every key)."""
     unknown = set(d) - _TOP_KEYS
     if unknown:
@@ -145,31 +199,43 @@ def device_from_dict(d: Mapping[str, Any], where: str = "device") -> Device:
     for k in ("name", "hbm_capacity_gib", "hbm_bandwidth_gbytes_per_s", "peak_tflops_bf16"):
         if k not in d:
             raise FlintError(f"{where}: missing required key '{k}'")
-    peaks = {k[len("peak_tflops_"):]: float(v) for k, v in d.items() if k.startswith("peak_tflops_")}
-    ce = _efficiencies(d.get("compute_efficiency", {}), f"{where} [compute_efficiency]")
-    me = _efficiencies(d.get("memory_efficiency", {}), f"{where} [memory_efficiency]")
-    ce.setdefault("default", 0.5)
-    me.setdefault("default", 0.8)
-    return Device(name=str(d["name"]), peak_tflops=peaks, hbm_capacity_gib=float(d["hbm_capacity_gib"]),
-                  hbm_bandwidth_gbytes_per_s=float(d["hbm_bandwidth_gbytes_per_s"]),
-                  kernel_floor_us=float(d.get("kernel_floor_us", 0.0)), compute_efficiency=ce,
-                  memory_efficiency=me, description=str(d.get("description", "")), source=where)
+    peaks = {k[len("peak_tflops_"):]: _positive(d, k, where) for k in d if k.startswith("peak_tflops_")}
+    inline = {k: d[k] for k in _CAL_KEYS if k in d}
+    if "calibration" in d:
+        if inline:
+            raise FlintError(f"{where}: give either 'calibration' or the inline keys {sorted(inline)}, not both")
+        cal = load_calibration(str(d["calibration"]), needs_fp8="fp8" in peaks, relative_to=base_dir)
+    elif "gemm" in inline or "attention" in inline:
+        cal = parse_calibration(inline, where, needs_fp8="fp8" in peaks)
+    else:  # plain roofline with per-class constants (older device files)
+        cal = _legacy_calibration(inline, where)
+    return Device(name=str(d["name"]), peak_tflops=peaks, hbm_capacity_gib=_positive(d, "hbm_capacity_gib", where),
+                  hbm_bandwidth_gbytes_per_s=_positive(d, "hbm_bandwidth_gbytes_per_s", where), calibration=cal,
+                  sm_count=_positive(d, "sm_count", where, int) if "sm_count" in d else None,
+                  power_limit_w=_positive(d, "power_limit_w", where) if "power_limit_w" in d else None,
+                  description=str(d.get("description", "")), source=where)
+
+
+def _legacy_calibration(data: Mapping[str, Any], where: str) -> Calibration:
+    """A roofline-only calibration (no GEMM / attention shape model)."""
+    base = Calibration(0.0, {"default": 0.5}, {"default": 0.8}, source=where)
+    return merge_calibration(base, data, where)
 
 
 def load_device(name_or_path: str | Path, calibration: Mapping[str, Any] | str | Path | None = None) -> Device:
     """Load a device preset by name (``"h100-sxm"``) or from a TOML file path.
 
-    ``calibration`` (a TOML path or a dict) overrides efficiencies per op
-    class and the kernel floor. An unknown name raises :class:`FlintError`
-    listing the valid names.
+    ``calibration`` (a TOML path or a dict) overrides keys of the device's
+    calibration. An unknown name raises :class:`FlintError` listing the valid
+    names.
     """
     s = str(name_or_path)
     p = Path(s)
     if s.endswith(".toml") or p.is_file():
-        dev = device_from_dict(_read_toml(p, "device"), where=s)
+        dev = device_from_dict(read_toml(p, "device"), where=s, base_dir=p.parent)
     else:
         preset = DEVICES_DIR / f"{s}.toml"
         if not preset.is_file():
             raise FlintError(f"unknown device '{s}' (valid: {', '.join(list_devices())}; or give a .toml path)")
-        dev = device_from_dict(_read_toml(preset, "device"), where=str(preset))
+        dev = device_from_dict(read_toml(preset, "device"), where=str(preset), base_dir=preset.parent)
     return dev.calibrated(calibration) if calibration is not None else dev

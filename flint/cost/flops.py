@@ -37,7 +37,7 @@ import torch
 from torch.utils import flop_counter as _fc
 
 from flint.cost.dtypes import tensor_bytes
-from flint.cost.opclass import ATTENTION, VIEW, classify_target, split_target
+from flint.cost.opclass import ATTENTION, GEMM, VIEW, classify_target, split_target
 from flint.errors import FlintError
 
 Shape = Sequence[int]
@@ -210,12 +210,17 @@ class OpCost:
     ``work_fraction``  the fraction of ``flops`` the kernel executes (0.5-ish
                        for causal attention, else 1); use ``flops *
                        work_fraction`` for timing and ``flops`` for MFU.
+    ``gemm_dims``      ``(batch, m, n, k)`` of a matrix product, for the GEMM
+                       shape model (:mod:`flint.cost.compute`); None otherwise.
+    ``attention_seq``  ``(key length, is backward)`` of a fused attention kernel.
     """
 
     op_class: str
     flops: int
     bytes: int
     work_fraction: float = 1.0
+    gemm_dims: tuple[int, int, int, int] | None = None  # (batch, m, n, k) of a matrix product
+    attention_seq: tuple[int, bool] | None = None        # (key length, backward) of fused attention
 
 
 def op_cost(target: str, in_shapes: Sequence[Any], in_dtypes: Sequence[Any] | Any, out_shapes: Sequence[Shape],
@@ -227,9 +232,18 @@ def op_cost(target: str, in_shapes: Sequence[Any], in_dtypes: Sequence[Any] | An
     flops = op_flops(target, in_shapes, out_shapes, args)
     nbytes = op_bytes(in_shapes, in_dtypes, out_shapes, out_dtypes)
     frac = 1.0
+    dims = attn = None
+    if cls == GEMM:
+        dims = gemm_dims(target, in_shapes, out_shapes)
     if cls == ATTENTION:
         ns, name, overload = split_target(target)
         _, schema = _schema(ns, name, overload)
+        backward = name in _ATTN_BWD
+        if name in _ATTN_FWD or backward:
+            q = _shape(in_shapes[1] if backward else in_shapes[0])
+            k = _shape(in_shapes[2] if backward else in_shapes[1])
+            if len(q) == 4 and len(k) == 4:
+                attn = (k[2], backward)
         if _scalar(schema, args, "is_causal", False):
             q = _shape(in_shapes[1] if name in _ATTN_BWD else in_shapes[0])
             k = _shape(in_shapes[2] if name in _ATTN_BWD else in_shapes[1])
@@ -240,4 +254,37 @@ def op_cost(target: str, in_shapes: Sequence[Any], in_dtypes: Sequence[Any] | An
             else:
                 seen = s_k * (s_k + 1) // 2 + (s_q - s_k) * s_k
             frac = seen / (s_q * s_k)
-    return OpCost(cls, flops, nbytes, frac)
+    return OpCost(cls, flops, nbytes, frac, dims, attn)
+
+
+def gemm_dims(target: str, in_shapes: Sequence[Any], out_shapes: Sequence[Shape]) -> tuple[int, int, int, int] | None:
+    """``(batch, m, n, k)`` of a matrix-product op from its operand shapes (None if not one Flint knows)."""
+    _, name, _ = split_target(target)
+    ins = [None if s is None else _shape(s) for s in in_shapes if not isinstance(s, list)]
+    try:
+        if name in ("mm", "_scaled_mm"):
+            (m, k), (_, n) = ins[0], ins[1]
+            return 1, m, n, k
+        if name == "addmm":
+            (m, k), (_, n) = ins[1], ins[2]
+            return 1, m, n, k
+        if name in ("bmm", "baddbmm"):
+            a, b = (ins[0], ins[1]) if name == "bmm" else (ins[1], ins[2])
+            return a[0], a[1], b[2], a[2]
+        if name == "linear":
+            x, w = ins[0], ins[1]
+            return 1, math.prod(x[:-1]), w[0], x[-1]
+        if name == "matmul" and out_shapes:
+            a, out = ins[0], _shape(out_shapes[0])
+            if len(out) >= 2:
+                return math.prod(out[:-2]) or 1, out[-2], out[-1], a[-1]
+        if name in ("_grouped_mm", "_scaled_grouped_mm"):
+            a, b = ins[0], ins[1]
+            if len(a) == 2 and len(b) == 3:  # [T, K] x [G, K, N]: G products of T/G rows on average
+                return b[0], max(a[0] // b[0], 1), b[2], a[1]
+            if len(a) == 2 and len(b) == 2:  # [K, T] x [T, N] -> [G, K, N]
+                g = _shape(out_shapes[0])[0] if out_shapes else 1
+                return g, a[0], b[1], max(a[1] // g, 1)
+    except (IndexError, TypeError, ValueError):
+        return None
+    return None

@@ -54,15 +54,7 @@ class Loaded:
 
 def _device_toml(device) -> str:
     """A device as TOML (for passes that take a preset name or a path)."""
-    lines = [f'name = {json.dumps(device.name)}', f'description = {json.dumps(device.description)}',
-             f"hbm_capacity_gib = {device.hbm_capacity_gib!r}",
-             f"hbm_bandwidth_gbytes_per_s = {device.hbm_bandwidth_gbytes_per_s!r}",
-             f"kernel_floor_us = {device.kernel_floor_us!r}"]
-    lines += [f"peak_tflops_{k} = {float(v)!r}" for k, v in sorted(device.peak_tflops.items())]
-    for table in ("compute_efficiency", "memory_efficiency"):
-        lines.append(f"[{table}]")
-        lines += [f"{k} = {float(v)!r}" for k, v in sorted(getattr(device, table).items())]
-    return "\n".join(lines) + "\n"
+    return device.to_toml()
 
 
 def _parse_algorithm(text: str):

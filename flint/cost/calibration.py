@@ -1,0 +1,253 @@
+"""Device calibrations: the compute model's parameters, one sourced file per device.
+
+A calibration holds every efficiency the compute model uses for one device;
+the presets ship one each in ``flint/devices/calibration/<device>.toml``,
+every number with its source (vendor documents, published microbenchmarks),
+never fitted to a workload. Schema (``[table] key``: valid range)::
+
+    kernel_floor_us                 0 <= x <= 1000   shortest kernel, launch gap included (us)
+    [gemm]  peak_fraction           0 < x <= 1       MAMF / dense peak (bf16 / fp16 / tf32)
+            fp8_peak_fraction       0 < x <= 1       MAMF / dense peak for fp8 GEMMs (devices with fp8)
+            tiles                   [[tile_m, tile_n, rel], ...], 16 <= tile <= 1024, 0 < rel <= 1
+            k_overhead              0 <= x <= 4096   per-tile fixed cost, in K elements
+            max_split_k             1 <= x <= 64     largest split-K factor the library uses
+    [attention] fwd_fraction        0 < x <= 1       fused attention forward plateau / dense peak
+            bwd_fraction            0 < x <= 1       fused attention backward plateau / dense peak
+            seq_half                0 <= x <= 1e6    key length at half the plateau
+    [compute_efficiency] <op class> 0 < x <= 1       ops without a shape model ("default" required)
+    [memory_efficiency]  <op class> 0 < x <= 1       fraction of HBM bandwidth ("default" required)
+
+A *complete* calibration (a preset's file, or one a custom device names)
+must give every key; a missing or out-of-range key is an error naming it and
+its valid range. ``--calibration FILE`` (:func:`merge_calibration`) instead
+overrides individual keys of the device's calibration, checked against the
+same ranges. The model these parameters drive is :mod:`flint.cost.compute`.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Mapping
+
+from flint.cost.compute import AttentionModel, GemmModel
+from flint.errors import FlintError
+from flint.opclasses import COST_CLASSES
+
+CALIBRATION_DIR = Path(__file__).resolve().parent.parent / "devices" / "calibration"
+_CLASSES = set(COST_CLASSES) | {"default"}
+
+# (table, key) -> (lo, hi, lo_inclusive, kind, unit)
+_SCALARS: dict[tuple[str, str], tuple[float, float, bool, type, str]] = {
+    ("", "kernel_floor_us"): (0.0, 1000.0, True, float, "us"),
+    ("gemm", "peak_fraction"): (0.0, 1.0, False, float, "fraction of the dense peak"),
+    ("gemm", "fp8_peak_fraction"): (0.0, 1.0, False, float, "fraction of the dense fp8 peak"),
+    ("gemm", "k_overhead"): (0.0, 4096.0, True, float, "K elements"),
+    ("gemm", "max_split_k"): (1, 64, True, int, "slices"),
+    ("attention", "fwd_fraction"): (0.0, 1.0, False, float, "fraction of the dense peak"),
+    ("attention", "bwd_fraction"): (0.0, 1.0, False, float, "fraction of the dense peak"),
+    ("attention", "seq_half"): (0.0, 1e6, True, float, "keys"),
+}
+_TABLE_KEYS = {"gemm": ("peak_fraction", "fp8_peak_fraction", "tiles", "k_overhead", "max_split_k"),
+               "attention": ("fwd_fraction", "bwd_fraction", "seq_half")}
+TOP_KEYS = {"device", "description", "kernel_floor_us", "gemm", "attention", "compute_efficiency",
+            "memory_efficiency"}
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The compute model's parameters for one device (module docstring)."""
+
+    kernel_floor_us: float
+    compute_efficiency: Mapping[str, float]
+    memory_efficiency: Mapping[str, float]
+    gemm: GemmModel | None = None
+    gemm_fp8_peak_fraction: float | None = None
+    attention: AttentionModel | None = None
+    source: str = field(default="", compare=False)
+
+    def to_toml(self) -> str:
+        """This calibration as a complete TOML document (round-trips through :func:`parse_calibration`)."""
+        lines = [f"kernel_floor_us = {float(self.kernel_floor_us)!r}"]
+        if self.gemm is not None:
+            g = self.gemm
+            tiles = ", ".join(f"[{tm}, {tn}, {float(rel)!r}]" for tm, tn, rel in g.tiles)
+            lines += ["[gemm]", f"peak_fraction = {float(g.peak_fraction)!r}"]
+            if self.gemm_fp8_peak_fraction is not None:
+                lines.append(f"fp8_peak_fraction = {float(self.gemm_fp8_peak_fraction)!r}")
+            lines += [f"tiles = [{tiles}]", f"k_overhead = {float(g.k_overhead)!r}", f"max_split_k = {g.max_split_k}"]
+        if self.attention is not None:
+            a = self.attention
+            lines += ["[attention]", f"fwd_fraction = {float(a.fwd_fraction)!r}",
+                      f"bwd_fraction = {float(a.bwd_fraction)!r}", f"seq_half = {float(a.seq_half)!r}"]
+        for table in ("compute_efficiency", "memory_efficiency"):
+            lines.append(f"[{table}]")
+            lines += [f"{k} = {float(v)!r}" for k, v in sorted(getattr(self, table).items())]
+        return "\n".join(lines) + "\n"
+
+
+def _range_text(key: str, lo: float, hi: float, lo_inc: bool, unit: str) -> str:
+    return f"{lo:g} {'<=' if lo_inc else '<'} {key} <= {hi:g}" + (f" ({unit})" if unit else "")
+
+
+def _scalar(where: str, table: str, key: str, value: Any) -> float | int:
+    lo, hi, lo_inc, kind, unit = _SCALARS[(table, key)]
+    name = f"[{table}] {key}" if table else key
+    valid = _range_text(key, lo, hi, lo_inc, unit)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
+        raise FlintError(f"{where}: {name} = {value!r} must be {'an integer' if kind is int else 'a number'} "
+                         f"(valid: {valid})")
+    v = kind(value)
+    ok = (lo <= v if lo_inc else lo < v) and v <= hi and not (isinstance(v, float) and math.isnan(v))
+    if not ok:
+        raise FlintError(f"{where}: {name} = {value!r} is out of range (valid: {valid})")
+    return v
+
+
+def _efficiency_table(where: str, table: str, data: Any) -> dict[str, float]:
+    if not isinstance(data, Mapping):
+        raise FlintError(f"{where}: [{table}] must be a table of op class = fraction")
+    out = {}
+    for k, v in data.items():
+        if k not in _CLASSES:
+            raise FlintError(f"{where}: [{table}] unknown op class '{k}' (valid: {', '.join(sorted(_CLASSES))})")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 < float(v) <= 1.0:
+            raise FlintError(f"{where}: [{table}] {k} = {v!r} is out of range (valid: 0 < {k} <= 1, "
+                             "a fraction); efficiency must be in (0, 1]")
+        out[k] = float(v)
+    return out
+
+
+def _tiles(where: str, value: Any) -> tuple[tuple[int, int, float], ...]:
+    valid = "a list of [tile_m, tile_n, rel] with 16 <= tile <= 1024 and 0 < rel <= 1"
+    if not isinstance(value, list) or not value:
+        raise FlintError(f"{where}: [gemm] tiles = {value!r} is out of range (valid: {valid})")
+    out = []
+    for t in value:
+        ok = isinstance(t, list) and len(t) == 3 and all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                                         for x in t)
+        if ok:
+            tm, tn, rel = t
+            ok = isinstance(tm, int) and isinstance(tn, int) and 16 <= tm <= 1024 and 16 <= tn <= 1024 \
+                and 0.0 < float(rel) <= 1.0
+        if not ok:
+            raise FlintError(f"{where}: [gemm] tiles entry {t!r} is out of range (valid: {valid})")
+        out.append((int(t[0]), int(t[1]), float(t[2])))
+    return tuple(out)
+
+
+def _table(where: str, data: Mapping[str, Any], table: str, base: Mapping[str, Any] | None) -> dict[str, Any]:
+    got = data.get(table, {})
+    if not isinstance(got, Mapping):
+        raise FlintError(f"{where}: [{table}] must be a table")
+    unknown = set(got) - set(_TABLE_KEYS[table])
+    if unknown:
+        raise FlintError(f"{where}: [{table}] unknown keys {sorted(unknown)} (valid: {', '.join(_TABLE_KEYS[table])})")
+    out = dict(base or {})
+    for key, value in got.items():
+        out[key] = _tiles(where, value) if key == "tiles" else _scalar(where, table, key, value)
+    return out
+
+
+def _missing(where: str, table: str, key: str) -> FlintError:
+    if key == "tiles":
+        valid = "a list of [tile_m, tile_n, rel] with 16 <= tile <= 1024 and 0 < rel <= 1"
+    else:
+        lo, hi, lo_inc, _, unit = _SCALARS[(table, key)]
+        valid = _range_text(key, lo, hi, lo_inc, unit)
+    name = f"[{table}] {key}" if table else key
+    return FlintError(f"{where}: missing {name} (valid: {valid})")
+
+
+def parse_calibration(data: Mapping[str, Any], where: str, *, needs_fp8: bool = False) -> Calibration:
+    """A complete calibration from a parsed TOML table: every key must be present and in range."""
+    unknown = set(data) - TOP_KEYS
+    if unknown:
+        raise FlintError(f"{where}: unknown keys {sorted(unknown)} (valid: {', '.join(sorted(TOP_KEYS))})")
+    if "kernel_floor_us" not in data:
+        raise _missing(where, "", "kernel_floor_us")
+    floor = _scalar(where, "", "kernel_floor_us", data["kernel_floor_us"])
+    tables = {}
+    for table in ("gemm", "attention"):
+        t = _table(where, data, table, None)
+        for key in _TABLE_KEYS[table]:
+            if key not in t and not (key == "fp8_peak_fraction" and not needs_fp8):
+                raise _missing(where, table, key)
+        tables[table] = t
+    effs = {}
+    for table in ("compute_efficiency", "memory_efficiency"):
+        e = _efficiency_table(where, table, data.get(table, {}))
+        if "default" not in e:
+            raise FlintError(f"{where}: missing [{table}] default (valid: 0 < default <= 1, a fraction)")
+        effs[table] = e
+    return _build(floor, tables["gemm"], tables["attention"], effs["compute_efficiency"], effs["memory_efficiency"],
+                  where)
+
+
+def _build(floor, g, a, ce, me, where) -> Calibration:
+    gemm = GemmModel(g["peak_fraction"], g["tiles"], g["k_overhead"], g["max_split_k"]) if g else None
+    att = AttentionModel(a["fwd_fraction"], a["bwd_fraction"], a["seq_half"]) if a else None
+    return Calibration(float(floor), ce, me, gemm, g.get("fp8_peak_fraction") if g else None, att, where)
+
+
+def merge_calibration(base: Calibration, data: Mapping[str, Any], where: str) -> Calibration:
+    """``base`` with the keys ``data`` gives replaced (each checked against its range)."""
+    unknown = set(data) - TOP_KEYS
+    if unknown:
+        raise FlintError(f"{where}: unknown keys {sorted(unknown)} (valid: {', '.join(sorted(TOP_KEYS))})")
+    floor = _scalar(where, "", "kernel_floor_us", data["kernel_floor_us"]) if "kernel_floor_us" in data \
+        else base.kernel_floor_us
+    g0 = None
+    if base.gemm is not None:
+        g0 = {"peak_fraction": base.gemm.peak_fraction, "tiles": base.gemm.tiles, "k_overhead": base.gemm.k_overhead,
+              "max_split_k": base.gemm.max_split_k}
+        if base.gemm_fp8_peak_fraction is not None:
+            g0["fp8_peak_fraction"] = base.gemm_fp8_peak_fraction
+    a0 = None
+    if base.attention is not None:
+        a0 = {"fwd_fraction": base.attention.fwd_fraction, "bwd_fraction": base.attention.bwd_fraction,
+              "seq_half": base.attention.seq_half}
+    g = _table(where, data, "gemm", g0) if ("gemm" in data or g0) else None
+    a = _table(where, data, "attention", a0) if ("attention" in data or a0) else None
+    for table, t, t0 in (("gemm", g, g0), ("attention", a, a0)):
+        if t and t0 is None:  # a new table on a device without one must be complete
+            for key in _TABLE_KEYS[table]:
+                if key not in t and key != "fp8_peak_fraction":
+                    raise _missing(where, table, key)
+    ce = dict(base.compute_efficiency)
+    ce.update(_efficiency_table(where, "compute_efficiency", data.get("compute_efficiency", {})))
+    me = dict(base.memory_efficiency)
+    me.update(_efficiency_table(where, "memory_efficiency", data.get("memory_efficiency", {})))
+    return replace(_build(floor, g, a, ce, me, where), source=f"{base.source} + {where}")
+
+
+def read_toml(path: str | Path, what: str) -> dict[str, Any]:
+    """A TOML file as a dict; a missing or malformed file is a :class:`FlintError` naming it."""
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise FlintError(f"{what} file '{path}' does not exist") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise FlintError(f"{what} file '{path}' is not valid TOML: {e}") from None
+
+
+def list_calibrations() -> list[str]:
+    """Names of the calibrations shipped in ``flint/devices/calibration``."""
+    return sorted(p.stem for p in CALIBRATION_DIR.glob("*.toml"))
+
+
+def load_calibration(name_or_path: str | Path, *, needs_fp8: bool = False, relative_to: Path | None = None
+                     ) -> Calibration:
+    """A complete calibration: a shipped one by name (``"h100-sxm"``) or a TOML path."""
+    s = str(name_or_path)
+    p = Path(s)
+    if relative_to is not None and not p.is_absolute() and s.endswith(".toml"):
+        p = relative_to / p
+    if not (s.endswith(".toml") or p.is_file()):
+        p = CALIBRATION_DIR / f"{s}.toml"
+        if not p.is_file():
+            raise FlintError(f"unknown calibration '{s}' (valid: {', '.join(list_calibrations())}; or a .toml path)")
+    return parse_calibration(read_toml(p, "calibration"), str(p), needs_fp8=needs_fp8)

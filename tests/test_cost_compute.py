@@ -1,0 +1,175 @@
+"""The shape-aware compute model (flint.cost.compute) and device calibrations (flint.cost.calibration)."""
+
+import math
+
+import pytest
+
+from flint.cost import load_device, op_cost
+from flint.cost.calibration import list_calibrations, load_calibration, parse_calibration
+from flint.cost.compute import AttentionModel, GemmModel
+from flint.cost.device import device_from_dict, list_devices
+from flint.cost.flops import gemm_dims
+from flint.errors import FlintError
+
+H100 = load_device("h100-sxm")
+ONE_TILE = GemmModel(peak_fraction=0.8, tiles=((128, 128, 1.0),), k_overhead=0.0, max_split_k=1)
+
+
+def mm(m, n, k, device=H100):
+    c = op_cost("aten.mm.default", [(m, k), (k, n)], "bf16", [(m, n)], "bf16")
+    return device.op_time_us(c)
+
+
+def test_wave_quantization_by_hand():
+    # 132 SMs: 132 tiles of 128x128 fill one wave; 133 need a second wave of one tile.
+    peak = 989.4e12
+    one_wave = ONE_TILE.time_us((1, 128 * 132, 128, 4096), 0, peak, 132, 1e12)
+    assert one_wave == pytest.approx(2 * 128 * 128 * 4096 / (peak / 132 * 0.8) * 1e6)
+    two_waves = ONE_TILE.time_us((1, 128 * 133, 128, 4096), 0, peak, 132, 1e12)
+    assert two_waves == pytest.approx(2 * one_wave)
+
+
+def test_tile_quantization_by_hand():
+    # m = 129 rows pads to two 128-row tiles: the same time as 256 rows.
+    peak = 989.4e12
+    assert ONE_TILE.time_us((1, 129, 128, 512), 0, peak, 132, 1e12) == \
+        pytest.approx(ONE_TILE.time_us((1, 256, 128, 512), 0, peak, 132, 1e12))
+
+
+def test_small_k_costs_more_per_flop():
+    big = 2 * 16384 * 8192 * 8192 / mm(16384, 8192, 8192)
+    small = 2 * 16384 * 8192 * 64 / mm(16384, 8192, 64)
+    assert small < 0.5 * big  # the per-tile fixed cost dominates a 64-deep GEMM
+
+
+def test_large_aligned_gemm_reaches_the_mamf_fraction():
+    t = mm(8192, 8192, 8192)
+    achieved = 2 * 8192 ** 3 / (t * 1e-6) / 989.4e12
+    assert 0.7 < achieved <= 0.801  # never above the measured maximum
+
+
+def test_split_k_helps_shapes_with_few_tiles():
+    split = H100.calibration.gemm
+    nosplit = GemmModel(split.peak_fraction, split.tiles, split.k_overhead, 1)
+    dims, peak, bw = (1, 512, 512, 65536), 989.4e12, 3350e3 * 0.867
+    nbytes = 2 * (512 * 65536 * 2 + 512 * 512)
+    assert split.time_us(dims, nbytes, peak, 132, bw) < 0.5 * nosplit.time_us(dims, nbytes, peak, 132, bw)
+
+
+def test_memory_bound_gemm_and_kernel_floor():
+    # a GEMV-like product is bounded by its bytes, a tiny one by the floor
+    c = op_cost("aten.mm.default", [(8, 8192), (8192, 8192)], "bf16", [(8, 8192)], "bf16")
+    assert H100.op_time_us(c) == pytest.approx(c.bytes / (3350e3 * 0.867), rel=0.05)
+    assert mm(4, 4, 4) == H100.kernel_floor_us
+
+
+def test_attention_efficiency_grows_with_sequence():
+    def tflops(s, backward=False):
+        name = "backward" if backward else ""
+        target = f"aten._scaled_dot_product_flash_attention{'_backward' if backward else ''}.default"
+        shapes = [(1, 16, s, 128)] * (5 if backward else 3)
+        c = op_cost(target, shapes, "bf16", [(1, 16, s, 128)], "bf16", {"is_causal": True})
+        assert c.attention_seq == (s, backward), name
+        return c.flops * c.work_fraction / H100.op_time_us(c) / 1e6
+
+    assert tflops(512) < tflops(2048) < tflops(16384) < 0.62 * 989.4
+    assert tflops(16384, backward=True) < tflops(16384)
+    model = AttentionModel(0.5, 0.4, 1000.0)
+    assert model.time_us(1e12, 1000, False, 1e15) == pytest.approx(1e12 / (1e15 * 0.25) * 1e6)
+
+
+@pytest.mark.parametrize("target, ins, outs, want", [
+    ("aten.mm.default", [(6, 10), (10, 12)], [(6, 12)], (1, 6, 12, 10)),
+    ("aten.addmm.default", [(12,), (6, 10), (10, 12)], [(6, 12)], (1, 6, 12, 10)),
+    ("aten.bmm.default", [(3, 6, 10), (3, 10, 12)], [(3, 6, 12)], (3, 6, 12, 10)),
+    ("aten.linear.default", [(2, 5, 10), (12, 10)], [(2, 5, 12)], (1, 10, 12, 10)),
+    ("aten._scaled_mm.default", [(6, 10), (10, 12), (), ()], [(6, 12)], (1, 6, 12, 10)),
+    ("aten.add.Tensor", [(6, 10), (6, 10)], [(6, 10)], None),
+])
+def test_gemm_dims(target, ins, outs, want):
+    assert gemm_dims(target, ins, outs) == want
+
+
+def test_every_preset_has_a_complete_sourced_calibration():
+    assert set(list_calibrations()) == set(list_devices())
+    for name in list_calibrations():
+        cal = load_calibration(name, needs_fp8=load_device(name).has_peak("fp8"))
+        assert cal.gemm is not None and cal.attention is not None
+        assert 0 < cal.gemm.peak_fraction < 0.9  # MAMF is below the datasheet peak on every device
+        text = (load_calibration.__globals__["CALIBRATION_DIR"] / f"{name}.toml").read_text()
+        assert "Source" in text or "MAMF" in text
+
+
+def test_calibration_round_trips_through_toml(tmp_path):
+    p = tmp_path / "dev.toml"
+    p.write_text(H100.to_toml())
+    again = load_device(p)
+    assert again.calibration == H100.calibration and again.sm_count == 132
+    assert again.op_time_us(op_cost("aten.mm.default", [(4096, 4096)] * 2, "bf16", [(4096, 4096)], "bf16")) == \
+        pytest.approx(mm(4096, 4096, 4096))
+
+
+COMPLETE = {"kernel_floor_us": 3.0,
+            "gemm": {"peak_fraction": 0.8, "tiles": [[128, 128, 1.0]], "k_overhead": 64, "max_split_k": 4},
+            "attention": {"fwd_fraction": 0.6, "bwd_fraction": 0.4, "seq_half": 512},
+            "compute_efficiency": {"default": 0.5}, "memory_efficiency": {"default": 0.8}}
+
+
+def _without(table, key):
+    d = {k: (dict(v) if isinstance(v, dict) else v) for k, v in COMPLETE.items()}
+    (d[table] if table else d).pop(key)
+    return d
+
+
+@pytest.mark.parametrize("table, key, message", [
+    ("gemm", "k_overhead", r"cal.toml: missing \[gemm\] k_overhead \(valid: 0 <= k_overhead <= 4096 \(K elements\)\)"),
+    ("attention", "seq_half", r"missing \[attention\] seq_half \(valid: 0 <= seq_half <= 1e\+06"),
+    ("gemm", "tiles", r"missing \[gemm\] tiles \(valid: a list of \[tile_m, tile_n, rel\]"),
+    ("", "kernel_floor_us", r"missing kernel_floor_us \(valid: 0 <= kernel_floor_us <= 1000 \(us\)\)"),
+    ("memory_efficiency", "default", r"missing \[memory_efficiency\] default \(valid: 0 < default <= 1"),
+])
+def test_missing_calibration_key_names_key_and_range(table, key, message):
+    with pytest.raises(FlintError, match=message):
+        parse_calibration(_without(table, key), "cal.toml")
+
+
+@pytest.mark.parametrize("table, key, value, message", [
+    ("gemm", "peak_fraction", 1.3, r"\[gemm\] peak_fraction = 1.3 is out of range \(valid: 0 < peak_fraction <= 1"),
+    ("gemm", "peak_fraction", math.nan, r"\[gemm\] peak_fraction = nan is out of range"),
+    ("gemm", "peak_fraction", 0.0, r"peak_fraction = 0.0 is out of range"),
+    ("gemm", "max_split_k", 0, r"\[gemm\] max_split_k = 0 is out of range \(valid: 1 <= max_split_k <= 64"),
+    ("gemm", "max_split_k", 2.5, r"max_split_k = 2.5 must be an integer"),
+    ("attention", "fwd_fraction", True, r"fwd_fraction = True must be a number"),
+    ("attention", "bwd_fraction", "0.4", r"bwd_fraction = '0.4' must be a number"),
+    ("gemm", "tiles", [[8, 128, 1.0]], r"\[gemm\] tiles entry \[8, 128, 1.0\] is out of range"),
+    ("gemm", "bogus", 1, r"\[gemm\] unknown keys \['bogus'\]"),
+    ("memory_efficiency", "elementwise", 1.5, r"\[memory_efficiency\] elementwise = 1.5 is out of range"),
+])
+def test_out_of_range_calibration_key_names_key_and_range(table, key, value, message):
+    d = {k: (dict(v) if isinstance(v, dict) else v) for k, v in COMPLETE.items()}
+    d[table][key] = value
+    with pytest.raises(FlintError, match=message):
+        parse_calibration(d, "cal.toml")
+
+
+def test_calibration_file_errors_name_the_file(tmp_path):
+    p = tmp_path / "cal.toml"
+    p.write_text("[gemm]\npeak_fraction = 2.0\n")
+    with pytest.raises(FlintError, match=rf"{p}: \[gemm\] peak_fraction = 2.0 is out of range"):
+        load_device("h100-sxm", calibration=p)
+    with pytest.raises(FlintError, match=r"unknown keys \['gemm_fraction'\]"):
+        load_device("h100-sxm", calibration={"gemm_fraction": 0.5})
+    dev = {"name": "x", "peak_tflops_bf16": 100.0, "hbm_capacity_gib": 16.0, "hbm_bandwidth_gbytes_per_s": 1000.0,
+           "sm_count": 10, "calibration": str(p)}
+    with pytest.raises(FlintError, match=r"missing kernel_floor_us"):
+        device_from_dict(dev)
+    with pytest.raises(FlintError, match="unknown calibration 'nope'"):
+        device_from_dict({**dev, "calibration": "nope"})
+
+
+def test_bad_device_numbers_are_errors():
+    base = {"name": "x", "peak_tflops_bf16": 100.0, "hbm_capacity_gib": 16.0, "hbm_bandwidth_gbytes_per_s": 1000.0}
+    with pytest.raises(FlintError, match=r"peak_tflops_bf16 = 0.0 must be a positive number"):
+        device_from_dict({**base, "peak_tflops_bf16": 0.0})
+    with pytest.raises(FlintError, match=r"sm_count = 1.5 must be a positive integer"):
+        device_from_dict({**base, "sm_count": 1.5})
