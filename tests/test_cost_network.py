@@ -112,3 +112,53 @@ def test_network_errors():
     with pytest.raises(FlintError, match="needs bandwidth"):
         network_from_dict({"name": "x", "dims": [{"topology": "ring"}]})
     assert load_network("dgx-h100", sizes=[4, 2]).for_world(8).sizes == (4, 2)
+
+
+# ------------------------------------------------------------- NCCL-like terms
+
+def test_base_latency_and_bus_efficiency_by_hand():
+    curve = ((MIB, 0.5), (64 * MIB, 0.9))
+    lk = Link(B, A, "switch", "nv", base_latency_us=4.0, bus_efficiency=curve)
+    assert lk.efficiency(MIB // 2) == 0.5 and lk.efficiency(MIB) == 0.5 and lk.efficiency(1 << 40) == 0.9
+    assert lk.efficiency(8 * MIB) == pytest.approx(0.5 + 0.4 * 3 / 6)  # linear in log(bytes): 8 MiB is halfway
+    n, S = 4, 8 * MIB
+    want = 4.0 + 2 * (n - 1) * A + 2 * (n - 1) / n * S / (BPU * 0.7)
+    assert collective_time_us("all_reduce", S, n, lk, "ring") == pytest.approx(want)
+    # all-gather: the curve is read at the full (gathered) buffer size
+    assert collective_time_us("all_gather", S / n, n, lk, "ring") == pytest.approx(
+        4.0 + (n - 1) * A + (n - 1) / n * S / (BPU * 0.7))
+
+
+def test_hierarchical_levels_each_pay_their_base_latency_and_curve():
+    inner = Link(450.0, 1.0, "switch", "nv", base_latency_us=3.0, bus_efficiency=((MIB, 0.5), (GIB := 2 ** 30, 0.9)))
+    outer = Link(50.0, 3.0, "switch", "ib", base_latency_us=3.0, bus_efficiency=((MIB, 0.5), (GIB, 0.9)))
+    S = 256 * MIB
+    got = collective_time_us("all_reduce", S, 64, [(inner, 8), (outer, 8)], "ring")
+    rs = collective_time_us("reduce_scatter", S, 8, inner, "ring")
+    ag = collective_time_us("all_gather", S / 8, 8, inner, "ring")  # gathers the S/8 shards back to S
+    top = collective_time_us("all_reduce", S / 8, 8, outer, "ring")
+    assert got == pytest.approx(rs + ag + top)
+    assert rs > collective_time_us("reduce_scatter", S, 8, Link(450.0, 1.0), "ring") + 3.0
+
+
+def test_auto_picks_the_faster_of_ring_and_tree_for_all_reduce():
+    lk = Link(B, 5.0, "switch")
+    n = 64
+    for S in (1024, 64 * MIB):
+        ring = collective_time_us("all_reduce", S, n, lk, "ring")
+        tree = collective_time_us("all_reduce", S, n, lk, "tree")
+        assert collective_time_us("all_reduce", S, n, lk, "auto") == min(ring, tree)
+    assert collective_time_us("all_reduce", 1024, n, lk, "auto") < collective_time_us("all_reduce", 1024, n, lk, "ring")
+    assert collective_time_us("all_gather", MIB, n, lk, "auto") == collective_time_us("all_gather", MIB, n, lk, "ring")
+
+
+def test_presets_carry_nccl_curves_and_bad_curves_are_errors():
+    nv = load_network("dgx-h100").dims[0].link
+    assert nv.base_latency_us > 0 and nv.efficiency(2 ** 33) > 0.8 > nv.efficiency(2 ** 20)
+    base = {"name": "n", "dims": [{"name": "x", "size": 8, "bandwidth_gbytes_per_s": 100.0, "latency_us": 1.0}]}
+    for curve, msg in (([[1024, 1.5]], r"dims\[0\]: link 'x': bus_efficiency point \[1024, 1.5\] needs"),
+                       ([[2048, 0.5], [1024, 0.6]], "increasing bytes"),
+                       ([[1024]], r"dims\[0\] bus_efficiency must be a list of \[bytes, fraction\] pairs")):
+        bad = {**base, "dims": [{**base["dims"][0], "bus_efficiency": curve}]}
+        with pytest.raises(FlintError, match=msg):
+            network_from_dict(bad, "net.toml")

@@ -84,7 +84,7 @@ def test_calibration_slows_compute(step_ir, tmp_path, capsys):
 @pytest.mark.parametrize("argv, message", [
     (["--device", "h999"], "unknown device 'h999' (valid: a100-40gb, a100-80gb, b200, h100-96gb-hbm2e, h100-sxm"),
     (["--network", "moon"], "unknown network 'moon' (valid: dgx-a100, dgx-h100"),
-    (["--algorithm", "bogus"], "unknown collective algorithm 'bogus' (valid: ring, tree, direct, halving-doubling)"),
+    (["--algorithm", "bogus"], "unknown collective algorithm 'bogus' (valid: ring, tree, direct, halving-doubling, auto)"),
 ])
 def test_bad_options_are_errors_naming_the_valid_choices(step_ir, capsys, argv, message):
     rc, out, err = run(estimate_main, [step_ir, *argv], capsys)

@@ -37,6 +37,23 @@ reduce, barrier), ``direct`` (every rank talks to every peer in one step per
 phase), ``halving-doubling`` (recursive halving / doubling; all-to-all as
 Bruck; the group size must be a power of two).
 
+Closer to NCCL (all optional on a :class:`Link`, so a bare link is the plain
+alpha-beta model above):
+
+- ``base_latency_us``: a fixed cost per collective per network level (NCCL's
+  kernel launch and setup, its tuner's ``baseLat``), on top of the per-step
+  ``latency_us`` (its ``hwLat`` per hop).
+- ``bus_efficiency``: the fraction of the link bandwidth a collective reaches
+  as a function of its buffer size ``S`` on that level, points ``[(bytes,
+  fraction), ...]`` interpolated linearly in log(bytes) and held flat beyond
+  the ends: the shape of the bus-bandwidth curves ``nccl-tests`` prints
+  (few channels and protocol overheads at small sizes, a plateau below the
+  wire speed at large ones). The bandwidth term of every step is divided by
+  it.
+- ``algorithm="auto"``: NCCL's choice, the faster of ``ring`` and ``tree``
+  for all-reduce (tree wins for small buffers over many ranks), ``ring`` for
+  everything else.
+
 Several network levels (a group spanning several mesh axes placed on
 different network dimensions, e.g. 8 GPUs of a node × 16 nodes) are passed as
 ``link=[(inner_link, n_inner), (outer_link, n_outer), ...]`` and priced
@@ -76,6 +93,7 @@ class Algorithm(StrEnum):
     TREE = "tree"
     DIRECT = "direct"
     HALVING_DOUBLING = "halving-doubling"
+    AUTO = "auto"
 
 
 def parse_topology(name: str) -> Topology:
@@ -107,6 +125,8 @@ class Link:
     latency_us: float
     topology: Topology = Topology.SWITCH
     name: str = ""
+    base_latency_us: float = 0.0
+    bus_efficiency: tuple[tuple[float, float], ...] = ()  # (buffer bytes, fraction of bandwidth), sorted
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "topology", parse_topology(self.topology))
@@ -114,10 +134,44 @@ class Link:
             raise FlintError(f"link '{self.name}': bandwidth_gbytes_per_s must be > 0, got {self.bandwidth_gbytes_per_s}")
         if not self.latency_us >= 0:
             raise FlintError(f"link '{self.name}': latency_us must be >= 0, got {self.latency_us}")
+        if not self.base_latency_us >= 0:
+            raise FlintError(f"link '{self.name}': base_latency_us must be >= 0, got {self.base_latency_us}")
+        pts = tuple((float(b), float(f)) for b, f in self.bus_efficiency)
+        for b, f in pts:
+            if not (b > 0 and 0 < f <= 1):
+                raise FlintError(f"link '{self.name}': bus_efficiency point [{b:g}, {f:g}] needs bytes > 0 and "
+                                 "0 < fraction <= 1")
+        if any(b2 <= b1 for (b1, _), (b2, _) in zip(pts, pts[1:])):
+            raise FlintError(f"link '{self.name}': bus_efficiency points must have increasing bytes")
+        object.__setattr__(self, "bus_efficiency", pts)
 
     @property
     def bytes_per_us(self) -> float:
         return self.bandwidth_gbytes_per_s * 1e3
+
+    def efficiency(self, nbytes: float) -> float:
+        """Fraction of the bandwidth a collective of an ``nbytes`` buffer reaches (module docstring)."""
+        pts = self.bus_efficiency
+        if not pts:
+            return 1.0
+        if nbytes <= pts[0][0]:
+            return pts[0][1]
+        if nbytes >= pts[-1][0]:
+            return pts[-1][1]
+        x = math.log(nbytes)
+        for (b1, f1), (b2, f2) in zip(pts, pts[1:]):
+            if nbytes <= b2:
+                w = (x - math.log(b1)) / (math.log(b2) - math.log(b1))
+                return f1 + w * (f2 - f1)
+        return pts[-1][1]
+
+    def at_size(self, nbytes: float) -> "Link":
+        """This link as a collective of an ``nbytes`` buffer sees it: bandwidth times its efficiency."""
+        eff = self.efficiency(nbytes)
+        if eff == 1.0:
+            return self
+        return Link(self.bandwidth_gbytes_per_s * eff, self.latency_us, self.topology, self.name,
+                    self.base_latency_us)
 
 
 _KIND_NAMES = {k.name.lower(): k for k in CollKind}
@@ -179,6 +233,15 @@ def _flat(kind: CollKind, S: float, n: int, link: Link, alg: Algorithm) -> float
     """Time of one collective on one level; ``S`` is the full-buffer size (module docstring)."""
     if n <= 1:
         return 0.0
+    if alg is Algorithm.AUTO:
+        if kind in (CollKind.ALL_REDUCE, CollKind.BARRIER):
+            return min(_flat(kind, S, n, link, Algorithm.RING), _flat(kind, S, n, link, Algorithm.TREE))
+        alg = Algorithm.RING
+    link = link.at_size(S)
+    return link.base_latency_us + _flat_steps(kind, S, n, link, alg)
+
+
+def _flat_steps(kind: CollKind, S: float, n: int, link: Link, alg: Algorithm) -> float:
     if kind is CollKind.BARRIER:
         kind, S = CollKind.ALL_REDUCE, 0.0
     if kind in (CollKind.REDUCE_SCATTER_BLOCK,):
@@ -232,7 +295,8 @@ def collective_time_us(kind: CollKind | int | str, input_bytes: float, group_siz
     ``group_size``: members; ``link``: one :class:`Link`, or ``[(link,
     n_ranks_along_it), ...]`` inner level first for a group spanning several
     network levels (the product of the sizes must equal ``group_size``);
-    ``algorithm``: ``ring`` / ``tree`` / ``direct`` / ``halving-doubling``.
+    ``algorithm``: ``ring`` / ``tree`` / ``direct`` / ``halving-doubling``, or ``auto``
+    (NCCL's choice: the faster of ring and tree for all-reduce, ring otherwise).
     """
     kind = coll_kind(kind)
     alg = parse_algorithm(algorithm)

@@ -30,6 +30,11 @@ TOML::
     [[dims]]
     name = "ib"; topology = "switch"; size = 0
     bandwidth_gbits_per_s = 400.0; latency_us = 3.0   # gbits is accepted and divided by 8
+    base_latency_us = 8.0                             # per collective (optional)
+    bus_efficiency = [[1048576, 0.3], [1073741824, 0.9]]   # (buffer bytes, fraction) (optional)
+
+``base_latency_us`` and ``bus_efficiency`` are the NCCL-like terms of
+:func:`flint.cost.collective_time_us` (see its module docstring).
 """
 
 from __future__ import annotations
@@ -46,7 +51,8 @@ from flint.cost.collective import Link, Topology, p2p_time_us, parse_topology
 from flint.errors import FlintError
 
 NETWORKS_DIR = Path(__file__).resolve().parent.parent / "networks"
-_DIM_KEYS = {"name", "topology", "size", "bandwidth_gbytes_per_s", "bandwidth_gbits_per_s", "latency_us"}
+_DIM_KEYS = {"name", "topology", "size", "bandwidth_gbytes_per_s", "bandwidth_gbits_per_s", "latency_us",
+             "base_latency_us", "bus_efficiency"}
 
 
 @dataclass(frozen=True)
@@ -171,7 +177,17 @@ def network_from_dict(d: Mapping[str, Any], where: str = "network") -> Network:
         if size < 0:
             raise FlintError(f"{where}: dims[{i}] size {size} must be >= 0")
         topo = parse_topology(dd.get("topology", "switch"))
-        dims.append(NetworkDim(name, size, Link(bw, float(dd.get("latency_us", 0.0)), topo, name)))
+        curve = dd.get("bus_efficiency", [])
+        if not isinstance(curve, list) or not all(isinstance(pt, list) and len(pt) == 2 for pt in curve):
+            raise FlintError(f"{where}: dims[{i}] bus_efficiency must be a list of [bytes, fraction] pairs")
+        try:
+            link = Link(bw, float(dd.get("latency_us", 0.0)), topo, name, float(dd.get("base_latency_us", 0.0)),
+                        tuple((pt[0], pt[1]) for pt in curve))
+        except (TypeError, ValueError):
+            raise FlintError(f"{where}: dims[{i}] has a non-numeric latency or bus_efficiency entry") from None
+        except FlintError as e:
+            raise FlintError(f"{where}: dims[{i}]: {e}") from None
+        dims.append(NetworkDim(name, size, link))
     return Network(str(d.get("name", where)), tuple(dims), str(d.get("description", "")))
 
 

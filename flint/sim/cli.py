@@ -154,7 +154,7 @@ def _common_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--network", default=DEFAULT_NETWORK, help=f"network preset or TOML (default {DEFAULT_NETWORK})")
     ap.add_argument("--calibration", help="calibration TOML: per-op-class efficiencies and kernel floor for the device")
     ap.add_argument("--algorithm", default="ring",
-                    help="collective algorithm: ring, tree, direct, halving-doubling; or per kind, e.g. "
+                    help="collective algorithm: ring, tree, direct, halving-doubling, auto (NCCL's choice: faster of ring and tree for all-reduce); or per kind, e.g. "
                          "'all_reduce=tree,all_gather=ring' (default ring)")
     ap.add_argument("--dtype", default="bf16", help="dtype whose device peak the MFU uses (default bf16)")
     ap.add_argument("--comm-groups", metavar="JSON", help=COMM_GROUPS_HELP)
