@@ -27,8 +27,9 @@ FLOPs and bytes)::
                       kernel_floor_us)
 
 :meth:`Device.op_time_us` prices an op from its shape when the calibration
-has a GEMM or attention model (:mod:`flint.cost.compute`), and falls back to
-the roofline otherwise. ``view``-class ops launch no kernel and cost 0.
+has a GEMM or attention model (:mod:`flint.cost.compute`; GEMMs in the
+matrix-unit dtypes bf16, fp16, tf32 and fp8), and falls back to the roofline
+otherwise (fp32 / fp64 GEMMs at the GEMM model's peak fraction). ``view``-class ops launch no kernel and cost 0.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ DEVICES_DIR = Path(__file__).resolve().parent.parent / "devices"
 
 _PEAK_KEY = {"f64": "fp64", "f32": "fp32", "tf32": "tf32", "bf16": "bf16", "f16": "fp16",
              "f8e4m3fn": "fp8", "f8e5m2": "fp8", "f8e4m3fnuz": "fp8", "f8e5m2fnuz": "fp8"}
+_TENSOR_CORE = {"bf16", "fp16", "tf32", "fp8"}  # dtypes whose GEMMs run on tiled matrix units
 _CAL_KEYS = {"kernel_floor_us", "compute_efficiency", "memory_efficiency", "gemm", "attention"}
 _TOP_KEYS = {"name", "description", "hbm_capacity_gib", "hbm_bandwidth_gbytes_per_s", "sm_count", "power_limit_w",
              "calibration"} | _CAL_KEYS | {f"peak_tflops_{k}" for k in set(_PEAK_KEY.values())}
@@ -140,9 +142,10 @@ class Device:
             return 0.0
         cal = self.calibration
         flops = cost.flops * cost.work_fraction
-        if cls == GEMM and cost.gemm_dims is not None and cal.gemm is not None and self.sm_count:
+        key = _PEAK_KEY.get(canonical_dtype(dtype))
+        if cls == GEMM and cost.gemm_dims is not None and cal.gemm is not None and self.sm_count \
+                and key in _TENSOR_CORE:
             gemm = cal.gemm
-            key = _PEAK_KEY.get(canonical_dtype(dtype))
             if key == "fp8" and cal.gemm_fp8_peak_fraction is not None:
                 gemm = replace(gemm, peak_fraction=cal.gemm_fp8_peak_fraction)
             bytes_per_us = self.hbm_bandwidth_gbytes_per_s * 1e3 * self.memory_eff(GEMM)
