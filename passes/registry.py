@@ -28,6 +28,7 @@ FLINT_PASSES: dict[str, str] = {
     "canonicalize-dist": "flint.passes.canonicalize_dist:CanonicalizeDistPass",
     "verify-dist": "flint.passes.verify_dist:VerifyDistPass",
     "annotate-cost": "flint.passes.annotate_cost:AnnotateCostPass",
+    "fuse-pointwise": "flint.passes.fuse_pointwise:FusePointwisePass",
     "lower-to-chakra": "flint.passes.lower_to_chakra:LowerToChakraPass",
 }
 

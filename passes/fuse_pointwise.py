@@ -1,0 +1,351 @@
+"""`fuse-pointwise`: group pointwise and reduction chains into the kernels `torch.compile` would generate.
+
+A captured graph is pre-fusion: every elementwise op is its own kernel that
+reads its inputs from and writes its result to HBM. Inductor, the compiler
+behind ``torch.compile``, fuses chains of pointwise and reduction ops into
+one generated kernel each; only the values entering and leaving the chain
+touch memory. This pass forms those groups on the IR and prices each as one
+kernel.
+
+Grouping (:func:`fusion_groups`, shared with the check against inductor's
+own scheduler, :mod:`flint.validate.inductor_fusion`), per function, in
+program order, as inductor's scheduler does:
+
+- *fusible* ops are the op classes ``elementwise`` and ``reduction``, the
+  loop-like ``memory`` ops inductor lowers to generated loops (casts, copies,
+  concatenation, gathers/embeddings, factory fills: :data:`LOOP_MEMORY_OPS`)
+  and ``view`` ops (free: they join the group of what they view). GEMMs,
+  attention, scatters, collectives and everything else end a group.
+- a fusible op joins the group of each fusible producer (vertical fusion)
+  when the sizes are compatible: every member's iteration space is one of
+  the group's (numel of its outputs, a reduction's input and output numel, or
+  a concatenation's parts, whose producers it computes inline),
+  two reductions join only with the same input and output numel, and the
+  group stays within inductor's ``max_fusion_size`` (64) ops.
+- a merge that would create a cycle (a non-member on a path between the two
+  groups) is refused.
+
+Pricing: a group is one kernel whose ``bytes`` are its *external* inputs
+(values produced outside the group, each counted once) plus its external
+outputs (values used outside the group or returned); its duration is the
+device roofline of those bytes (``reduction`` efficiency if the group
+reduces, else ``elementwise``), at least the kernel floor. The group's last
+op carries the kernel (``flops`` = the group's FLOPs, ``bytes``,
+``duration_us``); the other members get ``bytes = 0`` and ``duration_us =
+0``, keeping their own ``flops`` (PyTorch counts pointwise work as 0).
+Every member gets ``fusion_group = "<function>:<n>"``. Ops outside any group
+of two or more are annotated as by ``annotate-cost``.
+
+Options: ``device`` (preset or TOML path, as ``annotate-cost``).
+
+Guarantees: no op is added, removed or reordered; FLOPs are conserved; the
+bytes of every group are at most the sum of its members' own bytes; every
+`aten.op` carries ``flops``/``bytes``/``duration_us`` afterwards, so
+``lower-to-chakra`` prices the step with the fused kernels.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+from typing import Hashable, Sequence
+
+from xdsl.context import Context
+from xdsl.dialects import func
+from xdsl.dialects.builtin import FloatAttr, IntegerAttr, ModuleOp, StringAttr, TensorType, f64, i64
+from xdsl.ir import Operation, SSAValue
+from xdsl.passes import ModulePass
+
+from flint.cost import load_device, tensor_bytes
+from flint.cost.opclass import ELEMENTWISE, MEMORY, OTHER, REDUCTION, VIEW, classify_target, split_target
+from flint.ir.aten import AtenOp
+from flint.passes.annotate_cost import BYTES_ATTR, DURATION_ATTR, FLOPS_ATTR, aten_op_cost
+
+GROUP_ATTR = "fusion_group"
+CONCAT_OPS = frozenset({"cat", "stack"})
+MAX_FUSION_SIZE = 64  # torch._inductor.config.max_fusion_size
+# memory-class ops inductor lowers as generated loops (fusible); scatters / index_put / sort are not.
+LOOP_MEMORY_OPS = frozenset({"clone", "cat", "copy", "copy_", "_to_copy", "index", "index_select", "gather",
+                             "embedding", "slice_backward", "select_backward", "new_zeros", "new_empty",
+                             "new_ones", "zeros", "ones", "zeros_like", "ones_like", "empty_like", "full",
+                             "full_like", "empty", "empty_strided", "arange", "constant_pad_nd", "repeat",
+                             "contiguous", "fill", "fill_", "zero_", "_unsafe_index", "scalar_tensor",
+                             "stack", "slice_scatter", "select_scatter", "expand_copy", "permute_copy"})
+
+
+@dataclass
+class FusionNode:
+    """One op as the grouping sees it: its class, producers (node keys), output numel and reduction size."""
+
+    key: Hashable
+    op_class: str
+    name: str
+    inputs: list[Hashable]
+    out_numel: int
+    reduces_from: int | None = None  # input numel of a reduction
+    in_numels: tuple[int, ...] = ()  # inputs' numel (concatenation inlines producers of each part's size)
+
+
+def fusible(op_class: str, name: str) -> bool:
+    """Whether an op of this class and ATen name joins fused kernels (module docstring)."""
+    if op_class in (ELEMENTWISE, REDUCTION, VIEW):
+        return not name.startswith(("native_dropout", "rand", "bernoulli"))
+    return op_class in (MEMORY, OTHER) and name in LOOP_MEMORY_OPS
+
+
+@dataclass
+class _Group:
+    members: list[int] = field(default_factory=list)
+    sizes: set[int] = field(default_factory=set)              # iteration spaces (numel)
+    reductions: set[tuple[int, int]] = field(default_factory=set)
+    merged_into: "_Group | None" = None
+
+    def merge_ok(self, other: "_Group") -> bool:
+        if self.reductions and other.reductions and self.reductions != other.reductions:
+            return False
+        return not self.sizes or not other.sizes or bool(self.sizes & other.sizes)
+
+    def absorb(self, node: FusionNode | None = None, other: "_Group | None" = None) -> None:
+        if node is not None and node.op_class != VIEW:
+            self.sizes.add(node.out_numel)
+            if node.name in CONCAT_OPS:
+                self.sizes.update(node.in_numels)
+            if node.reduces_from is not None:
+                self.sizes.add(node.reduces_from)
+                self.reductions.add((node.reduces_from, node.out_numel))
+        if other is not None:
+            self.members += other.members
+            self.sizes |= other.sizes
+            self.reductions |= other.reductions
+
+
+def fusion_groups(nodes: Sequence[FusionNode]) -> list[list[int]]:
+    """Indices of ``nodes`` (in program order) grouped into fused kernels; singletons included."""
+    index = {n.key: i for i, n in enumerate(nodes)}
+    users: list[list[int]] = [[] for _ in nodes]
+    for i, n in enumerate(nodes):
+        for k in n.inputs:
+            j = index.get(k)
+            if j is not None and j < i:
+                users[j].append(i)
+    group_of: list[_Group | None] = [None] * len(nodes)
+    ok = [fusible(n.op_class, n.name) for n in nodes]
+    for i, n in enumerate(nodes):
+        if not ok[i]:
+            continue
+        g = _Group([i])
+        g.absorb(n)
+        group_of[i] = g
+        producers = sorted({index[k] for k in n.inputs if k in index and index[k] < i and ok[index[k]]})
+        for j in producers:
+            pg = group_of[j]
+            cur = group_of[i]
+            if pg is cur or pg is None:
+                continue
+            if len(pg.members) + len(cur.members) > MAX_FUSION_SIZE or not pg.merge_ok(cur):
+                continue
+            if _creates_cycle(pg, cur, users, group_of, i):
+                continue
+            pg.absorb(other=cur)
+            for m in cur.members:
+                group_of[m] = pg
+            cur.merged_into = pg
+    _horizontal(nodes, index, users, group_of)
+    seen: set[int] = set()
+    out = []
+    for i, g in enumerate(group_of):
+        if g is None:
+            out.append([i])
+        elif id(g) not in seen:
+            seen.add(id(g))
+            out.append(sorted(g.members))
+    return sorted(out, key=lambda m: m[0])
+
+
+def _horizontal(nodes: Sequence[FusionNode], index: dict, users: list[list[int]], group_of: list) -> None:
+    """Merge groups that read a common value (inductor's horizontal fusion), in program order."""
+    readers: dict[Hashable, list[_Group]] = {}
+    for i, n in enumerate(nodes):
+        g = group_of[i]
+        if g is None or n.op_class == VIEW:
+            continue
+        for k in n.inputs:
+            j = index.get(k)
+            if j is not None and group_of[j] is g:
+                continue  # an internal value
+            lst = readers.setdefault(k, [])
+            if g not in lst:
+                lst.append(g)
+    for groups in readers.values():
+        for a, b in itertools.combinations(groups, 2):
+            a, b = _live(a, group_of), _live(b, group_of)
+            if a is b or len(a.members) + len(b.members) > MAX_FUSION_SIZE or not a.merge_ok(b):
+                continue
+            if not (a.reductions or b.reductions) or a.reductions != b.reductions:
+                continue  # inductor fuses independent reductions over the same sizes; pointwise joins vertically
+            first, second = (a, b) if min(a.members) < min(b.members) else (b, a)
+            limit = max(second.members)
+            if _creates_cycle(first, second, users, group_of, limit) or \
+                    _creates_cycle(second, first, users, group_of, max(first.members)):
+                continue
+            first.absorb(other=second)
+            for m in second.members:
+                group_of[m] = first
+            second.members = []
+            second.merged_into = first
+
+
+def _live(g: _Group, group_of: list) -> _Group:
+    while getattr(g, "merged_into", None) is not None:
+        g = g.merged_into
+    return g
+
+
+def _creates_cycle(a: _Group, b: _Group, users: list[list[int]], group_of: list, limit: int) -> bool:
+    """Whether a path leaves ``a`` through a non-member and comes back into ``b`` (nodes up to ``limit``)."""
+    inside = set(a.members) | set(b.members)
+    stack = [u for m in a.members for u in users[m] if u not in inside and u <= limit]
+    seen = set()
+    while stack:
+        x = stack.pop()
+        if x in seen:
+            continue
+        seen.add(x)
+        for u in users[x]:
+            if u in inside:
+                return True
+            if u <= limit:
+                stack.append(u)
+    return False
+
+
+def _numel(v: SSAValue) -> int:
+    t = v.type
+    return math.prod(t.get_shape()) if isinstance(t, TensorType) else 0
+
+
+def _value_bytes(v: SSAValue) -> int:
+    t = v.type
+    return tensor_bytes(tuple(t.get_shape()), str(t.element_type)) if isinstance(t, TensorType) else 0
+
+
+def _nodes_of(ops: list[AtenOp]) -> list[FusionNode]:
+    nodes = []
+    for op in ops:
+        cls = classify_target(op.overload)
+        _, name, _ = split_target(op.overload)
+        out = max((_numel(r) for r in op.outputs), default=0)
+        inp = max((_numel(v) for v in op.inputs), default=0)
+        red = inp if cls == REDUCTION and inp != out else None
+        nodes.append(FusionNode(op, cls, name, [v for v in op.inputs], out, red,
+                                tuple(_numel(v) for v in op.inputs)))
+    return nodes
+
+
+@dataclass(frozen=True)
+class FusePointwisePass(ModulePass):
+    """Group pointwise and reduction chains into fused kernels and price each as one (module docstring).
+
+    Options: ``device`` (a preset name such as ``h100-sxm``, or a TOML path).
+    """
+
+    name = "fuse-pointwise"
+
+    device: str = "h100-sxm"
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        device = load_device(self.device)
+        for fn in op.walk():
+            if isinstance(fn, func.FuncOp):
+                self._fuse(fn, device)
+
+    def _fuse(self, fn: func.FuncOp, device) -> None:
+        ops = [o for o in fn.walk() if isinstance(o, AtenOp)]
+        if not ops:
+            return
+        # values are keyed by the producing op's results: map each input value to its producer op
+        producer: dict[SSAValue, AtenOp] = {}
+        for o in ops:
+            for r in o.results:
+                producer[r] = o
+        nodes = _nodes_of(ops)
+        for n in nodes:
+            n.inputs = [producer[v] for v in n.inputs if v in producer]
+        groups = fusion_groups(nodes)
+        k = 0
+        for members in groups:
+            group_ops = [ops[i] for i in members]
+            if len([o for o in group_ops if classify_target(o.overload) != VIEW]) < 2:
+                for o in group_ops:
+                    _annotate(o, *aten_op_cost(_fresh(o), device))
+                continue
+            nbytes, reduces = _group_bytes(group_ops)
+            flops = 0
+            label = StringAttr(f"{fn.sym_name.data}:{k}")
+            k += 1
+            for o in group_ops:
+                f, _, _ = aten_op_cost(_fresh(o), device)
+                flops += f
+                o.attributes[GROUP_ATTR] = label
+                _annotate(o, f, 0, 0.0)
+            cls = REDUCTION if reduces else ELEMENTWISE
+            duration = device.compute_time_us(0, nbytes, cls) if nbytes or flops else device.kernel_floor_us
+            _annotate(group_ops[-1], flops, nbytes, duration)
+
+
+def _fresh(op: Operation) -> Operation:
+    for key in (FLOPS_ATTR, BYTES_ATTR, DURATION_ATTR, GROUP_ATTR):
+        op.attributes.pop(key, None)
+    return op
+
+
+def _annotate(op: Operation, flops: int, nbytes: int, duration: float) -> None:
+    op.attributes[FLOPS_ATTR] = IntegerAttr(int(flops), i64)
+    op.attributes[BYTES_ATTR] = IntegerAttr(int(nbytes), i64)
+    op.attributes[DURATION_ATTR] = FloatAttr(round(duration, 6), f64)
+
+
+def _group_bytes(group_ops: list[AtenOp]) -> tuple[int, bool]:
+    """External input and output bytes of a group (views alias: a viewed value counts as its base)."""
+    members = set(group_ops)
+    base: dict[SSAValue, SSAValue] = {}
+
+    def root(v: SSAValue) -> SSAValue:
+        while v in base:
+            v = base[v]
+        return v
+
+    for o in group_ops:
+        if classify_target(o.overload) == VIEW and o.inputs:
+            for r in o.results:
+                base[r] = o.inputs[0]
+    ext_in: dict[SSAValue, int] = {}
+    for o in group_ops:
+        if classify_target(o.overload) == VIEW:
+            continue
+        for v in o.inputs:
+            r = root(v)
+            owner = r.owner if isinstance(r.owner, AtenOp) else None
+            if owner not in members:
+                ext_in.setdefault(r, _value_bytes(v))
+    ext_out = 0
+    for o in group_ops:
+        if classify_target(o.overload) == VIEW:
+            continue
+        for r in o.results:
+            if _escapes(r, members):
+                ext_out += _value_bytes(r)
+    reduces = any(classify_target(o.overload) == REDUCTION for o in group_ops)
+    return sum(ext_in.values()) + ext_out, reduces
+
+
+def _escapes(v: SSAValue, members: set) -> bool:
+    """Whether ``v`` (or a view of it made inside the group) is used outside the group."""
+    for use in v.uses:
+        user = use.operation
+        if user not in members:
+            return True
+        if classify_target(user.overload) == VIEW and any(_escapes(r, members) for r in user.results):
+            return True
+    return False

@@ -1,0 +1,92 @@
+"""`fuse-pointwise`: grouping rules, pricing invariants, and agreement with inductor's own scheduler."""
+
+import pytest
+from xdsl.context import Context
+
+from flint.ir.aten import AtenOp
+from flint.ir.parse import load_ir
+from flint.passes.annotate_cost import AnnotateCostPass
+from flint.passes.fuse_pointwise import FusePointwisePass, FusionNode, fusion_groups
+
+IR = """
+func.func @f(%x: tensor<8x64xbf16>, %w: tensor<64x64xbf16>) -> tensor<8x64xbf16> {
+  %0 = aten.op "aten.neg.default"(%x) : (tensor<8x64xbf16>) -> tensor<8x64xbf16>
+  %1 = aten.op "aten.exp.default"(%0) : (tensor<8x64xbf16>) -> tensor<8x64xbf16>
+  %2 = aten.op "aten.sum.dim_IntList"(%1) args = {dim = [-1 : i64], keepdim = true} : (tensor<8x64xbf16>) -> tensor<8x1xbf16>
+  %3 = aten.op "aten.div.Tensor"(%1, %2) : (tensor<8x64xbf16>, tensor<8x1xbf16>) -> tensor<8x64xbf16>
+  %4 = aten.op "aten.mm.default"(%3, %w) : (tensor<8x64xbf16>, tensor<64x64xbf16>) -> tensor<8x64xbf16>
+  %5 = aten.op "aten.mul.Tensor"(%4, %1) : (tensor<8x64xbf16>, tensor<8x64xbf16>) -> tensor<8x64xbf16>
+  func.return %5 : tensor<8x64xbf16>
+}
+"""
+
+
+def parse_ir(text, tmp_path):
+    p = tmp_path / "f.mlir"
+    p.write_text(text)
+    return load_ir(str(p))
+
+
+def _run(pass_, tmp_path):
+    m = parse_ir(IR, tmp_path)
+    pass_.apply(Context(), m)
+    m.verify()
+    return [o for o in m.walk() if isinstance(o, AtenOp)]
+
+
+def _attr(op, key):
+    a = op.attributes.get(key)
+    return None if a is None else getattr(a, "data", None) if not hasattr(a, "value") else a.value.data
+
+
+def test_softmax_chain_is_one_kernel_and_conserves_flops(tmp_path):
+    fused, plain = _run(FusePointwisePass(), tmp_path), _run(AnnotateCostPass(), tmp_path)
+    groups = [_attr(o, "fusion_group") for o in fused]
+    assert groups[:4] == ["f:0"] * 4 and groups[4] is None and groups[5] is None
+    assert sum(_attr(o, "flops") for o in fused) == sum(_attr(o, "flops") for o in plain)
+    # neg/exp/sum/div: reads x, writes the div result (used by mm) and exp (used by the last mul): 3 x 1 KiB
+    assert [_attr(o, "bytes") for o in fused[:4]] == [0, 0, 0, 3 * 1024]
+    assert sum(_attr(o, "bytes") for o in fused[:4]) <= sum(_attr(o, "bytes") for o in plain[:4])
+    assert sum(_attr(o, "duration_us") for o in fused) < sum(_attr(o, "duration_us") for o in plain)
+
+
+def test_pass_is_deterministic_and_idempotent(tmp_path):
+    a = parse_ir(IR, tmp_path)
+    FusePointwisePass().apply(Context(), a)
+    once = str(a)
+    FusePointwisePass().apply(Context(), a)
+    assert str(a) == once
+
+
+def _n(key, cls, inputs=(), numel=64, red=None, name="add"):
+    return FusionNode(key, cls, name, list(inputs), numel, red)
+
+
+def test_grouping_rules():
+    # two reductions over different sizes stay apart; a GEMM between two pointwise ops is a barrier
+    nodes = [_n("a", "elementwise"), _n("r1", "reduction", ["a"], 8, 64, "sum"),
+             _n("r2", "reduction", ["a"], 4, 64, "sum"), _n("mm", "gemm", ["a"], name="mm"),
+             _n("b", "elementwise", ["mm", "a"])]
+    groups = fusion_groups(nodes)
+    assert [0, 1] in groups and [2] in groups and [3] in groups and [4] in groups
+    # a pointwise op of an unrelated size does not join
+    assert fusion_groups([_n("a", "elementwise", numel=64), _n("b", "elementwise", ["a"], numel=7)]) == [[0], [1]]
+    # dropout (random) is not fused
+    assert fusion_groups([_n("a", "elementwise"), _n("d", "elementwise", ["a"], name="native_dropout")]) == [[0], [1]]
+
+
+def test_merge_never_creates_a_cycle():
+    # a -> mm -> c and a -> c: fusing a with c would put the GEMM inside a kernel's dependencies
+    nodes = [_n("a", "elementwise"), _n("mm", "gemm", ["a"], name="mm"), _n("c", "elementwise", ["a", "mm"])]
+    assert fusion_groups(nodes) == [[0], [1], [2]]
+
+
+@pytest.mark.slow
+def test_kernel_groups_agree_with_inductors_scheduler():
+    from flint.validate.inductor_fusion import check_models, total
+
+    results = check_models()
+    t = total(results)
+    assert {r.graph for r in results} == {"llama-tiny fwd", "llama-tiny bwd", "gpt2-tiny fwd", "gpt2-tiny bwd"}
+    # measured: 17 of 29 inductor kernels formed exactly (0.59); pair precision 0.95, recall 0.84
+    assert t.kernel_agreement >= 0.5 and t.pair_precision >= 0.9 and t.pair_recall >= 0.8
