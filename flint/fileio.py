@@ -10,20 +10,26 @@ from typing import IO, Iterator
 
 
 @contextmanager
-def atomic_text_file(path: str | os.PathLike) -> Iterator[IO[str]]:
+def atomic_text_file(path: str | os.PathLike, mode: str = "w") -> Iterator[IO[str]]:
     """Open a temporary file next to ``path`` for writing; rename it onto
-    ``path`` when the block finishes, delete it if the block raises."""
+    ``path`` when the block finishes, delete it if the block raises.
+    ``mode="wb"`` gives a binary file (:func:`atomic_binary_file`)."""
     path = Path(path).absolute()
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w") as f:
+        with os.fdopen(fd, mode) as f:
             yield f
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def atomic_binary_file(path: str | os.PathLike):
+    """:func:`atomic_text_file` for bytes (Parquet, PNG)."""
+    return atomic_text_file(path, "wb")
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> Path:

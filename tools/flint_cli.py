@@ -9,6 +9,7 @@ Subcommands (``flint <command> --help`` explains each):
   simulate      run a step on a simulator backend (native, or ASTRA-sim) and report per-rank times
   import-trace  read any Chakra trace into the `chakra` dialect (.mlir)
   validate      run real small steps with torch.distributed (gloo) and compare them with Flint's graph
+  explore       evaluate a design space (TOML): sweeps and guided search, stored in SQLite, reports and plots
 
 Errors name the input that is wrong and exit non-zero; no tracebacks.
 """
@@ -180,6 +181,8 @@ def _delegate(command: str, argv: Sequence[str]) -> int:
         from flint.sim.cli import simulate_main as run
     elif command == "import-trace":
         from flint.chakra.to_ir import main as run
+    elif command == "explore":
+        from flint.explore.cli import explore_main as run
     else:
         from flint.validate.cli import main as run
     return run(list(argv))
@@ -191,6 +194,7 @@ DELEGATED = {
     "simulate": "run a step on a simulator backend (native or astra-sim)",
     "import-trace": "read a Chakra trace into the chakra dialect (.mlir)",
     "validate": "compare Flint's graph with real gloo runs (writes docs/validation.md)",
+    "explore": "evaluate a design space (TOML): sweeps, guided search, SQLite results, reports and plots",
 }
 
 

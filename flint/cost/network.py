@@ -71,6 +71,50 @@ class Network:
     name: str
     dims: tuple[NetworkDim, ...]
     description: str = ""
+    # Degraded NICs: (rank, dimension name, bandwidth_gbytes_per_s) below the dimension's link.
+    nics: tuple[tuple[int, str, float], ...] = ()
+
+    def with_link(self, dim: str, *, bandwidth_gbytes_per_s: float | None = None,
+                  latency_us: float | None = None) -> "Network":
+        """This network with dimension ``dim``'s link bandwidth and/or latency replaced (for sweeps)."""
+        names = [d.name for d in self.dims]
+        if dim not in names:
+            raise FlintError(f"network '{self.name}' has no dimension '{dim}' (its dimensions: {', '.join(names)})")
+        out = []
+        for d in self.dims:
+            if d.name == dim:
+                link = d.link
+                if bandwidth_gbytes_per_s is not None:
+                    link = replace(link, bandwidth_gbytes_per_s=float(bandwidth_gbytes_per_s))
+                if latency_us is not None:
+                    link = replace(link, latency_us=float(latency_us))
+                d = replace(d, link=link)
+            out.append(d)
+        return replace(self, dims=tuple(out))
+
+    def with_nics(self, ranks: Sequence[int], dim: str, bandwidth_gbytes_per_s: float) -> "Network":
+        """This network with the NICs of ``ranks`` on dimension ``dim`` degraded to ``bandwidth_gbytes_per_s``.
+
+        A degraded NIC slows every transfer through it: a collective whose
+        group spans ``dim`` and contains one of ``ranks`` runs that level at
+        the slowest member's bandwidth (ring and tree steps are synchronous,
+        so the slowest link paces every step), and a send/recv from or to such
+        a rank across ``dim`` uses it. There is no contention model: other
+        transfers are unaffected.
+        """
+        if dim not in {d.name for d in self.dims}:
+            raise FlintError(f"network '{self.name}' has no dimension '{dim}' (its dimensions: "
+                             f"{', '.join(d.name for d in self.dims)})")
+        if bandwidth_gbytes_per_s <= 0:
+            raise FlintError(f"degraded NIC bandwidth must be positive, got {bandwidth_gbytes_per_s}")
+        return replace(self, nics=self.nics + tuple((int(r), dim, float(bandwidth_gbytes_per_s)) for r in ranks))
+
+    def _nic_link(self, link: Link, dim: str, ranks) -> Link:
+        """``link`` at the slowest degraded NIC among ``ranks`` on ``dim`` (itself when none is degraded)."""
+        slow = [bw for r, d, bw in self.nics if d == dim and r in ranks]
+        if not slow or min(slow) >= link.bandwidth_gbytes_per_s:
+            return link
+        return replace(link, bandwidth_gbytes_per_s=min(slow))
 
     def for_world(self, world_size: int) -> "Network":
         """This network with its outermost ``size = 0`` filled in for ``world_size`` ranks.
@@ -119,10 +163,11 @@ class Network:
         """
         c = self.coords(members)
         levels = []
+        member_set = set(int(m) for m in members) if self.nics else ()
         for i, d in enumerate(self.dims):
             k = len(np.unique(c[:, i]))
             if k > 1:
-                levels.append((d.link, k))
+                levels.append((self._nic_link(d.link, d.name, member_set) if self.nics else d.link, k))
         if math.prod(k for _, k in levels) != len(set(int(m) for m in members)):
             slowest = min((lk for lk, _ in levels), key=lambda lk: lk.bandwidth_gbytes_per_s)
             return [(slowest, len(members))]
@@ -142,8 +187,9 @@ class Network:
             elif d.link.topology in (Topology.SWITCH, Topology.FULLY_CONNECTED):
                 dist = 1
             latency += d.link.latency_us * dist
-            if bw_link is None or d.link.bandwidth_gbytes_per_s < bw_link.bandwidth_gbytes_per_s:
-                bw_link = d.link
+            link = self._nic_link(d.link, d.name, (src, dst)) if self.nics else d.link
+            if bw_link is None or link.bandwidth_gbytes_per_s < bw_link.bandwidth_gbytes_per_s:
+                bw_link = link
         if bw_link is None:
             return 0.0
         return latency + p2p_time_us(nbytes, replace(bw_link, latency_us=0.0))

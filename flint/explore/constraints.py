@@ -1,0 +1,106 @@
+"""Constraints that prune design points before any evaluation, each counted by name.
+
+In the order they are checked (a point is counted under the first it fails):
+
+``degrees_divide``  the plan is valid for the world size (degrees multiply to
+                    it, TP divides the heads, ...; :meth:`Plan.validate` and
+                    :meth:`Plan.check_model`) and the global batch divides
+                    over the data-parallel ranks and the microbatches.
+``supported``       capture implements every plan field set (today
+                    ``dp_replicate``, ``dp_shard``, ``tp``, ``sp``: the capture
+                    recipes' ``CAPTURE_FIELDS``; pipelines, CP, EP and AC
+                    are refused until they land).
+``max_gpus`` / ``min_gpus``  bounds on the world size.
+``memory_fits``     a lower bound of the per-rank memory fits the device's
+                    HBM: parameters, gradients and AdamW's two moments at the
+                    model dtype, divided by ``tp * pp`` and, under ZeRO-3, by
+                    ``dp_shard`` (exact shapes from the model built on the meta
+                    device). It never prunes a point that could fit; the
+                    evaluated peak (tensor lifetimes) says whether the rest do
+                    (output ``fits``).
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any, Mapping
+
+from flint.errors import FlintError
+
+
+@cache
+def _param_count(model: str, layers: int | None) -> int:
+    import torch
+
+    from flint.models import build
+
+    overrides = {"n_layers": layers} if layers is not None else {}
+    with torch.device("meta"):
+        m = build(model, **overrides)
+    return sum(p.numel() for p in m.parameters())
+
+
+@cache
+def _model_shape(model: str, layers: int | None) -> dict[str, int]:
+    from flint.models import config
+
+    cfg = config(model, **({"n_layers": layers} if layers is not None else {}))
+    out = {}
+    for ours, theirs in (("n_layers", "n_layers"), ("n_heads", "n_heads"), ("n_kv_heads", "n_kv_heads"),
+                         ("hidden", "dim"), ("ffn_hidden", "ffn_dim"), ("n_experts", "n_experts")):
+        v = getattr(cfg, theirs, None)
+        if isinstance(v, int):
+            out[ours] = v
+    if "hidden" not in out and isinstance(getattr(cfg, "d_model", None), int):
+        out["hidden"] = cfg.d_model
+    return out
+
+
+_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8}
+
+
+def memory_lower_bound_bytes(point: Mapping[str, Any], plan) -> int:
+    """Parameters + gradients + AdamW state per rank, sharded as the plan shards them (module docstring)."""
+    n = _param_count(point["workload.model"], point.get("workload.layers"))
+    per = _DTYPE_BYTES.get(point.get("workload.dtype", "bfloat16"), 4)
+    shard = plan.tp * plan.pp * (plan.dp_shard if plan.zero == 3 else 1)
+    state = n * per * 2 / (plan.tp * plan.pp * (plan.dp_shard if plan.zero >= 1 else 1))  # AdamW moments
+    grads = n * per / (plan.tp * plan.pp * (plan.dp_shard if plan.zero >= 2 else 1))
+    return int(n * per / shard + grads + state)
+
+
+def check(point: Mapping[str, Any], constraints: Mapping[str, Any]) -> tuple[str, str] | None:
+    """``(constraint, reason)`` for the first constraint ``point`` fails, or None."""
+    from flint.capture.recipes import CAPTURE_FIELDS
+    from flint.explore.space import plan_of_point
+
+    try:
+        plan = plan_of_point(point)
+        shape = _model_shape(point["workload.model"], point.get("workload.layers"))
+        gb = point.get("workload.global_batch")
+        gb = plan.dp if gb is None else gb
+        if gb % plan.dp:
+            return "degrees_divide", f"global batch {gb} is not divisible by the data-parallel degree {plan.dp}"
+        plan.check_model(n_layers=shape.get("n_layers"), n_heads=shape.get("n_heads"),
+                         n_kv_heads=shape.get("n_kv_heads"), hidden=shape.get("hidden"),
+                         ffn_hidden=shape.get("ffn_hidden"), n_experts=shape.get("n_experts"),
+                         seq_len=point.get("workload.seq_len"), local_batch=gb // plan.dp)
+    except FlintError as e:
+        return "degrees_divide", str(e)
+    try:
+        plan.require(CAPTURE_FIELDS, "capture")
+    except FlintError as e:
+        return "supported", str(e)
+    if "max_gpus" in constraints and plan.world_size > constraints["max_gpus"]:
+        return "max_gpus", f"{plan.world_size} ranks > max_gpus {constraints['max_gpus']}"
+    if "min_gpus" in constraints and plan.world_size < constraints["min_gpus"]:
+        return "min_gpus", f"{plan.world_size} ranks < min_gpus {constraints['min_gpus']}"
+    if constraints.get("memory_fits", True):
+        from flint.cost import load_device
+
+        need = memory_lower_bound_bytes(point, plan)
+        cap = load_device(point["system.device"]).hbm_capacity_bytes
+        if need > cap:
+            return "memory_fits", (f"parameters + gradients + optimizer state alone need {need / 2**30:.1f} GiB "
+                                   f"per rank, more than {point['system.device']}'s {cap / 2**30:.1f} GiB")
+    return None
