@@ -233,6 +233,9 @@ def run_space(space: Space, store: Store, opts: RunOptions) -> RunSummary:
         raise FlintError(f"--executor: unknown executor '{opts.executor}'; known: {', '.join(EXECUTORS)}")
     if opts.jobs < 1:
         raise FlintError(f"--jobs must be at least 1, got {opts.jobs}")
+    if opts.executor == "ray" and not opts.address:
+        raise FlintError("--executor ray needs --address HOST:PORT of an existing Ray cluster "
+                         "(e.g. the address `ray start --head` prints)")
     t0 = time.perf_counter()
     seed = space.seed if opts.seed is None else opts.seed
     samples = opts.samples or space.samples

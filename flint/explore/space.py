@@ -286,8 +286,8 @@ def space_from_dict(data: Mapping[str, Any], src: str = "<space>") -> Space:
             raise _unknown(src, "", key, top)
     axes: list[Axis] = []
     wl = data.get("workload")
-    if not isinstance(wl, dict) or "model" not in wl or "world_size" not in wl:
-        raise SpaceError(src, "workload", "needs at least 'model' and 'world_size'")
+    if not isinstance(wl, dict):
+        raise SpaceError(src, "workload", "needs a [workload] table with at least 'model' and 'world_size'")
     for key, spec in wl.items():
         if key == "plan":
             if not isinstance(spec, dict):
@@ -302,6 +302,9 @@ def space_from_dict(data: Mapping[str, Any], src: str = "<space>") -> Space:
             raise _unknown(src, "workload", key, set(WORKLOAD_KEYS) | {"plan"})
         name = f"workload.{key}"
         axes.append(Axis(name, _values(src, name, spec, WORKLOAD_KEYS[key])))
+    for key in ("model", "world_size"):
+        if key not in wl:
+            raise SpaceError(src, f"workload.{key}", "missing: every space names at least 'model' and 'world_size'")
     for key, default in WORKLOAD_DEFAULTS.items():
         if key not in wl:
             axes.append(Axis(f"workload.{key}", (default,)))

@@ -1,0 +1,337 @@
+"""flint explore: space files, constraints, the results store, strategies, resumption, executors, reports.
+
+The end-to-end tests (marked slow) share one capture cache per session: the
+tiny Llama under FSDP on 8 ranks is captured once and serves every system
+variant of every strategy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from flint.cost import load_network
+from flint.errors import FlintError
+from flint.explore.cli import explore_main
+from flint.explore.report import pareto_mask
+from flint.explore.space import SpaceError, load_space, point_id
+from flint.explore.store import Store, StoreError
+
+FLINT = [sys.executable, "-m", "flint.explore.cli"]
+
+BASE = """
+name = "tiny"
+[workload]
+model = "llama-tiny"
+world_size = 8
+seq_len = 64
+global_batch = 16
+[workload.plan]
+dp_shard = -1
+[system]
+network = "switch"
+[system.bandwidth_gbits_per_s]
+switch = [100, 400]
+[system.nic]
+ranks = [0]
+dim = "switch"
+bandwidth_gbits_per_s = [400, 50]
+[system.straggler]
+ranks = [[1], [99]]
+slowdown = 1.5
+[[report.line]]
+x = "system.bandwidth_gbits_per_s.switch"
+series = "system.nic.bandwidth_gbits_per_s"
+"""
+
+
+def _write(tmp_path: Path, text: str, name: str = "space.toml") -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+# ------------------------------------------------------------------ space files
+
+
+def test_space_axes_and_ranges(tmp_path):
+    sp = load_space(_write(tmp_path, BASE.replace('switch = [100, 400]', 'switch = { start = 100, stop = 400, step = 100 }')
+                           .replace("world_size = 8", "world_size = { log2 = [4, 16] }")))
+    assert sp.axis("system.bandwidth_gbits_per_s.switch").values == (100.0, 200.0, 300.0, 400.0)
+    assert sp.axis("workload.world_size").values == (4, 8, 16)
+    assert sp.axis("system.straggler.ranks").values == ([1], [99])
+    assert sp.axis("system.nic.ranks").values == ([0],)
+    assert sp.size == 4 * 3 * 2 * 2
+    pts = list(sp.grid())
+    assert len({point_id(p) for p in pts}) == sp.size
+    assert [sp.point_at(i) for i in (0, 7, sp.size - 1)] == [pts[0], pts[7], pts[-1]]
+
+
+@pytest.mark.parametrize("edit, where", [
+    (("model = ", "modle = "), "workload.modle"),
+    (("[workload.plan]\ndp_shard = -1", "[workload.plan]\ndp_shards = -1"), "workload.plan.dp_shards"),
+    (("switch = [100, 400]", "switch = []"), "system.bandwidth_gbits_per_s.switch: empty range"),
+    (("switch = [100, 400]", "switch = { start = 400, stop = 100 }"), "system.bandwidth_gbits_per_s.switch: empty range"),
+    (("switch = [100, 400]", "ib = [100, 400]"), "system.bandwidth_gbits_per_s.ib: network 'switch' has no dimension 'ib'"),
+    (('network = "switch"', 'network = "nope"'), "system.network: unknown network 'nope'"),
+    (('model = "llama-tiny"', 'model = "llama-huge"'), "workload.model: unknown model"),
+    (("slowdown = 1.5", "slowdown = 0.5"), "system.straggler.slowdown"),
+    (("[system]", "[system]\nfabric = 1"), "system.fabric: unknown axis"),
+])
+def test_bad_space_names_the_axis(tmp_path, edit, where):
+    with pytest.raises(SpaceError, match=where.replace(".", r"\.").replace("(", r"\(")):
+        load_space(_write(tmp_path, BASE.replace(*edit)))
+
+
+def test_unknown_axis_on_the_command_line(tmp_path, capsys):
+    p = _write(tmp_path, BASE.replace("seq_len", "seqlen"))
+    assert explore_main([str(p), "--out", str(tmp_path / "o")]) == 1
+    err = capsys.readouterr().err
+    assert "workload.seqlen" in err and "did you mean seq_len" in err and "Traceback" not in err
+    assert not (tmp_path / "o" / "results.db").exists()
+
+
+@pytest.mark.parametrize("edit, constraint", [
+    (("[system]", "[constraints]\nmax_gpus = 4\n[system]"), "max_gpus"),
+    (("dp_shard = -1", "dp_shard = -1\ntp = 3"), "degrees_divide"),
+    (("dp_shard = -1", "dp_shard = -1\npp = 2"), "supported"),
+    (('model = "llama-tiny"', 'model = "llama3-405b"'), "memory_fits"),
+])
+def test_constraints_excluding_every_point(tmp_path, capsys, edit, constraint):
+    p = _write(tmp_path, BASE.replace(*edit))
+    assert explore_main([str(p), "--out", str(tmp_path / "o"), "--cache", str(tmp_path / "c")]) == 1
+    err = capsys.readouterr().err
+    assert "exclude every point" in err and f"constraint '{constraint}' removed 8" in err
+    assert not (tmp_path / "c").exists()  # nothing was captured
+
+
+# ------------------------------------------------------------------ the store
+
+
+def test_foreign_and_corrupt_databases_are_refused_untouched(tmp_path):
+    foreign = tmp_path / "foreign.db"
+    con = sqlite3.connect(foreign)
+    con.execute("CREATE TABLE accounts (id INTEGER)")
+    con.commit()
+    con.close()
+    text = tmp_path / "notes.db"
+    text.write_text("my notes, not a database\n")
+    corrupt = tmp_path / "corrupt.db"
+    corrupt.write_bytes(b"SQLite format 3\x00" + b"\xff" * 3000)
+    for path, why in ((foreign, "something else"), (text, "not a SQLite database"), (corrupt, "damaged")):
+        before = path.read_bytes()
+        with pytest.raises(StoreError, match=why):
+            Store(path)
+        assert path.read_bytes() == before
+
+
+def test_store_round_trip(tmp_path):
+    s = Store(tmp_path / "r.db")
+    run = s.start_run("x", "h", "grid", {})
+    s.put_result("a", {"k": 1}, {"status": "ok", "outputs": {"iteration_time_us": 5.0, "gpus": 8,
+                                                               "peak_memory_bytes": 10}, "capture_hit": True}, "h", run)
+    s.put_pruned([("b", {"k": 2}, "max_gpus", "too many")], "h", run)
+    s.close()
+    s = Store(tmp_path / "r.db")  # reopened: recognized as ours
+    assert s.known(["a", "b", "c"]) == {"a", "b"}
+    assert s.get("a")["outputs"]["iteration_time_us"] == 5.0 and s.get("b")["constraint_name"] == "max_gpus"
+    assert s.evaluation_counts() == {"a": 1}
+
+
+# ------------------------------------------------------------------ pareto, network
+
+
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 5), st.integers(0, 3)), min_size=1, max_size=30))
+@settings(max_examples=60, deadline=None)
+def test_pareto_front_is_non_dominated_and_covers(values):
+    mask = pareto_mask(values)
+    front = [v for v, m in zip(values, mask) if m]
+    dom = lambda a, b: all(x <= y for x, y in zip(a, b)) and any(x < y for x, y in zip(a, b))  # noqa: E731
+    assert front
+    assert not any(dom(a, b) for a in values for b in front)
+    assert all(any(dom(f, v) for f in front) for v, m in zip(values, mask) if not m)
+
+
+def test_degraded_nic_slows_only_groups_through_it():
+    net = load_network("dgx-h100").for_world(16)
+    slow = net.with_nics([0], "ib", 12.5)
+    pair_with_0 = slow.group_levels([0, 8])
+    pair_without = slow.group_levels([1, 9])
+    assert pair_with_0[0][0].bandwidth_gbytes_per_s == 12.5
+    assert pair_without[0][0].bandwidth_gbytes_per_s == net.group_levels([1, 9])[0][0].bandwidth_gbytes_per_s == 50.0
+    assert slow.group_levels([0, 1])[0][0].bandwidth_gbytes_per_s == 450.0  # NVLink is not the NIC
+    assert slow.p2p_time_us(0, 8, 1e6) > net.p2p_time_us(0, 8, 1e6) == slow.p2p_time_us(1, 9, 1e6)
+    with pytest.raises(FlintError, match="no dimension 'eth'"):
+        net.with_nics([0], "eth", 1.0)
+
+
+# ------------------------------------------------------------------ end to end
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("explore-cache")
+
+
+def _rows(db: Path) -> list[dict]:
+    s = Store(db)
+    try:
+        return list(s.rows())
+    finally:
+        s.close()
+
+
+def _evaluations(db: Path) -> dict[str, int]:
+    s = Store(db)
+    try:
+        return s.evaluation_counts()
+    finally:
+        s.close()
+
+
+@pytest.mark.slow
+def test_grid_end_to_end_with_failing_points_reports_and_rerun(tmp_path, cache, capsys):
+    import pandas as pd
+
+    p = _write(tmp_path, BASE)
+    out = tmp_path / "out"
+    assert explore_main([str(p), "--out", str(out), "--cache", str(cache), "--no-progress"]) == 0
+    rows = _rows(out / "results.db")
+    assert len(rows) == 8
+    ok = [r for r in rows if r["status"] == "ok"]
+    bad = [r for r in rows if r["status"] == "error"]
+    assert len(ok) == 4 and len(bad) == 4  # rank 99 is outside the 8-rank world: recorded, the sweep goes on
+    assert all("system.straggler.ranks: rank 99" in r["error"] for r in bad)
+    for r in ok:
+        o = r["outputs"]
+        assert o["gpus"] == 8 and o["iteration_time_us"] > 0 and o["peak_memory_bytes"] > 0 and o["fits"]
+    # physics: a slower fabric, or a slower NIC on rank 0, never makes the step faster
+    t = {(r["inputs"]["system.bandwidth_gbits_per_s.switch"], r["inputs"]["system.nic.bandwidth_gbits_per_s"]):
+         r["outputs"]["iteration_time_us"] for r in ok}
+    assert t[(100.0, 400.0)] > t[(400.0, 400.0)]
+    assert t[(400.0, 50.0)] > t[(400.0, 400.0)] and t[(100.0, 50.0)] > t[(100.0, 400.0)]
+    # reports
+    for name in ("points.csv", "points.parquet", "summary.md", "summary.html", "pareto.png", "breakdown.png",
+                 "memory.png", "line-bandwidth_gbits_per_s-switch.png"):
+        assert (out / name).stat().st_size > 0, name
+    df = pd.read_parquet(out / "points.parquet")
+    assert len(df) == 8 and set(df["status"]) == {"ok", "error"}
+    front = df[df["pareto"]]
+    okdf = df[df["status"] == "ok"]
+    for _, f in front.iterrows():
+        for _, o in okdf.iterrows():
+            better = [o[c] <= f[c] for c in ("iteration_time_us", "peak_memory_bytes", "gpus")]
+            strictly = [o[c] < f[c] for c in ("iteration_time_us", "peak_memory_bytes", "gpus")]
+            assert not (all(better) and any(strictly))
+    assert "Pareto front" in (out / "summary.md").read_text()
+    # a repeated run evaluates nothing
+    capsys.readouterr()
+    assert explore_main([str(p), "--out", str(out), "--cache", str(cache), "--no-progress"]) == 0
+    assert "evaluated 0 now" in capsys.readouterr().out
+    assert set(_evaluations(out / "results.db").values()) == {1}
+
+
+@pytest.mark.slow
+def test_random_and_optuna_share_the_store(tmp_path, cache, capsys):
+    import optuna
+
+    p = _write(tmp_path, BASE)
+    db = tmp_path / "r.db"
+    assert explore_main([str(p), "--db", str(db), "--out", str(tmp_path / "o1"), "--cache", str(cache),
+                         "--strategy", "random", "--samples", "3", "--no-progress"]) == 0
+    assert len(_rows(db)) == 3
+    assert explore_main([str(p), "--db", str(db), "--out", str(tmp_path / "o2"), "--cache", str(cache),
+                         "--strategy", "optuna", "--samples", "5", "--seed", "1", "--no-progress"]) == 0
+    rows = _rows(db)
+    assert 5 <= len(rows) <= 8
+    assert set(_evaluations(db).values()) == {1}  # points random already ran were not evaluated again
+    (study_summary,) = optuna.get_all_study_summaries(storage=f"sqlite:///{db.resolve()}")
+    study = optuna.load_study(study_name=study_summary.study_name, storage=f"sqlite:///{db.resolve()}")
+    pids = {t.user_attrs["point_id"] for t in study.trials}
+    assert len(pids) == 5 and pids <= {r["point_id"] for r in rows}
+    assert len(study.directions) == 3
+    # every trial the study completed carries the stored objectives
+    by = {r["point_id"]: r for r in rows}
+    for t in study.trials:
+        if t.state == optuna.trial.TrialState.COMPLETE:
+            o = by[t.user_attrs["point_id"]]["outputs"]
+            assert t.values == [o["iteration_time_us"], o["peak_memory_bytes"], o["gpus"]]
+    df = __import__("pandas").read_csv(tmp_path / "o2" / "points.csv")
+    assert len(df) == 5
+
+
+@pytest.mark.slow
+def test_kill_mid_run_then_resume_evaluates_no_point_twice(tmp_path, cache):
+    # two captured programs: the first (global batch 16) is in the shared cache, the second is captured
+    # during the run, so the kill lands while points of the first are stored and the second's are not
+    text = BASE.replace("global_batch = 16", "global_batch = [16, 32]").replace("ranks = [[1], [99]]", "ranks = [1]")
+    p = _write(tmp_path, text)
+    out = tmp_path / "out"
+    db = out / "results.db"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([*FLINT, str(p), "--out", str(out), "--cache", str(cache), "--no-progress"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True)
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            if db.exists():
+                try:
+                    n = sqlite3.connect(db).execute("SELECT COUNT(*) FROM points WHERE status='ok'").fetchone()[0]
+                except sqlite3.Error:
+                    n = 0
+                if n >= 1:
+                    break
+            if proc.poll() is not None:
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None, "the run finished before it could be interrupted"
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    before = _evaluations(db)
+    assert 1 <= len(before) < 8
+    res = subprocess.run([*FLINT, str(p), "--out", str(out), "--cache", str(cache), "--no-progress"],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr
+    assert f"reused {len(before)} stored" in res.stdout
+    after = _evaluations(db)
+    assert len(after) == 8 and set(after.values()) == {1}
+    assert all(r["status"] == "ok" for r in _rows(db))
+
+
+@pytest.mark.slow
+def test_ray_executor_on_a_local_loopback_cluster(tmp_path, cache):
+    ray = pytest.importorskip("ray")
+    p = _write(tmp_path, BASE.replace("ranks = [[1], [99]]", "ranks = [1]").replace("bandwidth_gbits_per_s = [400, 50]",
+                                                                                 "bandwidth_gbits_per_s = 400"))
+    ctx = ray.init(num_cpus=1, include_dashboard=False, _node_ip_address="127.0.0.1", logging_level="ERROR",
+                   log_to_driver=False)
+    try:
+        address = ctx.address_info["gcs_address"]
+        assert address.startswith("127.0.0.1:")
+        res = subprocess.run([*FLINT, str(p), "--out", str(tmp_path / "o"), "--cache", str(cache), "--no-progress",
+                              "--executor", "ray", "--address", address], capture_output=True, text=True, timeout=600)
+    finally:
+        ray.shutdown()
+    assert res.returncode == 0, res.stderr
+    rows = _rows(tmp_path / "o" / "results.db")
+    assert len(rows) == 2 and all(r["status"] == "ok" for r in rows)
+
+
+def test_ray_needs_an_address(tmp_path, capsys):
+    p = _write(tmp_path, BASE)
+    assert explore_main([str(p), "--out", str(tmp_path / "o"), "--executor", "ray", "--cache", str(tmp_path)]) == 1
+    assert "--address" in capsys.readouterr().err
