@@ -312,21 +312,49 @@ def test_kill_mid_run_then_resume_evaluates_no_point_twice(tmp_path, cache):
     assert all(r["status"] == "ok" for r in _rows(db))
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 @pytest.mark.slow
 def test_ray_executor_on_a_local_loopback_cluster(tmp_path, cache):
-    ray = pytest.importorskip("ray")
+    """A one-CPU Ray head on loopback, started by this test in its own process group and ended by it."""
+    import shutil
+    import tempfile
+
+    pytest.importorskip("ray")
+    ray_bin = Path(sys.executable).with_name("ray")
     p = _write(tmp_path, BASE.replace("ranks = [[1], [99]]", "ranks = [1]").replace("bandwidth_gbits_per_s = [400, 50]",
                                                                                  "bandwidth_gbits_per_s = 400"))
-    ctx = ray.init(num_cpus=1, include_dashboard=False, _node_ip_address="127.0.0.1", logging_level="ERROR",
-                   log_to_driver=False)
+    port = _free_port()
+    temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # Ray's socket paths must stay short
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}  # a private loopback test cluster: no token
+    head = subprocess.Popen([str(ray_bin), "start", "--head", "--block", "--node-ip-address=127.0.0.1",
+                             f"--port={port}", "--num-cpus=1", "--include-dashboard=false", f"--temp-dir={temp}",
+                             "--disable-usage-stats"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=env, start_new_session=True)
     try:
-        address = ctx.address_info["gcs_address"]
-        assert address.startswith("127.0.0.1:")
         res = subprocess.run([*FLINT, str(p), "--out", str(tmp_path / "o"), "--cache", str(cache), "--no-progress",
-                              "--executor", "ray", "--address", address], capture_output=True, text=True, timeout=600)
+                              "--executor", "ray", "--address", f"127.0.0.1:{port}"],
+                             capture_output=True, text=True, timeout=600, env=env)
     finally:
-        ray.shutdown()
+        os.killpg(head.pid, signal.SIGTERM)
+        try:
+            head.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            os.killpg(head.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        head.wait()
+        shutil.rmtree(temp, ignore_errors=True)
     assert res.returncode == 0, res.stderr
+    assert "evaluated 2 now" in res.stdout
     rows = _rows(tmp_path / "o" / "results.db")
     assert len(rows) == 2 and all(r["status"] == "ok" for r in rows)
 

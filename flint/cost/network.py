@@ -35,6 +35,12 @@ TOML::
 
 ``base_latency_us`` and ``bus_efficiency`` are the NCCL-like terms of
 :func:`flint.cost.collective_time_us` (see its module docstring).
+
+Sweeps change a network without a new file: :meth:`Network.with_link`
+replaces one dimension's bandwidth or latency, :meth:`Network.with_nics`
+degrades the NIC of some ranks on one dimension (a group through such a
+rank runs that level at its speed; there is no contention model, so other
+transfers are unaffected).
 """
 
 from __future__ import annotations

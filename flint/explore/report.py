@@ -67,6 +67,8 @@ def dataframe(rows: Iterable[Mapping[str, Any]], space: Space):
     df = pd.DataFrame.from_records(recs)
     if df.empty:
         return df
+    if "peak_memory_bytes" in df:
+        df["peak_memory_gib"] = df["peak_memory_bytes"] / 2**30
     df["pareto"] = False
     if "iteration_time_us" in df:
         ok = (df["status"] == "ok") & (df.get("fits", True) == True)  # noqa: E712
@@ -143,7 +145,7 @@ def summary_markdown(df, space: Space, summary, plots: Sequence[str] = ()) -> st
         lines.append("")
     vary = _varying(df, space)
     if len(ok):
-        outs = [c for c in ("iteration_time_us", "exposed_comm_us", "mfu", "peak_memory_bytes", "fits", "gpus")
+        outs = [c for c in ("iteration_time_us", "exposed_comm_us", "mfu", "peak_memory_gib", "fits", "gpus")
                 if c in ok]
         lines += ["## Best point per objective", ""]
         best = []
@@ -157,6 +159,23 @@ def summary_markdown(df, space: Space, summary, plots: Sequence[str] = ()) -> st
             sub = ok.loc[best].copy()
             sub.insert(0, "objective", [o for o in space.objectives][:len(best)])
             lines += _table(sub, ["objective", *vary, *outs])
+        if space.reference:
+            lines += ["", "## Against the reference point", ""]
+            m = ok
+            for k, v in space.reference.items():
+                m = m[m[k] == _cell(v)] if k in m else m.iloc[0:0]
+            fit = ok[ok["fits"] == True] if "fits" in ok else ok  # noqa: E712
+            if len(m) and len(fit):
+                ref = m.sort_values("iteration_time_us").iloc[0]
+                best = fit.sort_values("iteration_time_us").iloc[0]
+                both = ok.loc[[best.name, ref.name]].copy()
+                both.insert(0, "point", ["fastest that fits", "reference"])
+                lines += _table(both, ["point", *vary, *outs])
+                lines += ["", f"The fastest point that fits runs {ref['iteration_time_us'] / best['iteration_time_us']:.2f}x "
+                              f"the reference's speed ({best['iteration_time_us'] / 1e3:,.1f} ms against "
+                              f"{ref['iteration_time_us'] / 1e3:,.1f} ms per iteration)."]
+            else:
+                lines.append("(the reference point, or any point that fits, was not evaluated)")
         lines += ["", f"## Pareto front ({', '.join(space.objectives)}; points that fit in memory)", ""]
         front = ok[ok["pareto"]].sort_values(space.objectives[0] if space.objectives[0] in ok else "iteration_time_us")
         lines += _table(front, [*vary, *outs]) if len(front) else ["(no point fits in memory)"]
@@ -317,5 +336,6 @@ def _plots(df, space: Space, out: Path) -> list[Path]:
         if ln.series or vary:
             ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
-        paths.append(_save(fig, out / f"line-{_short(ln.x).replace('.', '-')}.png"))
+        stem = f"line-{_short(ln.x).replace('.', '-')}" + ("" if ln.y == "iteration_time_us" else f"-{ln.y}")
+        paths.append(_save(fig, out / f"{stem}.png"))
     return paths

@@ -46,6 +46,9 @@ A space file is TOML::
     y = "iteration_time_us"
     series = "workload.world_size"
 
+    [report.reference]           # a point to compare the fastest fitting point with (quote dotted names)
+    "workload.plan.tp" = 8
+
 Values: a scalar, a list, ``{ values = [...] }``, an inclusive range
 ``{ start, stop, step }`` or powers of two ``{ log2 = [lo, hi] }``. Axes
 whose one value is itself a list (``plan.order``, ``plan.pp_layers``,
@@ -132,6 +135,7 @@ class Space:
     constraints: dict[str, Any] = field(default_factory=dict)
     lines: tuple[LinePlot, ...] = ()
     breakdown_label: tuple[str, ...] = ()
+    reference: dict[str, Any] = field(default_factory=dict)  # axis -> value: a point to compare the best with
     text_hash: str = ""
 
     # ------------------------------------------------------------------ points
@@ -381,8 +385,8 @@ def space_from_dict(data: Mapping[str, Any], src: str = "<space>") -> Space:
     report = data.get("report", {})
     lines = []
     for key in report:
-        if key not in ("line", "breakdown_label"):
-            raise _unknown(src, "report", key, {"line", "breakdown_label"})
+        if key not in ("line", "breakdown_label", "reference"):
+            raise _unknown(src, "report", key, {"line", "breakdown_label", "reference"})
     for i, ln in enumerate(report.get("line", [])):
         where = f"report.line[{i}]"
         if not isinstance(ln, dict) or "x" not in ln:
@@ -399,8 +403,15 @@ def space_from_dict(data: Mapping[str, Any], src: str = "<space>") -> Space:
     for n in label:
         if n not in names:
             raise SpaceError(src, "report.breakdown_label", f"'{n}' is not an axis of this space")
+    reference = dict(report.get("reference", {}))
+    for n, v in reference.items():
+        if n not in names:
+            raise SpaceError(src, f"report.reference.{n}", f"not an axis of this space; axes: {', '.join(sorted(names))}")
+        if v not in next(a for a in axes if a.name == n).values:
+            raise SpaceError(src, f"report.reference.{n}", f"{v!r} is not one of the axis' values")
     name = data.get("name", Path(src).stem)
-    return Space(str(name), src, tuple(axes), strategy, samples, seed, objectives, cons, tuple(lines), label)
+    return Space(str(name), src, tuple(axes), strategy, samples, seed, objectives, cons, tuple(lines), label,
+                 reference)
 
 
 def _check_axis_values(src: str, axes: list[Axis]) -> None:
