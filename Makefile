@@ -46,6 +46,7 @@ bench: $(STAMP)
 	$(PY) bench/pipeline.py
 	$(PY) bench/emit.py
 	$(PY) bench/simulate.py
+	$(PY) bench/explore.py
 
 clean:
 	rm -rf $(VENV) out

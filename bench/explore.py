@@ -4,12 +4,14 @@
 
 Rows:
 - ``system-only``: one captured program, ``--points`` system variants
-  (IB bandwidth x latency x a degraded NIC on rank 0); the first point lowers
-  the trace, the rest only simulate (target >= 10 points/s).
+  (IB bandwidth x latency x a degraded NIC on rank 0), the program already
+  in the capture cache; the first point parses and lowers the trace, the
+  rest only simulate (target >= 10 points/s).
 - ``plan (cold)`` / ``plan (warm)``: one point per plan (FSDP, HSDP, TP x
   FSDP, TP+SP over the world size): cold captures every program (no planned
   ``shard-expand`` path yet, so each plan is its own capture), warm serves
-  them from the capture cache (parse + lower + simulate per point).
+  them from the capture cache (parse + lower + simulate per point). The
+  first plan is already cached by the warm-up, so the cold hit rate is 1/5.
 Each row runs through :func:`flint.explore.runner.run_space` in this
 process (``--jobs 1``) into a fresh results database; it prints points/s
 and the capture cache hit rate.
@@ -35,6 +37,9 @@ def _space(model: str, world: int, plan: dict, system: dict, name: str):
 
 
 def _run(space, db: Path, cache: str) -> dict:
+    from flint.explore import stages
+
+    stages._EVALUATORS.clear()  # no in-memory reuse across rows: each row starts from the disk cache
     space.text_hash = space.name
     store = Store(db)
     try:

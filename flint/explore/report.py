@@ -149,12 +149,13 @@ def summary_markdown(df, space: Space, summary, plots: Sequence[str] = ()) -> st
                 if c in ok]
         lines += ["## Best point per objective", ""]
         best = []
+        cand = ok[ok["fits"] == True].copy() if "fits" in ok else ok.copy()  # noqa: E712
+        if "mfu" in cand:
+            cand["neg_mfu"] = -cand["mfu"]
         for o in space.objectives:
-            col = "mfu" if o == "neg_mfu" else o
-            cand = ok[ok["fits"] == True] if "fits" in ok else ok  # noqa: E712
-            if len(cand) and col in cand:
-                idx = cand[col].idxmax() if o == "neg_mfu" else cand[col].idxmin()
-                best.append(idx)
+            if len(cand) and o in cand:  # ties broken by the other objectives, in order
+                keys = [o, *[x for x in space.objectives if x != o and x in cand]]
+                best.append(cand.sort_values(keys, kind="stable").index[0])
         if best:
             sub = ok.loc[best].copy()
             sub.insert(0, "objective", [o for o in space.objectives][:len(best)])
@@ -171,9 +172,14 @@ def summary_markdown(df, space: Space, summary, plots: Sequence[str] = ()) -> st
                 both = ok.loc[[best.name, ref.name]].copy()
                 both.insert(0, "point", ["fastest that fits", "reference"])
                 lines += _table(both, ["point", *vary, *outs])
-                lines += ["", f"The fastest point that fits runs {ref['iteration_time_us'] / best['iteration_time_us']:.2f}x "
-                              f"the reference's speed ({best['iteration_time_us'] / 1e3:,.1f} ms against "
-                              f"{ref['iteration_time_us'] / 1e3:,.1f} ms per iteration)."]
+                note = ""
+                if "fits" in ref and not ref["fits"]:
+                    note = (f" The reference does not fit: {ref['peak_memory_bytes'] / 2**30:,.1f} GiB peak per rank "
+                            f"against {ref['hbm_capacity_bytes'] / 2**30:,.1f} GiB of HBM.")
+                lines += ["", f"Speed of the fastest point that fits relative to the reference: "
+                              f"{ref['iteration_time_us'] / best['iteration_time_us']:.3f}x "
+                              f"({best['iteration_time_us'] / 1e3:,.1f} ms against "
+                              f"{ref['iteration_time_us'] / 1e3:,.1f} ms per iteration).{note}"]
             else:
                 lines.append("(the reference point, or any point that fits, was not evaluated)")
         lines += ["", f"## Pareto front ({', '.join(space.objectives)}; points that fit in memory)", ""]
@@ -277,7 +283,11 @@ def _plots(df, space: Space, out: Path) -> list[Path]:
             label="Pareto front (fits in memory)")
     if "hbm_capacity_bytes" in ok and ok["hbm_capacity_bytes"].nunique() == 1:
         ax.axvline(ok["hbm_capacity_bytes"].iloc[0] / 2**30, color="grey", ls="--", lw=1, label="device HBM")
-    fig.colorbar(sc, ax=ax, label="GPUs")
+    if ok["gpus"].nunique() > 1:
+        fig.colorbar(sc, ax=ax, label="GPUs")
+    else:
+        ax.text(0.99, 0.01, f"{int(ok['gpus'].iloc[0])} GPUs", transform=ax.transAxes, ha="right", va="bottom",
+                fontsize=8)
     ax.set_xlabel("peak memory per rank (GiB)")
     ax.set_ylabel("iteration time (ms)")
     ax.set_title(f"{space.name}: iteration time vs peak memory")
