@@ -272,9 +272,10 @@ def test_random_and_optuna_share_the_store(tmp_path, cache, capsys):
 
 @pytest.mark.slow
 def test_kill_mid_run_then_resume_evaluates_no_point_twice(tmp_path, cache):
-    # two captured programs: the first (global batch 16) is in the shared cache, the second is captured
-    # during the run, so the kill lands while points of the first are stored and the second's are not
-    text = BASE.replace("global_batch = 16", "global_batch = [16, 32]").replace("ranks = [[1], [99]]", "ranks = [1]")
+    # 400 system variants of the cached program: points are stored one by one for several seconds,
+    # so the kill lands with some stored and most not
+    text = BASE.replace("switch = [100, 400]", "switch = { start = 50, stop = 249, step = 1 }") \
+        .replace("ranks = [[1], [99]]", "ranks = [1]")
     p = _write(tmp_path, text)
     out = tmp_path / "out"
     db = out / "results.db"
@@ -302,13 +303,13 @@ def test_kill_mid_run_then_resume_evaluates_no_point_twice(tmp_path, cache):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     before = _evaluations(db)
-    assert 1 <= len(before) < 8
+    assert 1 <= len(before) < 400
     res = subprocess.run([*FLINT, str(p), "--out", str(out), "--cache", str(cache), "--no-progress"],
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr
     assert f"reused {len(before)} stored" in res.stdout
     after = _evaluations(db)
-    assert len(after) == 8 and set(after.values()) == {1}
+    assert len(after) == 400 and set(after.values()) == {1}
     assert all(r["status"] == "ok" for r in _rows(db))
 
 
@@ -363,3 +364,17 @@ def test_ray_needs_an_address(tmp_path, capsys):
     p = _write(tmp_path, BASE)
     assert explore_main([str(p), "--out", str(tmp_path / "o"), "--executor", "ray", "--cache", str(tmp_path)]) == 1
     assert "--address" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_process_pool_and_limit_then_resume(tmp_path, cache, capsys):
+    p = _write(tmp_path, BASE)
+    out = tmp_path / "out"
+    args = [str(p), "--out", str(out), "--cache", str(cache), "--no-progress", "--jobs", "2"]
+    assert explore_main([*args, "--limit", "3"]) == 0
+    assert "stopped at --limit" in capsys.readouterr().out
+    assert len(_rows(out / "results.db")) == 3
+    assert explore_main(args) == 0
+    assert "reused 3 stored" in capsys.readouterr().out
+    counts = _evaluations(out / "results.db")
+    assert len(counts) == 8 and set(counts.values()) == {1}

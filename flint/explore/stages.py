@@ -259,6 +259,7 @@ class Evaluator:
         self.cache = CaptureCache(cache_root)
         self._texts: OrderedDict[str, str] = OrderedDict()
         self._lowered: OrderedDict[tuple, Lowered] = OrderedDict()
+        self._failed: dict[str, str] = {}
         self.max_lowered = max_lowered
 
     def evaluate(self, point: Mapping[str, Any]) -> dict[str, Any]:
@@ -268,9 +269,15 @@ class Evaluator:
         try:
             workload = Workload.of(point)
             key = workload.key
+            if key in self._failed:  # the same program failed to capture for an earlier point: not again
+                raise FlintError(self._failed[key])
             text = self._texts.get(key)
             if text is None:
-                text, hit = capture_stage(workload, self.cache)
+                try:
+                    text, hit = capture_stage(workload, self.cache)
+                except Exception as e:
+                    self._failed[key] = f"capture: {_message(e)}"
+                    raise FlintError(self._failed[key]) from None
                 self._texts[key] = text
                 while len(self._texts) > 4:
                     self._texts.popitem(last=False)
@@ -289,14 +296,19 @@ class Evaluator:
             outputs = estimate_stage(lowered, system, workload)
             return {"status": "ok", "outputs": outputs, "error": None, "capture_hit": hit,
                     "eval_s": time.perf_counter() - t0}
-        except FlintError as e:
-            msg = str(e)
-        except Exception as e:  # a bug or an unexpected torch error: recorded with its origin, the sweep goes on
-            tb = traceback.extract_tb(e.__traceback__)
-            where = f" (at {tb[-1].filename}:{tb[-1].lineno})" if tb else ""
-            msg = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}{where}"
+        except Exception as e:  # recorded with the point; the sweep goes on
+            msg = _message(e)
         return {"status": "error", "outputs": None, "error": msg, "capture_hit": hit,
                 "eval_s": time.perf_counter() - t0}
+
+
+def _message(e: BaseException) -> str:
+    """A FlintError's message, or an unexpected error's type, first line and origin."""
+    if isinstance(e, FlintError):
+        return str(e)
+    tb = traceback.extract_tb(e.__traceback__)
+    where = f" (at {tb[-1].filename}:{tb[-1].lineno})" if tb else ""
+    return f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}{where}"
 
 
 _EVALUATORS: dict[str, Evaluator] = {}
