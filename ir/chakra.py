@@ -31,6 +31,7 @@ from typing import Sequence
 
 from xdsl.dialects.builtin import (
     I64,
+    DenseArrayBase,
     Float64Type,
     FloatAttr,
     FlatSymbolRefAttr,
@@ -210,8 +211,12 @@ class CollOp(CommNodeOp):
 
 
 class P2PNodeOp(CommNodeOp):
+    """Send/recv fields: SPMD ``offset`` (or a per-coordinate ``peers`` table, 0 = the rank skips the
+    node, as on `dist.send`), or a concrete ``peer`` rank."""
+
     tag = prop_def(IntegerAttr[I64])
     offset = opt_prop_def(IntegerAttr[I64])
+    peers = opt_prop_def(DenseArrayBase)
     peer = opt_prop_def(IntegerAttr[I64])
 
     def verify_(self) -> None:
@@ -225,7 +230,8 @@ class P2PNodeOp(CommNodeOp):
 
 
 _P2P = (
-    "$node_name (`on` $grid^ `grid_axes` `=` $grid_axes `offset` `=` $offset)? (`peer` `=` $peer^)? "
+    "$node_name (`on` $grid^ `grid_axes` `=` $grid_axes `offset` `=` $offset)? (`peers` `=` qualified($peers)^)? "
+    "(`peer` `=` $peer^)? "
     "`tag` `=` $tag `bytes` `=` $bytes (`duration_us` `=` $duration_us^)? " + _DEPS + " attr-dict"
 )
 

@@ -15,6 +15,13 @@ Collectives come in two forms, as in PyTorch's functional collectives:
 ``dist.send`` / ``dist.recv`` name their peer as an ``offset`` along one grid
 axis: the peer of the rank at coordinate ``c`` is at ``(c + offset) mod n``.
 A send with offset ``k`` matches the recv with offset ``-k`` and the same tag.
+When the peer depends on the coordinate (a tree, a broadcast from a root),
+``peers = array<i64: ...>`` gives the offset per coordinate instead (and
+``offset`` is 0); a ``0`` entry means the rank at that coordinate does not
+run the op. An `aten.op` may likewise carry ``flint.active = array<i64:
+...>`` (1 = runs) over the grid axis ``flint.active_axis``: where it does
+not run, its result is its first operand (a skipped reduction leaves the
+buffer as it was).
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from typing import ClassVar, Sequence
 
 from xdsl.dialects.builtin import (
     BytesAttr,
+    DenseArrayBase,
     FlatSymbolRefAttr,
     IntegerAttr,
     I64,
@@ -40,6 +48,7 @@ from xdsl.irdl import (
     irdl_attr_definition,
     irdl_op_definition,
     operand_def,
+    opt_prop_def,
     opt_result_def,
     prop_def,
     result_def,
@@ -330,6 +339,11 @@ class PointToPointOp(DistCommOp, ABC):
 
     offset = prop_def(IntegerAttr[I64])
     tag = prop_def(IntegerAttr[I64])
+    peers = opt_prop_def(DenseArrayBase)
+
+    def peer_offsets(self) -> tuple[int, ...] | None:
+        """The per-coordinate offsets (0: the rank skips the op), or None when ``offset`` is uniform."""
+        return tuple(self.peers.get_values()) if self.peers is not None else None
 
     def verify_p2p(self) -> None:
         self.verify_axes()
@@ -337,7 +351,15 @@ class PointToPointOp(DistCommOp, ABC):
             raise VerifyException(f"'{self.name}' op needs exactly one grid axis, got {list(self.axes())}")
         n = self.group_size()
         k = self.offset.value.data
-        if k % n == 0:
+        table = self.peer_offsets()
+        if table is not None:
+            if k != 0:
+                raise VerifyException(f"'{self.name}' op has both offset {k} and a peers table; give one")
+            if len(table) != n:
+                raise VerifyException(f"'{self.name}' op peers table has {len(table)} entries for an axis of size {n}")
+            if all(o % n == 0 for o in table):
+                raise VerifyException(f"'{self.name}' op peers table names no peer on any coordinate")
+        elif k % n == 0:
             raise VerifyException(
                 f"'{self.name}' op offset {k} names the rank itself on an axis of size {n}"
             )
@@ -359,7 +381,7 @@ class SendOp(PointToPointOp, _NoPayloadMixin):
     token = opt_result_def(FutureType)
 
     assembly_format = (
-        "$input `to` $grid `grid_axes` `=` $grid_axes `offset` `=` $offset `tag` `=` $tag "
+        "$input `to` $grid `grid_axes` `=` $grid_axes `offset` `=` $offset (`peers` `=` qualified($peers)^)? `tag` `=` $tag "
         "attr-dict `:` type($input) (`->` type($token)^)?"
     )
 
@@ -381,7 +403,8 @@ class RecvOp(PointToPointOp):
     result = result_def(TensorType | FutureType)
 
     assembly_format = (
-        "`from` $grid `grid_axes` `=` $grid_axes `offset` `=` $offset `tag` `=` $tag attr-dict `:` type($result)"
+        "`from` $grid `grid_axes` `=` $grid_axes `offset` `=` $offset (`peers` `=` qualified($peers)^)? `tag` `=` $tag attr-dict "
+        "`:` type($result)"
     )
 
     @property

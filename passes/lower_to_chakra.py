@@ -35,6 +35,9 @@ _COLL_KIND = {
     dist.BroadcastOp: chakra.CollKind.ALL_REDUCE,
 }
 BARRIER_BYTES = 4
+# An aten op that runs on some coordinates only (decompose-collectives' tree steps); kept on its node
+# for the SPMD expansion, and never merged with other compute.
+ACTIVE_ATTRS = ("flint.active", "flint.active_axis")
 
 
 class LoweringError(VerifyException):
@@ -134,16 +137,18 @@ class _FunctionLowering:
                 self.producer[r] = tuple(data)
             return
         comm_deps = {d for d in data if d in self.comm_nodes}
-        if self.merge and self.run is not None and not self.s.blocking and comm_deps <= self.run[1]:
+        masked = {k: v for k, v in op.attributes.items() if k in ACTIVE_ATTRS}
+        if self.merge and self.run is not None and not self.s.blocking and comm_deps <= self.run[1] and not masked:
             self._merge(op, flops, nbytes, duration)
             node = self.s.compute
         else:
             ctrl = self._order(data, self.s.compute, self.s.blocking)
             comp = chakra.CompOp(op.overload, flops=flops, bytes=nbytes, duration_us=round(duration, 6),
                                  data_deps=data, ctrl_deps=ctrl)
+            comp.attributes.update(masked)
             node = self._add(comp)
             self.s.compute, self.s.blocking = node, []
-            self.run = (comp, comm_deps, 1)
+            self.run = None if masked else (comp, comm_deps, 1)
         for r in op.outputs:
             self.producer[r] = (node,)
 
@@ -206,7 +211,8 @@ class _FunctionLowering:
         node = cls.build(
             operands=[data, self._order(data, self.last_p2p.get(cls))], result_types=[chakra.NODE],
             properties={"node_name": StringAttr(op.name), "bytes": IntegerAttr(nbytes, i64),
-                        "tag": op.tag, "offset": op.offset, **self._spmd(op)},
+                        "tag": op.tag, "offset": op.offset, **self._spmd(op),
+                        **({"peers": op.peers} if op.peers is not None else {})},
         )
         result = op.token if is_send else op.result
         self._comm_node(node, result, isinstance(result.type, dist.FutureType) if result is not None else False,

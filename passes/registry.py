@@ -30,6 +30,8 @@ FLINT_PASSES: dict[str, str] = {
     "annotate-cost": "flint.passes.annotate_cost:AnnotateCostPass",
     "fuse-pointwise": "flint.passes.fuse_pointwise:FusePointwisePass",
     "lower-to-chakra": "flint.passes.lower_to_chakra:LowerToChakraPass",
+    "decompose-collectives": "flint.passes.decompose_collectives:DecomposeCollectivesPass",
+    "verify-p2p": "flint.passes.verify_p2p:VerifyP2PPass",
 }
 
 

@@ -96,7 +96,9 @@ class FlintOptMain(xDSLOptMain):
             return parse_error_message(err)
         where = self._locate(failing_op(module, err) if module is not None else getattr(err, "op", None))
         msg = str(err).strip() or type(err).__name__
-        return f"{where}: error: {msg}"
+        other = getattr(err, "other", None)  # a second op the error is about (verify-p2p's pairs)
+        note = f"\n{self._locate(other)}: note: the other op: '{other.name}'" if isinstance(other, Operation) else ""
+        return f"{where}: error: {msg}{note}"
 
     # -- main loop -----------------------------------------------------------
     def run(self) -> int:

@@ -20,7 +20,7 @@ from xdsl.ir import SSAValue
 from flint.errors import FlintError
 from flint.ir import chakra
 from flint.mesh import Mesh, assign_group_ids
-from flint.trace import CollKind, NodeTable, NodeTableBuilder, RankProgram, Trace
+from flint.trace import CollKind, NodeKind, NodeTable, NodeTableBuilder, RankProgram, Trace
 
 AXIS_NAMES_ATTR = "flint.axis_names"
 
@@ -53,7 +53,10 @@ class _Unroller:
         self.fast = fast
         self.b = NodeTableBuilder()
         self.group_slots: dict[tuple[int, ...], int] = {}
-        self.peer_slots: dict[tuple[int, int], int] = {}
+        self.peer_slots: dict[tuple[int, int, tuple[int, ...] | None], int] = {}
+        # Compute rows that run on some coordinates only: row -> slot in ``mask_slots`` (axis, mask).
+        self.row_mask: dict[int, int] = {}
+        self.mask_slots: dict[tuple[int, tuple[int, ...]], int] = {}
         # Top-level repeats emitted as two iterations, to be replicated with numpy:
         # (first row of iteration 0, rows per iteration, count).
         self.loops: list[tuple[int, int, int]] = []
@@ -88,6 +91,10 @@ class _Unroller:
                                       flops=op.flops.value.data if op.flops is not None else -1,
                                       tensor_bytes=op.bytes.value.data if op.bytes is not None else -1,
                                       data_deps=data, ctrl_deps=ctrl)
+                mask = op.attributes.get("flint.active")
+                if mask is not None:
+                    key = (op.attributes["flint.active_axis"].value.data, tuple(mask.get_values()))
+                    self.row_mask[row] = self.mask_slots.setdefault(key, len(self.mask_slots))
             elif isinstance(op, chakra.CollOp):
                 if op.grid is None:
                     raise FlintError(f"chakra.coll '{name}' is concrete (group = ...); only SPMD graphs expand")
@@ -97,7 +104,8 @@ class _Unroller:
             elif isinstance(op, chakra.SendOp | chakra.RecvOp):
                 if op.grid is None:
                     raise FlintError(f"{op.name} '{name}' is concrete (peer = ...); only SPMD graphs expand")
-                slot = self.peer_slots.setdefault((op.axes()[0], op.offset.value.data), len(self.peer_slots))
+                table = tuple(op.peers.get_values()) if op.peers is not None else None
+                slot = self.peer_slots.setdefault((op.axes()[0], op.offset.value.data, table), len(self.peer_slots))
                 add = self.b.add_send if isinstance(op, chakra.SendOp) else self.b.add_recv
                 row = add(name, op.bytes.value.data, slot, op.tag.value.data, duration_us=dur,
                           data_deps=data, ctrl_deps=ctrl)
@@ -107,7 +115,7 @@ class _Unroller:
         return None
 
 
-def _replicate(t: NodeTable, loops: list[tuple[int, int, int]]) -> NodeTable:
+def _replicate(t: NodeTable, loops: list[tuple[int, int, int]]) -> tuple[NodeTable, np.ndarray]:
     """Expand top-level repeats that the unroller emitted twice to their full count.
 
     For a loop ``(s0, L, count)`` the table holds iteration 0 at rows
@@ -118,7 +126,7 @@ def _replicate(t: NodeTable, loops: list[tuple[int, int, int]]) -> NodeTable:
     (the loop's results) are redirected to the last iteration.
     """
     if not loops:
-        return t
+        return t, np.arange(len(t))
     n = len(t)
     src_parts, k_parts = [], []
     prev = 0
@@ -162,7 +170,54 @@ def _replicate(t: NodeTable, loops: list[tuple[int, int, int]]) -> NodeTable:
         comm_group=t.comm_group[src], comm_peer=t.comm_peer[src], comm_tag=t.comm_tag[src],
         data_dep_ptr=dptr, data_dep_idx=didx, ctrl_dep_ptr=cptr, ctrl_dep_idx=cidx,
         node_ids=np.arange(len(src), dtype=np.int64),
+    ), src
+
+
+def _drop_rows(t: NodeTable, drop: np.ndarray) -> NodeTable:
+    """``t`` without the rows in ``drop``; a node that named a dropped row waits for that row's
+    dependencies instead (as control dependencies), so program order is kept."""
+    n = len(t)
+    keep = np.nonzero(~drop)[0]
+    new_pos = np.full(n, -1, np.int64)
+    new_pos[keep] = np.arange(keep.size)
+    inherited: dict[int, tuple[int, ...]] = {}
+    for i in np.nonzero(drop)[0].tolist():
+        deps: dict[int, None] = {}
+        for d in (*t.data_deps(i).tolist(), *t.ctrl_deps(i).tolist()):
+            for e in (inherited[d] if drop[d] else (d,)):
+                deps[e] = None
+        inherited[i] = tuple(deps)
+    data, ctrl = [], []
+    for i in keep.tolist():
+        dd = [int(new_pos[d]) for d in t.data_deps(i).tolist() if not drop[d]]
+        cc: dict[int, None] = {int(new_pos[d]): None for d in t.ctrl_deps(i).tolist() if not drop[d]}
+        for d in (*t.data_deps(i).tolist(), *t.ctrl_deps(i).tolist()):
+            if drop[d]:
+                for e in inherited[d]:
+                    cc[int(new_pos[e])] = None
+        data.append(dd)
+        ctrl.append([c for c in cc if c not in dd])
+    from flint.trace import _csr
+    dptr, didx = _csr(data)
+    cptr, cidx = _csr(ctrl)
+    return NodeTable(
+        names=[t.names[i] for i in keep.tolist()], kind=t.kind[keep], duration_us=t.duration_us[keep],
+        flops=t.flops[keep], tensor_bytes=t.tensor_bytes[keep], comm_type=t.comm_type[keep],
+        comm_bytes=t.comm_bytes[keep], comm_group=t.comm_group[keep], comm_peer=t.comm_peer[keep],
+        comm_tag=t.comm_tag[keep], data_dep_ptr=dptr, data_dep_idx=didx, ctrl_dep_ptr=cptr, ctrl_dep_idx=cidx,
+        node_ids=np.arange(keep.size, dtype=np.int64),
     )
+
+
+def _table_peers(mesh: Mesh, axis: int, table: tuple[int, ...]) -> np.ndarray:
+    """Per rank, the peer a per-coordinate offset table names along ``axis`` (-1: the rank skips)."""
+    coord = np.indices(mesh.shape)[axis].reshape(-1)
+    offs = np.asarray(table, np.int64)[coord]
+    out = np.full(mesh.world_size, -1, np.int64)
+    for k in np.unique(offs[offs % mesh.shape[axis] != 0]).tolist():
+        sel = offs == k
+        out[sel] = mesh.peers(axis, k)[sel]
+    return out
 
 
 def trace_from_ir(module: ModuleOp, graph: str = "step", *, fast_repeat: bool = True) -> Trace:
@@ -176,13 +231,35 @@ def trace_from_ir(module: ModuleOp, graph: str = "step", *, fast_repeat: bool = 
     u.block(_graph(module, graph).body.block.ops, {})
     if len(u.b) == 0:
         raise FlintError(f"chakra.graph @{graph} has no nodes: every rank file would be empty")
-    table = _replicate(u.b.build(), u.loops)
+    table, src = _replicate(u.b.build(), u.loops)
     axes_sets = list(u.group_slots)
     groups, lookup = assign_group_ids(mesh, axes_sets)
     world = mesh.world_size
     # [world, slots] binding arrays, built column by column with numpy.
     gid = np.stack([lookup[tuple(sorted(a))] for a in axes_sets], axis=1) if axes_sets else np.zeros((world, 0), np.int64)
-    peers = (np.stack([mesh.peers(a, k) for a, k in u.peer_slots], axis=1)
-             if u.peer_slots else np.zeros((world, 0), np.int64))
-    ranks = [RankProgram(table, gid[r], peers[r]) for r in range(world)]
+    peers = (np.stack([mesh.peers(a, k) if tb is None else _table_peers(mesh, a, tb) for a, k, tb in u.peer_slots],
+                      axis=1) if u.peer_slots else np.zeros((world, 0), np.int64))
+    if not u.row_mask and not any(tb is not None for _, _, tb in u.peer_slots):
+        return Trace(world, [RankProgram(table, gid[r], peers[r]) for r in range(world)], groups)
+    # Nodes that run on some coordinates only: one table per distinct set of skipped rows.
+    mask_of_row = np.full(len(u.b), -1, np.int64)
+    for row, slot in u.row_mask.items():
+        mask_of_row[row] = slot
+    row_mask = mask_of_row[src]
+    masks = list(u.mask_slots)
+    coords = np.indices(mesh.shape).reshape(mesh.ndim, -1)
+    p2p = (table.kind == NodeKind.SEND) | (table.kind == NodeKind.RECV)
+    tables: dict[bytes, NodeTable] = {}
+    ranks = []
+    for r in range(world):
+        drop = np.zeros(len(table), bool)
+        drop[p2p] = peers[r][table.comm_peer[p2p]] < 0
+        for slot, (axis, mask) in enumerate(masks):
+            if not mask[coords[axis, r]]:
+                drop |= row_mask == slot
+        key = np.packbits(drop).tobytes()
+        t = tables.get(key)
+        if t is None:
+            t = tables[key] = _drop_rows(table, drop) if drop.any() else table
+        ranks.append(RankProgram(t, gid[r], peers[r]))
     return Trace(world, ranks, groups)

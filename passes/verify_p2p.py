@@ -1,0 +1,181 @@
+"""`verify-p2p`: prove, for the grid's concrete world size, that sends and recvs match and cannot deadlock."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import networkx as nx
+import numpy as np
+from xdsl.context import Context
+from xdsl.dialects import func
+from xdsl.dialects.builtin import ModuleOp, TensorType
+from xdsl.dialects.shard import GridOp
+from xdsl.ir import Operation, SSAValue
+from xdsl.passes import ModulePass
+from xdsl.utils.exceptions import VerifyException
+
+from flint.cost import tensor_bytes
+from flint.ir import dist
+from flint.ir.aten import AtenOp, get_schedule
+from flint.mesh import Mesh
+
+
+class P2PError(VerifyException):
+    """A `verify-p2p` failure naming two ops: ``op`` (reported first) and ``other``."""
+
+    def __init__(self, op: Operation, other: Operation | None, message: str):
+        super().__init__(message)
+        self.op, self.other = op, other
+
+
+def _bytes(op: dist.SendOp | dist.RecvOp) -> int:
+    t = op.input.type if isinstance(op, dist.SendOp) else op.result.type
+    if isinstance(t, dist.FutureType):
+        t = t.value_type
+    assert isinstance(t, TensorType)
+    return tensor_bytes(t.get_shape(), str(t.element_type))
+
+
+def _peer_offset(op: dist.PointToPointOp, coord: int) -> int:
+    table = op.peer_offsets()
+    return table[coord] if table is not None else op.offset.value.data
+
+
+def _p2p_sources(fn: func.FuncOp) -> dict[Operation, set[Operation]]:
+    """For each send: the recvs of the same function its operand depends on (through any ops)."""
+    deps: dict[SSAValue, frozenset] = {}
+    out: dict[Operation, set[Operation]] = {}
+    for op in fn.body.block.ops:
+        ins: set = set()
+        for v in op.operands:
+            ins |= deps.get(v, frozenset())
+        if isinstance(op, dist.SendOp):
+            out[op] = set(ins)
+        if isinstance(op, dist.RecvOp):
+            ins = ins | {op}
+        for r in op.results:
+            deps[r] = frozenset(ins)
+        if isinstance(op, dist.WaitOp) and op.result is not None:
+            deps[op.result] = deps.get(op.future, frozenset())
+    return out
+
+
+@dataclass(frozen=True)
+class VerifyP2PPass(ModulePass):
+    """Prove that every send has one matching recv and that the ranks cannot deadlock; change nothing.
+
+    For the grid's concrete world size, every function of the step (one
+    iteration of each, in schedule order: repeats replay the same exchange)
+    is expanded to every rank, resolving each ``dist.send`` / ``dist.recv``
+    to a concrete peer through :mod:`flint.mesh` (uniform ``offset`` or the
+    per-coordinate ``peers`` table; a 0 entry skips the rank). Then:
+
+    - matching: the k-th send from rank a to rank b with tag t pairs with the
+      k-th recv on b from a with tag t, and both carry the same bytes; a send
+      or recv without a partner, or a size mismatch, fails;
+    - deadlock: a wait-for graph over every rank's sends and recvs (a
+      matched pair is one node, since both complete together), with an edge
+      for each rank's program order among its sends, among its recvs (the
+      streams `lower-to-chakra` gives them), and from a recv to a later send
+      whose operand depends on it. Every op can complete iff this graph is
+      acyclic (a topological order is an execution); a cycle is reported.
+
+    Failures name both ops (the first offending pair), with their locations,
+    and the ranks. An analysis: the module is left unchanged.
+    """
+
+    name = "verify-p2p"
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        grids = [g for g in op.ops if isinstance(g, GridOp)]
+        if not grids:
+            return
+        mesh = Mesh(tuple(grids[0].shape.get_values()))
+        funcs = {f.sym_name.data: f for f in op.ops if isinstance(f, func.FuncOp)}
+        order = [name for name, _ in get_schedule(op)] if funcs else []
+        world = mesh.world_size
+        coords = np.indices(mesh.shape).reshape(mesh.ndim, -1)
+        g = nx.DiGraph()
+        sends: dict[tuple, list] = {}
+        recvs: dict[tuple, list] = {}
+        for part, name in enumerate(order):
+            fn = funcs[name]
+            p2p = [o for o in fn.walk() if isinstance(o, dist.SendOp | dist.RecvOp)]
+            if not p2p:
+                continue
+            sources = _p2p_sources(fn)
+            for r in range(world):
+                last: dict[type, tuple] = {}
+                inst: dict[Operation, tuple] = {}
+                for o in p2p:
+                    axis = o.axes()[0]
+                    n = mesh.shape[axis]
+                    c = int(coords[axis, r])
+                    k = _peer_offset(o, c)
+                    if k % n == 0:
+                        continue  # this rank skips the op
+                    peer = mesh.peer(r, axis, k)
+                    node = (part, r, len(inst))
+                    inst[o] = node
+                    g.add_node(node, op=o, rank=r)
+                    prev = last.get(type(o))
+                    if prev is not None:
+                        g.add_edge(prev, node)
+                    last[type(o)] = node
+                    if isinstance(o, dist.SendOp):
+                        for src in sources.get(o, ()):
+                            if src in inst:
+                                g.add_edge(inst[src], node)
+                        sends.setdefault((part, r, peer, o.tag.value.data), []).append(node)
+                    else:
+                        recvs.setdefault((part, peer, r, o.tag.value.data), []).append(node)
+        self._match(g, sends, recvs)
+        self._deadlock(g)
+
+    @staticmethod
+    def _match(g: nx.DiGraph, sends: dict, recvs: dict) -> None:
+        for key in sorted(set(sends) | set(recvs)):
+            part, a, b, tag = key
+            ss, rr = sends.get(key, []), recvs.get(key, [])
+            for s, r in zip(ss, rr):
+                so, ro = g.nodes[s]["op"], g.nodes[r]["op"]
+                if _bytes(so) != _bytes(ro):
+                    raise P2PError(so, ro, f"'dist.send' op from rank {a} to rank {b} with tag {tag} sends "
+                                           f"{_bytes(so)} bytes but the matching 'dist.recv' on rank {b} expects {_bytes(ro)}")
+                # a matched pair completes together: one node of the wait-for graph
+                nx.contracted_nodes(g, s, r, self_loops=False, copy=False)
+            if len(ss) != len(rr):
+                extra = ss[len(rr):] or rr[len(ss):]
+                o = g.nodes[extra[0]]["op"]
+                other = _nearest(g, extra[0], sends if isinstance(o, dist.RecvOp) else recvs, a, b, tag, part)
+                what = (f"'dist.send' op on rank {a} to rank {b} with tag {tag} has no matching 'dist.recv' on rank {b}"
+                        if isinstance(o, dist.SendOp) else
+                        f"'dist.recv' op on rank {b} from rank {a} with tag {tag} has no matching 'dist.send' on rank {a}")
+                if other is not None:
+                    what += f"; the nearest candidate is '{other.name}' with tag {_tag(other)} (see note)"
+                raise P2PError(o, other, what)
+
+    @staticmethod
+    def _deadlock(g: nx.DiGraph) -> None:
+        try:
+            cycle = nx.find_cycle(g)
+        except nx.NetworkXNoCycle:
+            return
+        ops = [g.nodes[u] for u, _ in cycle]
+        a, b = ops[0], ops[1] if len(ops) > 1 else ops[0]
+        ranks = sorted({x["rank"] for x in ops})
+        raise P2PError(a["op"], b["op"], f"'{a['op'].name}' op on rank {a['rank']} can never complete: it waits, "
+                                         f"through a cycle of {len(cycle)} sends/recvs over ranks {ranks[:16]}, on "
+                                         f"'{b['op'].name}' on rank {b['rank']} (see note), which waits on it")
+
+
+def _tag(op: Operation) -> int:
+    return op.tag.value.data
+
+
+def _nearest(g: nx.DiGraph, node, table: dict, a: int, b: int, tag: int, part: int) -> Operation | None:
+    """The partner-side op closest to an unmatched one: same ranks, any tag."""
+    for (p, x, y, t), nodes in sorted(table.items(), key=lambda kv: abs(kv[0][3] - tag)):
+        if p == part and x == a and y == b and nodes:
+            return g.nodes[nodes[0]]["op"]
+    return None
