@@ -1,0 +1,205 @@
+"""decompose-collectives, the shared schedules, the numeric interpreter and verify-p2p."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from xdsl.context import Context
+
+from flint.chakra.from_ir import trace_from_ir
+from flint.collectives.interpret import expected, run
+from flint.collectives.schedule import UnsupportedAlgorithm, build
+from flint.cost import Link, collective_time_us, load_device
+from flint.cost.network import Network, NetworkDim
+from flint.ir.parse import load_ir
+from flint.passes.decompose_collectives import DecomposeCollectivesPass, DecomposeError
+from flint.passes.lower_to_chakra import LowerToChakraPass
+from flint.passes.verify_p2p import P2PError, VerifyP2PPass
+from flint.sim.engine import run as simulate
+from flint.trace import NodeKind
+
+FLAT = {
+    "ring": ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast"],
+    "direct": ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast"],
+    "halving-doubling": ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast"],
+    "tree": ["all_reduce", "broadcast"],
+}
+SIZES = [2, 3, 5, 8, 12, 16, 31, 64]
+
+
+def _cases():
+    for alg, kinds in FLAT.items():
+        for kind in kinds:
+            for n in SIZES:
+                if alg == "halving-doubling" and n & (n - 1):
+                    continue
+                if kind == "all_to_all" and n > 16:  # O(n^2) blocks: keep the test fast
+                    continue
+                yield alg, kind, (n,)
+    for kind in ("all_reduce", "reduce_scatter", "all_gather"):
+        for sizes in [(2, 2), (3, 4), (4, 8), (8, 8)]:
+            yield "hierarchical", kind, sizes
+
+
+def _volume_units(alg: str, kind: str, n: int, blocks: int) -> float | None:
+    """Known per-rank send volume, in full buffers (all-gather: in full outputs)."""
+    if kind == "all_reduce" and alg in ("ring", "direct", "halving-doubling", "hierarchical"):
+        return 2 * (n - 1) / n
+    if kind in ("all_gather", "reduce_scatter") or (kind == "all_to_all" and alg in ("ring", "direct")):
+        return (n - 1) / n
+    if kind == "all_to_all":  # Bruck
+        return math.log2(n) / 2
+    return None
+
+
+@pytest.mark.parametrize("alg,kind,sizes", list(_cases()), ids=lambda x: str(x))
+def test_interpreter_computes_the_collective(alg, kind, sizes):
+    n = math.prod(sizes)
+    chunks = 2 if n <= 8 else 1
+    root = 1 if kind == "broadcast" else 0
+    s = build(kind, alg, sizes, chunks=chunks, root=root)
+    rng = np.random.default_rng(n)
+    elems = n * s.blocks * chunks * (1 if kind != "all_to_all" else n)
+    if kind == "all_gather":
+        elems //= n
+    inputs = [rng.integers(-50, 50, elems).astype(np.int64) for _ in range(n)]
+    out, sent = run(s, inputs)
+    for o, e in zip(out, expected(kind, inputs, root)):
+        np.testing.assert_array_equal(o.reshape(-1), e.reshape(-1))
+    full = elems * 8 * (n if kind == "all_gather" else 1)
+    vol = _volume_units(alg, kind, n, s.blocks)
+    if vol is not None:
+        assert all(b == pytest.approx(vol * full) for b in sent), (sent[:4], vol * full)
+    elif alg == "tree" and kind == "all_reduce":  # every edge of both trees carries S/2 up and S/2 down
+        assert sum(sent) == pytest.approx(2 * (n - 1) * full)
+    else:  # broadcast: every non-root rank receives the buffer exactly once
+        assert sum(sent) == pytest.approx((n - 1) * full)
+
+
+def test_unsupported_group_size_names_the_alternatives():
+    with pytest.raises(UnsupportedAlgorithm, match=r"power-of-two group size, got 6.*group of 6.*use: ring, tree, direct"):
+        build("all_reduce", "halving-doubling", (6,))
+    with pytest.raises(UnsupportedAlgorithm, match="tree does not implement all_gather"):
+        build("all_gather", "tree", (4,))
+
+
+_ATTRS = {"all_reduce": "", "all_gather": "gather_dim = 0", "reduce_scatter": "scatter_dim = 0",
+          "all_to_all": "split_dim = 0 concat_dim = 0", "broadcast": "root = 1"}
+
+
+def _module(kind: str, shape: tuple[int, ...], axes: list[int], rows: int = 64, cols: int = 16, dtype="bf16"):
+    n = math.prod(shape[a] for a in axes)
+    i = o = f"{rows * n}x{cols}"
+    if kind == "all_gather":
+        i = f"{rows}x{cols}"
+    if kind == "reduce_scatter":
+        o = f"{rows}x{cols}"
+    text = f"""shard.grid @mesh(shape = {'x'.join(map(str, shape))})
+func.func @f(%x: tensor<{i}x{dtype}>) -> tensor<{o}x{dtype}> {{
+  %0 = dist.{kind} %x on @mesh grid_axes = {axes} {_ATTRS[kind]} : tensor<{i}x{dtype}> -> !dist.future<tensor<{o}x{dtype}>>
+  %1 = dist.wait %0 : tensor<{o}x{dtype}>
+  func.return %1 : tensor<{o}x{dtype}>
+}}
+"""
+    return text
+
+
+def _load(tmp_path, text):
+    p = tmp_path / "m.mlir"
+    p.write_text(text)
+    return load_ir(str(p))
+
+
+IR_CASES = [("ring", k, (5,), [0]) for k in FLAT["ring"]] + \
+    [("direct", "all_reduce", (2, 3), [1]), ("halving-doubling", "all_reduce", (8,), [0]),
+     ("halving-doubling", "all_to_all", (4,), [0]), ("halving-doubling", "broadcast", (8,), [0]),
+     ("tree", "all_reduce", (6,), [0]), ("tree", "broadcast", (7,), [0]),
+     ("hierarchical", "all_reduce", (2, 3), [0, 1])]
+
+
+@pytest.mark.parametrize("alg,kind,shape,axes", IR_CASES, ids=str)
+def test_emitted_ranks_follow_the_schedule(tmp_path, alg, kind, shape, axes):
+    """Each rank's expanded sends/recvs are the schedule's active actions: peer, tag order and bytes."""
+    m = _load(tmp_path, _module(kind, shape, axes))
+    DecomposeCollectivesPass(algorithm=alg, chunks=2).apply(Context(), m)
+    m.verify()
+    VerifyP2PPass().apply(Context(), m)
+    LowerToChakraPass().apply(Context(), m)
+    trace = trace_from_ir(m)
+    sizes = tuple(shape[a] for a in axes)
+    s = build(kind, alg, sizes, chunks=2, root=1 if kind == "broadcast" else 0)
+    from flint.mesh import Mesh
+
+    mesh = Mesh(shape)
+    for r in range(mesh.world_size):
+        c = mesh.coords(r)
+        gc = tuple(c[a] for a in axes)
+        want = []
+        for a in s.actions:
+            if not a.active(gc[a.axis]):
+                continue
+            pc = list(c)
+            ax = axes[a.axis]
+            pc[ax] = (pc[ax] + a.offsets[gc[a.axis]]) % shape[ax]
+            want.append((NodeKind.SEND if a.send else NodeKind.RECV, mesh.rank(pc), a.tag, a.nblocks))
+        p = trace.ranks[r]
+        t = p.table
+        rows = np.nonzero((t.kind == NodeKind.SEND) | (t.kind == NodeKind.RECV))[0]
+        got = [(int(t.kind[i]), int(p.peers()[i]), int(t.comm_tag[i]), int(t.comm_bytes[i])) for i in rows]
+        assert [g[:3] for g in got] == [w[:3] for w in want]
+        unit = got[0][3] // want[0][3]
+        assert [g[3] for g in got] == [w[3] * unit for w in want]
+
+
+def test_bad_algorithm_is_an_error_at_the_op(tmp_path):
+    m = _load(tmp_path, _module("all_reduce", (6,), [0]))
+    with pytest.raises(DecomposeError, match="group of 6.*use: ring, tree, direct"):
+        DecomposeCollectivesPass(algorithm="halving-doubling").apply(Context(), m)
+
+
+def test_verify_p2p_names_both_ops(tmp_path):
+    text = """shard.grid @mesh(shape = 4)
+func.func @f(%x: tensor<8xf32>) -> tensor<8xf32> {
+  %r = dist.recv from @mesh grid_axes = [0] offset = -1 tag = 3 : tensor<8xf32>
+  %y = aten.op "aten.add.Tensor"(%x, %r) : (tensor<8xf32>, tensor<8xf32>) -> tensor<8xf32>
+  dist.send %y to @mesh grid_axes = [0] offset = 1 tag = 3 : tensor<8xf32>
+  func.return %r : tensor<8xf32>
+}
+"""
+    with pytest.raises(P2PError, match="can never complete") as e:
+        VerifyP2PPass().apply(Context(), _load(tmp_path, text))
+    assert e.value.other is not None
+    with pytest.raises(P2PError, match="no matching 'dist.send'") as e:
+        VerifyP2PPass().apply(Context(), _load(tmp_path, text.replace("tag = 3 : tensor<8xf32>\n  func", "tag = 4 : tensor<8xf32>\n  func")))
+    assert e.value.other.name == "dist.send"
+
+
+SIM_CASES = [(alg, kind) for alg in ("ring", "direct", "halving-doubling")
+             for kind in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")]
+
+
+@pytest.mark.parametrize("alg,kind", SIM_CASES, ids=str)
+def test_simulated_time_matches_the_cost_formula(tmp_path, alg, kind):
+    """Uncongested switch, reduction kernels left out: the decomposed form's time is the formula's within 5%."""
+    n = 8
+    m = _load(tmp_path, _module(kind, (n,), [0], rows=8192, cols=128))
+    DecomposeCollectivesPass(algorithm=alg).apply(Context(), m)
+    LowerToChakraPass().apply(Context(), m)
+    trace = trace_from_ir(m)
+    for p in trace.ranks:
+        p.table.duration_us[p.table.kind == NodeKind.COMP] = 0.0
+    link = Link(50.0, 2.0)
+    raw = simulate(trace, load_device("h100-sxm"), Network("switch", (NetworkDim("s", 0, link),)))
+    t = max(float(np.nanmax(x)) for x in raw.finish_us)
+    in_bytes = 8192 * 128 * 2 * (1 if kind == "all_gather" else n)
+    analytic = collective_time_us(kind, in_bytes, n, link, alg)
+    assert t == pytest.approx(analytic, rel=0.05)
+
+
+def test_auto_prints_its_choice(tmp_path, capsys):
+    m = _load(tmp_path, _module("all_reduce", (8,), [0]))
+    DecomposeCollectivesPass(algorithm="auto", network="switch").apply(Context(), m)
+    err = capsys.readouterr().err
+    assert "all_reduce over grid axes [0] (8 ranks" in err and "-> " in err
