@@ -15,6 +15,7 @@ from xdsl.dialects.builtin import (
     FloatAttr,
     IntegerAttr,
     ModuleOp,
+    NoneType,
     StringAttr,
     TensorType,
     f64,
@@ -83,6 +84,7 @@ class _Emitter:
     def __init__(self, op: dist.CollectiveOp, sched: Schedule, tag_base: int):
         self.op, self.s, self.tag_base = op, sched, tag_base
         self.new: list[Operation] = []
+        self.pending: list[SSAValue] = []
         in_t = op.input.type
         assert isinstance(in_t, TensorType)
         self.et = in_t.element_type
@@ -163,7 +165,9 @@ class _Emitter:
             mask = None if uniform is not None else (axis, a.offsets)
             if a.send:
                 v = self.operand(keys)
-                self.new.append(dist.SendOp.build(operands=[v], result_types=[[]], properties=props))
+                send = dist.SendOp.build(operands=[v], result_types=[[dist.FutureType(NoneType())]], properties=props)
+                self.new.append(send)
+                self.pending.append(send.token)
                 continue
             r = dist.RecvOp.build(result_types=[self.ttype(a.nblocks)], properties=props).result
             self.new.append(r.owner)
@@ -186,6 +190,10 @@ class _Emitter:
             keys = [(0, j) for j in range(C)]
         else:
             keys = [(src, s.group_rank(self.rep), j) for src in range(s.n) for j in range(C)]
+        # Sends run asynchronously (a rank's compute must not wait for its own sends to be received, or a
+        # tree would run in lock step); the collective is complete when they are.
+        for token in self.pending:
+            self.new.append(dist.WaitOp(token))
         # The result buffer is written in place by the steps: assembling it is no kernel.
         whole = self.operand(keys, free=True)
         return self.aten("aten.view.default", [whole], None, free=True, result_type=self.op.output_type(),

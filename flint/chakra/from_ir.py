@@ -20,7 +20,7 @@ from xdsl.ir import SSAValue
 from flint.errors import FlintError
 from flint.ir import chakra
 from flint.mesh import Mesh, assign_group_ids
-from flint.trace import CollKind, NodeKind, NodeTable, NodeTableBuilder, RankProgram, Trace
+from flint.trace import CollKind, NodeKind, NodeTable, NodeTableBuilder, RankProgram, Trace, _csr
 
 AXIS_NAMES_ATTR = "flint.axis_names"
 
@@ -174,30 +174,36 @@ def _replicate(t: NodeTable, loops: list[tuple[int, int, int]]) -> tuple[NodeTab
 
 
 def _drop_rows(t: NodeTable, drop: np.ndarray) -> NodeTable:
-    """``t`` without the rows in ``drop``; a node that named a dropped row waits for that row's
-    dependencies instead (as control dependencies), so program order is kept."""
-    n = len(t)
+    """``t`` without the rows in ``drop`` (ops a rank skips; a skipped op's result is its first operand).
+
+    A node that consumed a dropped row's data consumes what that row consumed instead (data deps); a
+    node ordered after a dropped row (ctrl deps) is ordered after everything the dropped row waited
+    for, so stream order is kept without inventing data dependencies.
+    """
     keep = np.nonzero(~drop)[0]
-    new_pos = np.full(n, -1, np.int64)
+    new_pos = np.full(len(t), -1, np.int64)
     new_pos[keep] = np.arange(keep.size)
-    inherited: dict[int, tuple[int, ...]] = {}
+    via_data: dict[int, tuple[int, ...]] = {}
+    via_ctrl: dict[int, tuple[int, ...]] = {}
+
+    def resolve(deps, table) -> list[int]:
+        out: dict[int, None] = {}
+        for d in deps:
+            for e in (table[d] if drop[d] else (d,)):
+                out[e] = None
+        return list(out)
+
     for i in np.nonzero(drop)[0].tolist():
-        deps: dict[int, None] = {}
-        for d in (*t.data_deps(i).tolist(), *t.ctrl_deps(i).tolist()):
-            for e in (inherited[d] if drop[d] else (d,)):
-                deps[e] = None
-        inherited[i] = tuple(deps)
+        data = resolve(t.data_deps(i).tolist(), via_data)
+        via_data[i] = tuple(data)
+        via_ctrl[i] = tuple(dict.fromkeys(data + resolve(t.data_deps(i).tolist(), via_ctrl)
+                                          + resolve(t.ctrl_deps(i).tolist(), via_ctrl)))
     data, ctrl = [], []
     for i in keep.tolist():
-        dd = [int(new_pos[d]) for d in t.data_deps(i).tolist() if not drop[d]]
-        cc: dict[int, None] = {int(new_pos[d]): None for d in t.ctrl_deps(i).tolist() if not drop[d]}
-        for d in (*t.data_deps(i).tolist(), *t.ctrl_deps(i).tolist()):
-            if drop[d]:
-                for e in inherited[d]:
-                    cc[int(new_pos[e])] = None
+        dd = [int(new_pos[d]) for d in resolve(t.data_deps(i).tolist(), via_data)]
+        cc = [int(new_pos[d]) for d in resolve(t.ctrl_deps(i).tolist(), via_ctrl)]
         data.append(dd)
-        ctrl.append([c for c in cc if c not in dd])
-    from flint.trace import _csr
+        ctrl.append([c for c in dict.fromkeys(cc) if c not in dd])
     dptr, didx = _csr(data)
     cptr, cidx = _csr(ctrl)
     return NodeTable(
