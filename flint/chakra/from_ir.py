@@ -177,8 +177,9 @@ def _drop_rows(t: NodeTable, drop: np.ndarray) -> NodeTable:
     """``t`` without the rows in ``drop`` (ops a rank skips; a skipped op's result is its first operand).
 
     A node that consumed a dropped row's data consumes what that row consumed instead (data deps); a
-    node ordered after a dropped row (ctrl deps) is ordered after everything the dropped row waited
-    for, so stream order is kept without inventing data dependencies.
+    node ordered after a dropped row (ctrl deps: stream order) is ordered after that row's own
+    ctrl predecessors, so stream order is kept without inheriting the skipped op's data waits (a tree
+    root's skipped send-to-parent must not make its next send wait for the whole reduction).
     """
     keep = np.nonzero(~drop)[0]
     new_pos = np.full(len(t), -1, np.int64)
@@ -196,8 +197,7 @@ def _drop_rows(t: NodeTable, drop: np.ndarray) -> NodeTable:
     for i in np.nonzero(drop)[0].tolist():
         data = resolve(t.data_deps(i).tolist(), via_data)
         via_data[i] = tuple(data)
-        via_ctrl[i] = tuple(dict.fromkeys(data + resolve(t.data_deps(i).tolist(), via_ctrl)
-                                          + resolve(t.ctrl_deps(i).tolist(), via_ctrl)))
+        via_ctrl[i] = tuple(resolve(t.ctrl_deps(i).tolist(), via_ctrl))
     data, ctrl = [], []
     for i in keep.tolist():
         dd = [int(new_pos[d]) for d in resolve(t.data_deps(i).tolist(), via_data)]
