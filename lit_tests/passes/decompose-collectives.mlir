@@ -13,17 +13,19 @@ func.func @ar(%x: tensor<16x4xf32>) -> tensor<16x4xf32> {
   func.return %1 : tensor<16x4xf32>
 }
 
-// Ring: 3 reduce-scatter steps to +1 with an add after each recv, then 3 all-gather steps.
+// Ring: 3 reduce-scatter steps to +1 with an add after each recv, then 3 all-gather steps; sends are
+// asynchronous and waited for at the end; the result is assembled for free.
 // RING-LABEL: func.func @ar
 // RING: aten.op "aten.view.default"(%x) {{.*}}flops = 0
-// RING: dist.send %{{.*}} to @mesh grid_axes = [0] offset = 1 tag = 0 : tensor<16xf32>
+// RING: %[[T0:.*]] = dist.send %{{.*}} to @mesh grid_axes = [0] offset = 1 tag = 0 : tensor<16xf32> -> !dist.future<none>
 // RING-NEXT: %[[R0:.*]] = dist.recv from @mesh grid_axes = [0] offset = -1 tag = 0 : tensor<16xf32>
 // RING: %[[S0:.*]] = aten.op "aten.add.Tensor"(%{{.*}}, %[[R0]])
 // RING-NEXT: dist.send %[[S0]] to @mesh grid_axes = [0] offset = 1 tag = 1
 // RING: tag = 5
 // RING-NOT: tag = 6
+// RING: dist.wait %[[T0]]
 // RING-NOT: dist.all_reduce
-// RING-NOT: dist.wait
+// RING: aten.op "aten.cat.default"{{.*}}flops = 0
 // RING: func.return
 
 // Direct: every peer at once, three sends then three recvs per phase.
