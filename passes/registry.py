@@ -30,6 +30,8 @@ FLINT_PASSES: dict[str, str] = {
     "annotate-cost": "flint.passes.annotate_cost:AnnotateCostPass",
     "fuse-pointwise": "flint.passes.fuse_pointwise:FusePointwisePass",
     "lower-to-chakra": "flint.passes.lower_to_chakra:LowerToChakraPass",
+    "shard-annotate": "flint.passes.shard_annotate:ShardAnnotatePass",
+    "shard-expand": "flint.passes.shard_expand:ShardExpandPass",
 }
 
 
