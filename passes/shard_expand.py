@@ -104,7 +104,7 @@ class _State:
         sharding_ops = {o.result: read_sharding(o, self.names) for o in ops if isinstance(o, ShardingOp)}
         new_block = Block()
         ex = FunctionExpander(self.rules, self.sizes, self.axis_index, "mesh", new_block.add_op,
-                              tp_style=self.plan.tp_style, eager_axes=self.tp)
+                              tp_style=self.plan.tp_style, eager_axes=self.tp, sequence_parallel=self.plan.sp)
         # argument shardings: annotations, else what the forward returned / backward produced
         storage: dict[int, Sharding] = {}
         compute: dict[SSAValue, tuple[int, Sharding]] = {}
@@ -276,7 +276,8 @@ class _State:
         staged = []
         for i, src, target, param in grads:
             cur = ex.sharding(src)
-            keep_tp = tuple(a for a in cur.partial if a in self.tp) if self.plan.tp_style == "dtensor" else ()
+            keep_tp = tuple(a for a in cur.partial if a in self.tp) \
+                if self.plan.tp_style == "dtensor" and not (target.axes() & set(self.tp)) else ()
             dims = list(target.dims)
             if self.fsdp and dims:
                 dims[0] = tuple(a for a in dims[0] if a not in self.fsdp)

@@ -123,7 +123,8 @@ class FunctionExpander:
     grid: str
     emit: Callable[[Operation], None]
     tp_style: str = "dtensor"
-    eager_axes: tuple = ()  # dtensor style: partials over these axes are reduced where combined
+    eager_axes: tuple = ()  # TP axes: partial sums over them are reduced at module boundaries
+    sequence_parallel: bool = False
     demand: dict = field(default_factory=dict)  # old SSAValue -> {dim: axes}
     env: dict = field(default_factory=dict)  # old SSAValue -> (new SSAValue, Sharding)
     cache: dict = field(default_factory=dict)  # (new SSAValue, Sharding) -> new SSAValue
@@ -227,10 +228,68 @@ class FunctionExpander:
 
     def value(self, old: SSAValue, want: Sharding, why: str) -> SSAValue:
         new, s = self.env[old]
-        out = self.reshard(new, shape_of(old), s, want, why)
+        out = None
+        if s != want and (new, want) not in self.cache:
+            out = self._from_upstream(old, want, 4)
+            if out is not None:
+                self.cache[(new, want)] = out
+        if out is None:
+            out = self.reshard(new, shape_of(old), s, want, why)
         if s.partial and not want.partial and old not in self.reduced:
             self.reduced[old] = (out, want)
         return out
+
+    def _view_input_sharding(self, op: AtenOp, want: Sharding) -> Sharding | None:
+        """The sharding of a view / transpose's input that yields ``want`` (None if there is none)."""
+        kind = self.rules.op_kind(op.overload)
+        a, b = shape_of(op.inputs[0]), shape_of(op.outputs[0])
+        if kind == "transpose":
+            rank = len(a)
+            name = op.overload.split(".")[1]
+            perm = list(range(rank))
+            if name == "t" and rank == 2:
+                perm = [1, 0]
+            elif name == "transpose":
+                d0 = _norm(_arg(op, "dim0").value.data, rank)
+                d1 = _norm(_arg(op, "dim1").value.data, rank)
+                perm[d0], perm[d1] = perm[d1], perm[d0]
+            else:
+                return None
+            dims = [()] * rank
+            for d, p in enumerate(perm):
+                dims[p] = want.dims[d]
+            return Sharding(tuple(dims), want.partial)
+        if kind == "reshape":
+            need, back = self.reshape_sharding(want, b, a)
+            if need != want:
+                return None
+            _, again = self.reshape_sharding(back, a, b)
+            return back if again == want else None
+        return None
+
+    def _from_upstream(self, old: SSAValue, want: Sharding, depth: int) -> SSAValue | None:
+        """Reuse a collective already done on the input of the view / transpose producing ``old``:
+        re-apply the view to that input's resharded value (DTensor redistributes once, at the
+        module boundary, and every user of the value sees it)."""
+        op = old.owner
+        if depth == 0 or not isinstance(op, AtenOp) or len(op.inputs) != 1 or op.inputs[0] not in self.env:
+            return None
+        if self.rules.op_kind(op.overload) not in ("reshape", "transpose"):
+            return None
+        in_want = self._view_input_sharding(op, want)
+        if in_want is None:
+            return None
+        inp = op.inputs[0]
+        inew, _ = self.env[inp]
+        src = self.cache.get((inew, in_want)) or self._from_upstream(inp, in_want, depth - 1)
+        if src is None:
+            return None
+        t = TensorType(old.type.element_type, want.local_shape(shape_of(old), self.sizes))
+        new = AtenOp(op.overload, [src], [t], args=self._local_args(op, [t]),
+                     phase=op.phase.data if op.phase else None, module=op.module.data if op.module else None)
+        new.location = op.location
+        self.emit(new)
+        return new.outputs[0]
 
     def saved_value(self, old: SSAValue) -> tuple[SSAValue, Sharding]:
         """A forward value as backward receives it: a partial value that the forward reduced (itself or a
@@ -270,7 +329,7 @@ class FunctionExpander:
                               f"{self.rules.source}")
         rule: Rule = handler(op)
         carries = kind in ("reshape", "transpose") or (
-            self.tp_style == "megatron" and kind == "pointwise" and len(op.inputs) >= 2
+            (self.tp_style == "megatron" or self.sequence_parallel) and kind == "pointwise" and len(op.inputs) >= 2
             and op.overload.split(".")[1] in ("add", "add_", "sub", "sub_"))
         if self.eager_axes and not carries:
             # TP partial sums are reduced at the module boundary: views carry them (and, Megatron-style,
