@@ -90,6 +90,7 @@ class _State:
         self.axis_index = {a: i for i, a in enumerate(names)}
         self.fwd_results: dict[str, list[Sharding]] = {}
         self.grad_sharding: dict[str, Sharding] = {}
+        self.fwd_hints: dict[str, list] = {}
         self.fsdp = tuple(plan.axes("fsdp")) if plan.dp_shard > 1 else ()
         self.replicate = tuple(plan.axes("dp_replicate")) if plan.dp_replicate > 1 else ()
         self.tp = tuple(plan.axes("tp"))
@@ -125,6 +126,7 @@ class _State:
                         p = o.attributes.get(PARAM_ATTR)
                         returns[i] = (s, p.data if p else None)
         saved = self._saved_shardings(fn, phase, part, storage)
+        saved_hints = self._saved_shardings(fn, phase, part, storage, self.fwd_hints)
         for i, a in enumerate(old.args):
             if i in storage:
                 continue
@@ -146,6 +148,8 @@ class _State:
             new_args[-1].name_hint = a.name_hint
             if isinstance(a.type, TensorType):
                 ex.bind(a, new_args[-1], storage[i])
+                if i in saved_hints and saved_hints[i]:
+                    ex.hints[new_args[-1]] = saved_hints[i]
         # annotations: storage values, then the FSDP unit gather, then other compute layouts
         gather = []
         for o in ops:
@@ -181,12 +185,14 @@ class _State:
         new_block.add_op(func.ReturnOp(*results))
         if phase == "fwd":
             self.fwd_results[part] = result_sh
+            self.fwd_hints[part] = [ex.hints.get(v) for v in results]
         return Region(new_block), [a.type for a in new_args], [r.type for r in results]
 
-    def _saved_shardings(self, fn: func.FuncOp, phase: str, part: str, storage: dict) -> dict[int, Sharding]:
-        if phase != "bwd" or part not in self.fwd_results:
+    def _saved_shardings(self, fn: func.FuncOp, phase: str, part: str, storage: dict, table=None) -> dict:
+        table = self.fwd_results if table is None else table
+        if phase != "bwd" or part not in table:
             return {}
-        fwd = self.fwd_results[part]
+        fwd = table[part]
         args = fn.body.block.args
         n_tangents = sum(1 for i in range(len(args)) if _role(fn, i)[0] == "tangent")
         saved_idx = [i for i in range(len(args)) if _role(fn, i)[0] != "tangent"]

@@ -129,6 +129,8 @@ class FunctionExpander:
     env: dict = field(default_factory=dict)  # old SSAValue -> (new SSAValue, Sharding)
     cache: dict = field(default_factory=dict)  # (new SSAValue, Sharding) -> new SSAValue
     gemm_variant: dict = field(default_factory=dict)  # old SSAValue -> new value a gemm consumed
+    hints: dict = field(default_factory=dict)  # new SSAValue -> where the axes of a merged dim came from
+    _next_hint: dict | None = None
     reduced: dict = field(default_factory=dict)  # old SSAValue -> (new value, sharding) once its partial was reduced
 
     # ----------------------------------------------------------- resharding
@@ -228,6 +230,8 @@ class FunctionExpander:
 
     def value(self, old: SSAValue, want: Sharding, why: str) -> SSAValue:
         new, s = self.env[old]
+        if s.partial and not want.partial and old in self.reduced:
+            new, s = self.reduced[old]  # reduce a partial value once; later users start from that
         out = None
         if s != want and (new, want) not in self.cache:
             out = self._from_upstream(old, want, 4)
@@ -260,10 +264,10 @@ class FunctionExpander:
                 dims[p] = want.dims[d]
             return Sharding(tuple(dims), want.partial)
         if kind == "reshape":
-            need, back = self.reshape_sharding(want, b, a)
+            need, back, _ = self.reshape_sharding(want, b, a)
             if need != want:
                 return None
-            _, again = self.reshape_sharding(back, a, b)
+            _, again, _ = self.reshape_sharding(back, a, b)
             return back if again == want else None
         return None
 
@@ -280,10 +284,14 @@ class FunctionExpander:
         if in_want is None:
             return None
         inp = op.inputs[0]
-        inew, _ = self.env[inp]
+        inew, ins = self.env[inp]
+        if ins == in_want:
+            return None
         src = self.cache.get((inew, in_want)) or self._from_upstream(inp, in_want, depth - 1)
         if src is None:
-            return None
+            src = self.reshard(inew, shape_of(inp), ins, in_want, f"'{op.overload}'{where(op)}")
+            if src is inew:
+                return None
         t = TensorType(old.type.element_type, want.local_shape(shape_of(old), self.sizes))
         new = AtenOp(op.overload, [src], [t], args=self._local_args(op, [t]),
                      phase=op.phase.data if op.phase else None, module=op.module.data if op.module else None)
@@ -307,13 +315,15 @@ class FunctionExpander:
             chain.append(cur)
         val, sh = self.reduced[cur]
         for prev in reversed(chain[:-1]):
-            need, back = self.reshape_sharding(sh, shape_of(cur), shape_of(prev))
+            need, back, hint = self.reshape_sharding(sh, shape_of(cur), shape_of(prev), self.hints.get(val))
             val = self.reshard(val, shape_of(cur), sh, need, "saved value")
             t = TensorType(val.type.element_type, back.local_shape(shape_of(prev), self.sizes))
             op = AtenOp("aten.view.default", [val], [t],
                         args={"size": ArrayAttr([IntegerAttr(x, i64) for x in t.get_shape()])})
             self.emit(op)
             val, sh, cur = op.outputs[0], back, prev
+            if hint:
+                self.hints[val] = hint
         return val, sh
 
     def sharding(self, old: SSAValue) -> Sharding:
@@ -334,11 +344,13 @@ class FunctionExpander:
         if self.eager_axes and not carries:
             # TP partial sums are reduced at the module boundary: views carry them (and, Megatron-style,
             # the sum of the column-parallel input gradients); any other consumer reduces them first
-            def strip(s: Sharding) -> Sharding:
-                return s.with_partial(tuple(a for a in s.partial if a not in self.eager_axes))
-            rule = Rule([strip(s) for s in rule.operands],
-                        rule.results if kind in ("matmul", "embedding", "embedding_backward")
-                        else [strip(s) for s in rule.results])
+            inherited = {a for s in rule.operands for a in s.partial}
+
+            def strip(s: Sharding, drop: set) -> Sharding:
+                return s.with_partial(tuple(a for a in s.partial if a not in drop))
+            eager = set(self.eager_axes)
+            # partials the op creates (a contraction or reduction over a split dim) stay; inherited ones go
+            rule = Rule([strip(s, eager) for s in rule.operands], [strip(s, eager & inherited) for s in rule.results])
         why = f"'{op.overload}'{where(op)}"
         operands = []
         for i, (v, s) in enumerate(zip(op.inputs, rule.operands)):
@@ -357,6 +369,14 @@ class FunctionExpander:
         self.emit(new)
         for r, nr, s in zip(op.outputs, new.outputs, rule.results):
             self.bind(r, nr, s)
+        hint = self._next_hint if kind == "reshape" else None
+        self._next_hint = None
+        if hint is None and kind in ("pointwise", "matmul", "dim_local", "like") and operands:
+            first = operands[1] if op.overload.split(".")[1] in ("addmm",) else operands[0]
+            hint = self.hints.get(first)
+        if hint:
+            for nr in new.outputs:
+                self.hints[nr] = hint
 
     def _local_args(self, op: AtenOp, results: list[TensorType]) -> dict | None:
         if op.args is None:
@@ -390,6 +410,8 @@ class FunctionExpander:
         used: set[str] = set()
         for v in operands:
             s = self.sharding(v)
+            if s.partial and v in self.reduced:
+                s = self.reduced[v][1]
             shp = shape_of(v)
             off = R - len(shp)
             for i, axes in enumerate(s.dims):
@@ -500,25 +522,48 @@ class FunctionExpander:
 
     def rule_reshape(self, op: AtenOp) -> Rule:
         v = op.inputs[0]
-        need, out = self.reshape_sharding(self.sharding(v), shape_of(v), shape_of(op.outputs[0]))
+        need, out, hint = self.reshape_sharding(self.sharding(v), shape_of(v), shape_of(op.outputs[0]),
+                                                self.hints.get(self.env[v][0]))
+        self._next_hint = hint
         return Rule([need], [out])
 
-    def reshape_sharding(self, s: Sharding, a: Sequence[int], b: Sequence[int]) -> tuple[Sharding, Sharding]:
-        """(input sharding needed, output sharding) of viewing shape ``a`` as ``b``."""
+    def reshape_sharding(self, s: Sharding, a: Sequence[int], b: Sequence[int],
+                         hint: dict | None = None) -> tuple[Sharding, Sharding, dict]:
+        """(input sharding needed, output sharding, output hint) of viewing shape ``a`` as ``b``.
+
+        A split dim merged with outer dims (``[B, S/tp] -> [B*S/tp]``) records where its axes came
+        from in the hint (axis -> (group sizes, position)), so that splitting it again
+        (``[B*S/tp] -> [B, S/tp]``) puts them back on the same dim."""
         out: list[tuple[str, ...]] = [()] * len(b)
         need = list(s.dims)
+        hint = hint or {}
+        out_hint: dict = {}
         for gi, gj in reshape_groups(a, b):
             axes = tuple(x for i in gi for x in s.dims[i])
             if not axes:
                 continue
             n = self._n(axes)
-            target = next((j for j in gj if b[j] > 1 and b[j] % n == 0), None)
+            target = None
+            h = hint.get(axes[0])
+            if h is not None and len(gj) > 1 and tuple(b[j] for j in gj) == h[0]:
+                target = gj[h[1]]
+            if target is None:
+                target = next((j for j in gj if b[j] > 1 and b[j] % n == 0), None)
             if target is None:
                 for i in gi:
                     need[i] = ()
                 continue
             out[target] = axes
-        return Sharding(tuple(need), s.partial), Sharding(tuple(out), s.partial)
+            if len(gi) > 1 and len(gj) == 1:
+                pos = next(k for k, i in enumerate(gi) if s.dims[i])
+                if any(a[i] > 1 for i in gi[:pos]):
+                    for x in axes:
+                        out_hint[x] = (tuple(a[i] for i in gi), pos)
+            elif len(gj) == 1:
+                for x in axes:
+                    if x in hint:
+                        out_hint[x] = hint[x]
+        return Sharding(tuple(need), s.partial), Sharding(tuple(out), s.partial), out_hint
 
     def rule_expand(self, op: AtenOp) -> Rule:
         v = op.inputs[0]
@@ -627,8 +672,11 @@ class FunctionExpander:
         lead = sg.dims[:-1]
         feat = sg.dims[-1]
         partial = tuple(dict.fromkeys(sg.partial + tuple(x for ax in lead for x in ax)))
-        rows = tuple(x for x in self.demand.get(op.outputs[0], {}).get(0, ()) if x not in partial + feat)
-        return Rule([sg.with_partial(sg.partial), Sharding(lead)], [Sharding((rows, feat), partial)])
+        rows = tuple(x for x in self.demand.get(op.outputs[0], {}).get(0, ()) if x not in sg.partial + feat)
+        # rows split over an axis that also splits the batch: gather the gradient on that axis first
+        lead = tuple(tuple(x for x in ax if x not in rows) for ax in lead)
+        partial = tuple(dict.fromkeys(sg.partial + tuple(x for ax in lead for x in ax)))
+        return Rule([Sharding(lead + (feat,), sg.partial), Sharding(lead)], [Sharding((rows, feat), partial)])
 
     def rule_layer_norm(self, op: AtenOp) -> Rule:
         name = op.overload.split(".")[1]
