@@ -111,6 +111,7 @@ class Rule:
 
     operands: list[Sharding]
     results: list[Sharding]
+    created: tuple = ()  # partial axes the op itself creates (contraction / reduction over a split dim)
 
 
 @dataclass
@@ -344,13 +345,14 @@ class FunctionExpander:
         if self.eager_axes and not carries:
             # TP partial sums are reduced at the module boundary: views carry them (and, Megatron-style,
             # the sum of the column-parallel input gradients); any other consumer reduces them first
-            inherited = {a for s in rule.operands for a in s.partial}
+            inherited = {a for v in op.inputs for a in self.sharding(v).partial}
 
             def strip(s: Sharding, drop: set) -> Sharding:
                 return s.with_partial(tuple(a for a in s.partial if a not in drop))
             eager = set(self.eager_axes)
             # partials the op creates (a contraction or reduction over a split dim) stay; inherited ones go
-            rule = Rule([strip(s, eager) for s in rule.operands], [strip(s, eager & inherited) for s in rule.results])
+            drop = eager & (inherited - set(rule.created))
+            rule = Rule([strip(s, eager) for s in rule.operands], [strip(s, drop) for s in rule.results])
         why = f"'{op.overload}'{where(op)}"
         operands = []
         for i, (v, s) in enumerate(zip(op.inputs, rule.operands)):
@@ -475,7 +477,7 @@ class FunctionExpander:
         res = [Sharding(tuple(out_dims[:len(shape_of(r))]) if len(out_dims) >= len(shape_of(r)) else
                         Sharding.replicated(len(shape_of(r))).dims, tuple(in_partial) + new_partial)
                for r in op.outputs]
-        return Rule([req], res)
+        return Rule([req], res, new_partial)
 
     def rule_matmul(self, op: AtenOp) -> Rule:
         name = op.overload.split(".")[1]
@@ -518,7 +520,7 @@ class FunctionExpander:
         req = [ra, rb]
         if bias is not None:
             req = [self._align(bias, out.dims, partial)] + req
-        return Rule(req, [out])
+        return Rule(req, [out], k_ax)
 
     def rule_reshape(self, op: AtenOp) -> Rule:
         v = op.inputs[0]
@@ -542,24 +544,24 @@ class FunctionExpander:
             axes = tuple(x for i in gi for x in s.dims[i])
             if not axes:
                 continue
+            sizes = tuple(b[j] for j in gj)
+            if len(gj) > 1 and all(x in hint and hint[x][0] == sizes for x in axes):
+                # split back where a merge came from
+                for x in axes:
+                    out[gj[hint[x][1]]] += (x,)
+                continue
             n = self._n(axes)
-            target = None
-            h = hint.get(axes[0])
-            if h is not None and len(gj) > 1 and tuple(b[j] for j in gj) == h[0]:
-                target = gj[h[1]]
-            if target is None:
-                target = next((j for j in gj if b[j] > 1 and b[j] % n == 0), None)
+            target = next((j for j in gj if b[j] > 1 and b[j] % n == 0), None)
             if target is None:
                 for i in gi:
                     need[i] = ()
                 continue
             out[target] = axes
             if len(gi) > 1 and len(gj) == 1:
-                pos = next(k for k, i in enumerate(gi) if s.dims[i])
-                if any(a[i] > 1 for i in gi[:pos]):
-                    for x in axes:
-                        out_hint[x] = (tuple(a[i] for i in gi), pos)
-            elif len(gj) == 1:
+                for k, i in enumerate(gi):
+                    for x in s.dims[i]:
+                        out_hint[x] = (tuple(a[i2] for i2 in gi), k)
+            elif len(gi) == 1 and len(gj) == 1:
                 for x in axes:
                     if x in hint:
                         out_hint[x] = hint[x]
@@ -696,7 +698,7 @@ class FunctionExpander:
                 res.append(self._align(r, dims))
             else:  # weight / bias gradients: summed over the leading dims
                 res.append(Sharding(((),) * k, lead_axes))
-        return Rule(req, res)
+        return Rule(req, res, lead_axes)
 
 
 # --------------------------------------------------------------- demand pass
