@@ -47,6 +47,7 @@ bench: $(STAMP)
 	$(PY) bench/emit.py
 	$(PY) bench/simulate.py
 	$(PY) bench/explore.py
+	$(PY) bench/expand.py
 
 clean:
 	rm -rf $(VENV) out

@@ -62,6 +62,10 @@ DEFAULT_ORDER = tuple(reversed(DEGREES))  # innermost first
 PP_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "interleaved-zero-bubble", "zbv-zero-bubble")
 AC_MODES = ("none", "selective-op", "selective-layer", "full")
 GRAD_SYNC = ("step", "microbatch")
+# Where expanded TP reduces partial sums: "dtensor" as PyTorch's DTensor runs it (one backward all-reduce
+# per column-parallel linear: five per Llama block; sequence-parallel norm gradients reduced by the
+# optimizer), "megatron" as Megatron-LM (one per attention and MLP input; norm gradients in backward).
+TP_STYLES = ("dtensor", "megatron")
 ZERO_STAGES = (1, 2, 3)
 # Largest world size a plan may name: beyond what the emitter and simulator can hold.
 MAX_WORLD_SIZE = 1 << 20
@@ -96,6 +100,7 @@ class Plan:
     pp_virtual_stages: int = 1  # stages per pipeline rank (interleaved schedules: > 1)
     pp_layers: tuple[int, ...] | None = None  # explicit layers per stage; None: even split
     activation_checkpoint: str = "none"
+    tp_style: str = "dtensor"  # shard-expand: where TP partial sums are reduced (dtensor: per linear; megatron: fused)
     ac_every: int = 1  # selective-layer: checkpoint every N-th block
     world_size: int | None = None  # filled in by validate()
     source: str | None = field(default=None, compare=False)  # plan file, for messages
@@ -184,6 +189,8 @@ class Plan:
             raise PlanError("zero", f"must be one of {', '.join(map(str, ZERO_STAGES))}, got {self.zero}", src)
         if self.sp and self.tp == 1:
             raise PlanError("sp", "sequence parallelism needs tp > 1", src)
+        if self.tp_style not in TP_STYLES:
+            raise PlanError("tp_style", f"unknown value '{self.tp_style}'; known: {', '.join(TP_STYLES)}", src)
         if self.grad_sync not in GRAD_SYNC:
             raise PlanError("grad_sync", f"unknown value '{self.grad_sync}'; known: {', '.join(GRAD_SYNC)}", src)
         if self.activation_checkpoint not in AC_MODES:
@@ -380,7 +387,7 @@ class Plan:
 
 
 _BOOL_FIELDS = {"sp"}
-_STR_FIELDS = {"grad_sync", "pp_schedule", "activation_checkpoint"}
+_STR_FIELDS = {"grad_sync", "pp_schedule", "activation_checkpoint", "tp_style"}
 _LIST_FIELDS = {"order": str, "pp_layers": int}
 
 

@@ -32,6 +32,8 @@ FLINT_PASSES: dict[str, str] = {
     "lower-to-chakra": "flint.passes.lower_to_chakra:LowerToChakraPass",
     "decompose-collectives": "flint.passes.decompose_collectives:DecomposeCollectivesPass",
     "verify-p2p": "flint.passes.verify_p2p:VerifyP2PPass",
+    "shard-annotate": "flint.passes.shard_annotate:ShardAnnotatePass",
+    "shard-expand": "flint.passes.shard_expand:ShardExpandPass",
 }
 
 

@@ -28,3 +28,13 @@ def imported(model: str, plan: str, world: int, tp: int = 1):
 
     step = captured(model, plan, world, tp)
     return step, import_step(step)
+
+
+@cache
+def single_device(model: str, batch: int = 2):
+    """(captured step, its IR module) of ``model`` on ONE device with a global batch of ``batch`` x SEQ
+    tokens: the input of shard expansion. Tests must not mutate the module."""
+    from flint.importer import import_step
+
+    step = capture_step(factory(model), {"tokens": (batch, SEQ), "labels": (batch, SEQ)}, world_size=1, plan="dp")
+    return step, import_step(step)

@@ -4,6 +4,7 @@ Subcommands (``flint <command> --help`` explains each):
 
   capture       capture a model's training step under a plan and write the IR (.mlir)
   emit          lower a step's IR to per-rank Chakra ET files + comm-group JSON
+  expand        expand a single-device step to a parallelism plan (the planned path; no recapture)
   inspect       summarize and check any Chakra trace directory
   estimate      simulate a step (IR or trace) and print iteration time, exposed comm, MFU, memory
   simulate      run a step on a simulator backend (native, or ASTRA-sim) and report per-rank times
@@ -171,6 +172,56 @@ def cmd_emit(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_expand(args: argparse.Namespace) -> int:
+    from io import StringIO
+
+    from xdsl.context import Context
+    from xdsl.printer import Printer
+
+    from flint.passes.canonicalize_dist import CanonicalizeDistPass
+    from flint.passes.shard_annotate import EXPAND_FIELDS, annotate, check_model, check_single_device
+    from flint.passes.shard_expand import expand
+    from flint.plan import Plan
+    from flint.sharding.rules import load_rules
+    from flint.sharding.summary import summarize_program
+
+    t0 = time.perf_counter()
+    plan = Plan.load(args.plan, world_size=args.world_size)
+    plan.require(EXPAND_FIELDS, "flint expand")
+    rules = load_rules(args.rules)
+    module = load_ir(args.input)
+    CanonicalizeDistPass().apply(Context(), module)
+    check_single_device(module)
+    check_model(module, plan)
+    single = summarize_program(module)
+    annotate(module, plan, rules)
+    expand(module, plan, rules)
+    module.verify()
+    text = StringIO()
+    Printer(stream=text, print_debuginfo=True).print_op(module)
+    text.write("\n")
+    write_text_atomic(args.output, text.getvalue())
+    summary = summarize_program(module)
+    mesh = plan.mesh()
+    print(f"wrote {args.output}: {plan.describe()}; mesh {'x'.join(map(str, mesh.shape))} {tuple(mesh.axis_names)} "
+          f"({time.perf_counter() - t0:.2f} s)")
+    print(f"  FLOPs per rank  {_fmt_count(summary.flops)}FLOP (single device {_fmt_count(single.flops)}FLOP, "
+          f"x{single.flops / max(summary.flops, 1):.2f})")
+    if summary.collectives:
+        print(f"\n  what each axis costs per rank and step:")
+        print(f"  {'axes':<24} {'collective':<16} {'phase':<6} {'count':>6} {'input bytes':>14}")
+        for key in sorted(summary.collectives, key=lambda k: (k[1], k[0], k[2])):
+            kind, ax, phase = key
+            print(f"  {','.join(ax):<24} {kind:<16} {phase:<6} {summary.collectives[key]:>6} "
+                  f"{_fmt_count(summary.collective_bytes[key]) + 'B':>14}")
+        per_axis: dict = {}
+        for (kind, ax, phase), b in summary.collective_bytes.items():
+            per_axis[ax] = per_axis.get(ax, 0) + b
+        for ax, b in sorted(per_axis.items()):
+            print(f"  {','.join(ax):<24} {'total':<16} {'':<6} {'':>6} {_fmt_count(b) + 'B':>14}")
+    return 0
+
+
 def _delegate(command: str, argv: Sequence[str]) -> int:
     """Subcommands whose argument parsing lives with their implementation."""
     if command == "inspect":
@@ -237,6 +288,17 @@ def build_parser() -> argparse.ArgumentParser:
     emit.add_argument("--prefix", default="trace", help="file-name prefix (default: trace)")
     emit.add_argument("--device", default="h100-sxm", help="device preset or TOML for compute durations (default: h100-sxm)")
     emit.set_defaults(func=cmd_emit)
+
+    exp = sub.add_parser("expand", help="expand a single-device step to a parallelism plan (planned path)",
+                         description="Expand a step captured on ONE device (flint capture --world-size 1) to the "
+                                     "per-rank SPMD program of a plan: shard-annotate + shard-expand. One capture "
+                                     "serves a whole sweep of plans. Prints what each mesh axis costs.")
+    exp.add_argument("input", help="the single-device step's IR (.mlir)")
+    exp.add_argument("plan", help="the plan as TOML (dp_replicate, dp_shard, tp, sp, tp_style; see flint/plan.py)")
+    exp.add_argument("-o", "--output", required=True, help="output .mlir (written atomically)")
+    exp.add_argument("--world-size", type=int, default=None, help="world size (for dp_shard = -1)")
+    exp.add_argument("--rules", default=None, help="sharding rules TOML (default: flint/sharding/rules.toml)")
+    exp.set_defaults(func=cmd_expand)
 
     for name, text in DELEGATED.items():
         sub.add_parser(name, help=text, add_help=False)

@@ -1,0 +1,750 @@
+"""The sharding engine: propagate shardings through one function and rebuild it per rank.
+
+:class:`FunctionExpander` walks a single-device ``func.func`` in order. Each
+``aten.op`` is handled by the rule its kind names (``rules.toml``): the rule
+says which sharding every operand must have and which sharding every result
+gets. Where an operand's current sharding differs from the required one,
+:meth:`FunctionExpander.reshard` emits the `dist` collectives MLIR's resharding
+table names:
+
+====================================  =====================================
+from -> to                            emitted
+====================================  =====================================
+partial over A -> dim d split on A    ``dist.reduce_scatter`` (scatter_dim d)
+partial over A -> not partial         ``dist.all_reduce``
+dim d split on A -> not split         ``dist.all_gather`` (gather_dim d)
+dim d split on A -> dim e split on A  ``dist.all_to_all`` (split e, concat d)
+not split -> split                    a local slice (no communication)
+====================================  =====================================
+
+Results are rebuilt with their per-rank (local) shapes; shape arguments
+(``size``, ``input_sizes``, ``num_weights``) follow. Collectives are emitted
+in the asynchronous form with a ``dist.wait`` right after, as captured
+programs have them. An op whose kind has no rule fails naming the op and its
+source location.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from xdsl.dialects.builtin import ArrayAttr, IntegerAttr, StringAttr, TensorType, i64
+from xdsl.ir import Attribute, Operation, SSAValue
+
+from flint.errors import FlintError
+from flint.ir import dist
+from flint.ir.aten import AtenOp
+from flint.sharding.rules import Rules
+from flint.sharding.spec import Sharding
+
+
+class ExpandError(FlintError):
+    """The program cannot be expanded; the message names the op and its location."""
+
+
+def where(op: Operation) -> str:
+    loc = getattr(op, "location", None)
+    text = ""
+    if loc is not None and hasattr(loc, "filename"):
+        text = f" at {loc.filename.data}:{loc.line.data}:{loc.column.data}"
+    module = op.module.data if isinstance(op, AtenOp) and op.module is not None else None
+    return text + (f" (module '{module}')" if module else "")
+
+
+def shape_of(v: SSAValue) -> list[int]:
+    t = v.type
+    assert isinstance(t, TensorType)
+    return list(t.get_shape())
+
+
+def _int_list(attr: Attribute | None) -> list[int] | None:
+    if isinstance(attr, ArrayAttr):
+        out = []
+        for a in attr.data:
+            if not isinstance(a, IntegerAttr):
+                return None
+            out.append(a.value.data)
+        return out
+    if isinstance(attr, IntegerAttr):
+        return [attr.value.data]
+    return None
+
+
+def _arg(op: AtenOp, name: str) -> Attribute | None:
+    return op.args.data.get(name) if op.args is not None else None
+
+
+def _norm(d: int, rank: int) -> int:
+    return d + rank if d < 0 else d
+
+
+def reshape_groups(a: Sequence[int], b: Sequence[int]) -> list[tuple[list[int], list[int]]]:
+    """Pair runs of dims of shapes ``a`` and ``b`` with equal products (a view's dim mapping)."""
+    groups, i, j = [], 0, 0
+    while i < len(a) or j < len(b):
+        gi, gj = [], []
+        pa = pb = 1
+        if i < len(a):
+            gi.append(i); pa *= a[i]; i += 1
+        if j < len(b):
+            gj.append(j); pb *= b[j]; j += 1
+        while pa != pb:
+            if pa < pb and i < len(a):
+                gi.append(i); pa *= a[i]; i += 1
+            elif j < len(b):
+                gj.append(j); pb *= b[j]; j += 1
+            else:
+                break
+        # trailing size-1 dims join the current group
+        while i < len(a) and a[i] == 1 and (j >= len(b) or b[j] != 1):
+            gi.append(i); i += 1
+        while j < len(b) and b[j] == 1 and (i >= len(a) or a[i] != 1):
+            gj.append(j); j += 1
+        groups.append((gi, gj))
+    return groups
+
+
+@dataclass
+class Rule:
+    """What a rule decided for one op: operand shardings required, result shardings."""
+
+    operands: list[Sharding]
+    results: list[Sharding]
+    created: tuple = ()  # partial axes the op itself creates (contraction / reduction over a split dim)
+
+
+@dataclass
+class FunctionExpander:
+    """Expand one function's ops into ``emit`` (see the module docstring)."""
+
+    rules: Rules
+    sizes: dict[str, int]  # mesh axis name -> size
+    axis_index: dict[str, int]
+    grid: str
+    emit: Callable[[Operation], None]
+    tp_style: str = "dtensor"
+    eager_axes: tuple = ()  # TP axes: partial sums over them are reduced at module boundaries
+    sequence_parallel: bool = False
+    demand: dict = field(default_factory=dict)  # old SSAValue -> {dim: axes}
+    env: dict = field(default_factory=dict)  # old SSAValue -> (new SSAValue, Sharding)
+    cache: dict = field(default_factory=dict)  # (new SSAValue, Sharding) -> new SSAValue
+    gemm_variant: dict = field(default_factory=dict)  # old SSAValue -> new value a gemm consumed
+    hints: dict = field(default_factory=dict)  # new SSAValue -> where the axes of a merged dim came from
+    _next_hint: dict | None = None
+    reduced: dict = field(default_factory=dict)  # old SSAValue -> (new value, sharding) once its partial was reduced
+
+    # ----------------------------------------------------------- resharding
+
+    def _ids(self, axes: Sequence[str]) -> list[int]:
+        return sorted(self.axis_index[a] for a in axes)
+
+    def _n(self, axes: Sequence[str]) -> int:
+        n = 1
+        for a in axes:
+            n *= self.sizes[a]
+        return n
+
+    def _local_t(self, v: SSAValue, global_shape: Sequence[int], s: Sharding) -> TensorType:
+        return TensorType(v.type.element_type, s.local_shape(global_shape, self.sizes))
+
+    def _coll(self, op: dist.CollectiveOp) -> SSAValue:
+        self.emit(op)
+        w = dist.WaitOp(op.result)
+        self.emit(w)
+        return w.result
+
+    def reshard(self, v: SSAValue, gshape: Sequence[int], src: Sharding, dst: Sharding, why: str) -> SSAValue:
+        """``v`` (laid out as ``src``) laid out as ``dst``, emitting the collectives needed."""
+        if src == dst:
+            return v
+        key = (v, dst)
+        if key in self.cache:
+            return self.cache[key]
+        out = v
+        cur = src
+        extra = [a for a in src.partial if a not in dst.partial]
+        if extra:
+            rs: dict[int, list[str]] = {}
+            ar: list[str] = []
+            for a in extra:
+                d = dst.dim_of(a)
+                if d is not None and cur.dim_of(a) is None:
+                    rs.setdefault(d, []).append(a)
+                else:
+                    ar.append(a)
+            keep = tuple(a for a in cur.partial if a not in extra)
+            if ar:
+                cur = cur.with_partial(tuple(a for a in cur.partial if a not in ar))
+                out = self._coll(dist.AllReduceOp(out, self.grid, self._ids(ar), dist.FutureType(out.type),
+                                                  reduction="sum"))
+            for d, axes in rs.items():
+                if gshape[d] % self._n(cur.dims[d] + tuple(axes)):
+                    raise ExpandError(f"{why}: dim {d} of size {gshape[d]} is not divisible over {axes}")
+                nxt = cur.with_dim(d, cur.dims[d] + tuple(axes)).with_partial(
+                    tuple(a for a in cur.partial if a not in axes))
+                t = self._local_t(out, gshape, nxt)
+                out = self._coll(dist.ReduceScatterOp(out, self.grid, self._ids(axes), dist.FutureType(t),
+                                                      reduction="sum", scatter_dim=d))
+                cur = nxt
+            cur = cur.with_partial(keep)
+        for d in range(cur.rank):
+            gone = [a for a in cur.dims[d] if a not in dst.dims[d]]
+            if not gone:
+                continue
+            moves = [a for a in gone if dst.dim_of(a) is not None and cur.dim_of(a) == d
+                     and a not in cur.dims[dst.dim_of(a)]]
+            for a in moves:
+                e = dst.dim_of(a)
+                nxt = cur.with_dim(d, tuple(x for x in cur.dims[d] if x != a)).with_dim(e, cur.dims[e] + (a,))
+                t = self._local_t(out, gshape, nxt)
+                out = self._coll(dist.AllToAllOp(out, self.grid, self._ids([a]), dist.FutureType(t),
+                                                 split_dim=e, concat_dim=d))
+                cur = nxt
+            rest = [a for a in gone if a not in moves]
+            if rest:
+                nxt = cur.with_dim(d, tuple(x for x in cur.dims[d] if x not in rest))
+                t = self._local_t(out, gshape, nxt)
+                if t.get_shape()[d] != out.type.get_shape()[d] * self._n(rest):
+                    raise ExpandError(f"{why}: dim {d} of size {gshape[d]} is not divisible over {rest}")
+                out = self._coll(dist.AllGatherOp(out, self.grid, self._ids(rest), dist.FutureType(t),
+                                                  gather_dim=d))
+                cur = nxt
+        for d in range(cur.rank):
+            new = [a for a in dst.dims[d] if a not in cur.dims[d]]
+            if new:
+                nxt = cur.with_dim(d, dst.dims[d])
+                t = self._local_t(out, gshape, nxt)
+                op = AtenOp("aten.slice.Tensor", [out], [t],
+                            args={"dim": IntegerAttr(d, i64), "start": IntegerAttr(0, i64),
+                                  "end": IntegerAttr(t.get_shape()[d], i64)})
+                self.emit(op)
+                out = op.outputs[0]
+                cur = nxt
+        self.cache[key] = out
+        return out
+
+    # ---------------------------------------------------------------- values
+
+    def bind(self, old: SSAValue, new: SSAValue, s: Sharding) -> None:
+        self.env[old] = (new, s)
+
+    def value(self, old: SSAValue, want: Sharding, why: str) -> SSAValue:
+        new, s = self.env[old]
+        if s.partial and not want.partial and old in self.reduced:
+            new, s = self.reduced[old]  # reduce a partial value once; later users start from that
+        out = None
+        if s != want and (new, want) not in self.cache:
+            out = self._from_upstream(old, want, 4)
+            if out is not None:
+                self.cache[(new, want)] = out
+        if out is None:
+            out = self.reshard(new, shape_of(old), s, want, why)
+        if s.partial and not want.partial and old not in self.reduced:
+            self.reduced[old] = (out, want)
+        return out
+
+    def _view_input_sharding(self, op: AtenOp, want: Sharding) -> Sharding | None:
+        """The sharding of a view / transpose's input that yields ``want`` (None if there is none)."""
+        kind = self.rules.op_kind(op.overload)
+        a, b = shape_of(op.inputs[0]), shape_of(op.outputs[0])
+        if kind == "transpose":
+            rank = len(a)
+            name = op.overload.split(".")[1]
+            perm = list(range(rank))
+            if name == "t" and rank == 2:
+                perm = [1, 0]
+            elif name == "transpose":
+                d0 = _norm(_arg(op, "dim0").value.data, rank)
+                d1 = _norm(_arg(op, "dim1").value.data, rank)
+                perm[d0], perm[d1] = perm[d1], perm[d0]
+            else:
+                return None
+            dims = [()] * rank
+            for d, p in enumerate(perm):
+                dims[p] = want.dims[d]
+            return Sharding(tuple(dims), want.partial)
+        if kind == "reshape":
+            need, back, _ = self.reshape_sharding(want, b, a)
+            if need != want:
+                return None
+            _, again, _ = self.reshape_sharding(back, a, b)
+            return back if again == want else None
+        return None
+
+    def _from_upstream(self, old: SSAValue, want: Sharding, depth: int) -> SSAValue | None:
+        """Reuse a collective already done on the input of the view / transpose producing ``old``:
+        re-apply the view to that input's resharded value (DTensor redistributes once, at the
+        module boundary, and every user of the value sees it)."""
+        op = old.owner
+        if depth == 0 or not isinstance(op, AtenOp) or len(op.inputs) != 1 or op.inputs[0] not in self.env:
+            return None
+        if self.rules.op_kind(op.overload) not in ("reshape", "transpose"):
+            return None
+        in_want = self._view_input_sharding(op, want)
+        if in_want is None:
+            return None
+        inp = op.inputs[0]
+        inew, ins = self.env[inp]
+        if ins == in_want:
+            return None
+        src = self.cache.get((inew, in_want)) or self._from_upstream(inp, in_want, depth - 1)
+        if src is None:
+            src = self.reshard(inew, shape_of(inp), ins, in_want, f"'{op.overload}'{where(op)}")
+            if src is inew:
+                return None
+        t = TensorType(old.type.element_type, want.local_shape(shape_of(old), self.sizes))
+        new = AtenOp(op.overload, [src], [t], args=self._local_args(op, [t]),
+                     phase=op.phase.data if op.phase else None, module=op.module.data if op.module else None)
+        new.location = op.location
+        self.emit(new)
+        return new.outputs[0]
+
+    def saved_value(self, old: SSAValue) -> tuple[SSAValue, Sharding]:
+        """A forward value as backward receives it: a partial value that the forward reduced (itself or a
+        view of it) is saved reduced, as the captured program saves the reduced value."""
+        new, s = self.env[old]
+        if not (s.partial and set(s.partial) & set(self.eager_axes)):
+            return new, s
+        chain, cur = [old], old
+        while cur not in self.reduced:
+            nxt = [u.operation for u in cur.uses if isinstance(u.operation, AtenOp)
+                   and self.rules.op_kind(u.operation.overload) == "reshape"]
+            if not nxt:
+                return new, s
+            cur = nxt[0].outputs[0]
+            chain.append(cur)
+        val, sh = self.reduced[cur]
+        for prev in reversed(chain[:-1]):
+            need, back, hint = self.reshape_sharding(sh, shape_of(cur), shape_of(prev), self.hints.get(val))
+            val = self.reshard(val, shape_of(cur), sh, need, "saved value")
+            t = TensorType(val.type.element_type, back.local_shape(shape_of(prev), self.sizes))
+            op = AtenOp("aten.view.default", [val], [t],
+                        args={"size": ArrayAttr([IntegerAttr(x, i64) for x in t.get_shape()])})
+            self.emit(op)
+            val, sh, cur = op.outputs[0], back, prev
+            if hint:
+                self.hints[val] = hint
+        return val, sh
+
+    def sharding(self, old: SSAValue) -> Sharding:
+        return self.env[old][1]
+
+    # ------------------------------------------------------------------ ops
+
+    def expand_op(self, op: AtenOp) -> None:
+        kind = self.rules.op_kind(op.overload)
+        handler = getattr(self, f"rule_{kind}", None) if kind else None
+        if handler is None:
+            raise ExpandError(f"no sharding rule for '{op.overload}'{where(op)}; add it to a kind in "
+                              f"{self.rules.source}")
+        rule: Rule = handler(op)
+        carries = kind in ("reshape", "transpose") or (
+            (self.tp_style == "megatron" or self.sequence_parallel) and kind == "pointwise" and len(op.inputs) >= 2
+            and op.overload.split(".")[1] in ("add", "add_", "sub", "sub_"))
+        if self.eager_axes and not carries:
+            # TP partial sums are reduced at the module boundary: views carry them (and, Megatron-style,
+            # the sum of the column-parallel input gradients); any other consumer reduces them first
+            inherited = {a for v in op.inputs for a in self.sharding(v).partial}
+
+            def strip(s: Sharding, drop: set) -> Sharding:
+                return s.with_partial(tuple(a for a in s.partial if a not in drop))
+            eager = set(self.eager_axes)
+            # partials the op creates (a contraction or reduction over a split dim) stay; inherited ones go
+            drop = eager & (inherited - set(rule.created))
+            rule = Rule([strip(s, eager) for s in rule.operands], [strip(s, drop) for s in rule.results])
+        why = f"'{op.overload}'{where(op)}"
+        operands = []
+        for i, (v, s) in enumerate(zip(op.inputs, rule.operands)):
+            nv = self.value(v, s, why)
+            if kind in ("matmul", "attention") and nv is not self.env[v][0]:
+                self.gemm_variant.setdefault(v, nv)
+            operands.append(nv)
+        results = [TensorType(r.type.element_type, s.local_shape(shape_of(r), self.sizes))
+                   for r, s in zip(op.outputs, rule.results)]
+        args = self._local_args(op, results)
+        new = AtenOp(op.overload, operands, results, args=args,
+                     phase=op.phase.data if op.phase else None, module=op.module.data if op.module else None)
+        new.location = op.location
+        for k, a in op.attributes.items():
+            new.attributes[k] = a
+        self.emit(new)
+        for r, nr, s in zip(op.outputs, new.outputs, rule.results):
+            self.bind(r, nr, s)
+        hint = self._next_hint if kind == "reshape" else None
+        self._next_hint = None
+        if hint is None and kind in ("pointwise", "matmul", "dim_local", "like") and operands:
+            first = operands[1] if op.overload.split(".")[1] in ("addmm",) else operands[0]
+            hint = self.hints.get(first)
+        if hint:
+            for nr in new.outputs:
+                self.hints[nr] = hint
+
+    def _local_args(self, op: AtenOp, results: list[TensorType]) -> dict | None:
+        if op.args is None:
+            return None
+        args = dict(op.args.data)
+        out = list(results[0].get_shape()) if results else None
+        gout = shape_of(op.outputs[0]) if op.outputs else None
+        for key in ("size", "shape", "input_sizes"):
+            vals = _int_list(args.get(key))
+            if vals is not None and out is not None and len(vals) == len(out) and isinstance(args[key], ArrayAttr):
+                args[key] = ArrayAttr([IntegerAttr(-1 if v == -1 else o, i64) for v, o in zip(vals, out)])
+        if "num_weights" in args and out is not None:
+            args["num_weights"] = IntegerAttr(out[0], i64)
+        del gout
+        return args
+
+    # ----------------------------------------------------------------- rules
+
+    def _partial_ok(self, op: AtenOp, n_tensors: int) -> str:
+        lin = self.rules.linearity(op.overload)
+        name = op.overload.split(".")[1]
+        if lin == "all" and name in ("add", "add_", "sub", "sub_") and n_tensors < 2:
+            return "none"  # adding a scalar to a partial value is not linear
+        return lin
+
+    def _merge(self, op: AtenOp, out_shape: Sequence[int], operands: Sequence[SSAValue],
+               dim_free: Sequence[int] = ()) -> tuple[list[tuple[str, ...]], set[str]]:
+        """Split axes for each out dim from right-aligned operands of equal size (first wins)."""
+        R = len(out_shape)
+        dims: list[tuple[str, ...]] = [()] * R
+        used: set[str] = set()
+        for v in operands:
+            s = self.sharding(v)
+            if s.partial and v in self.reduced:
+                s = self.reduced[v][1]
+            shp = shape_of(v)
+            off = R - len(shp)
+            for i, axes in enumerate(s.dims):
+                d = i + off
+                if d < 0 or d >= R or not axes or dims[d] or d in dim_free or shp[i] != out_shape[d]:
+                    continue
+                if used & set(axes):
+                    continue
+                dims[d] = axes
+                used |= set(axes)
+        return dims, used
+
+    def _align(self, v: SSAValue, dims: Sequence[tuple[str, ...]], partial: Sequence[str] = ()) -> Sharding:
+        shp = shape_of(v)
+        off = len(dims) - len(shp)
+        out = []
+        for i, s in enumerate(shp):
+            d = i + off
+            axes = dims[d] if 0 <= d < len(dims) else ()
+            out.append(axes if s != 1 or not axes else ())
+        return Sharding(tuple(out), tuple(partial))
+
+    def rule_pointwise(self, op: AtenOp) -> Rule:
+        ins = list(op.inputs)
+        out_shape = shape_of(op.outputs[0]) if op.outputs else shape_of(ins[0])
+        dims, _ = self._merge(op, out_shape, ins)
+        lin = self._partial_ok(op, len(ins))
+        partials = [self.sharding(v).partial for v in ins]
+        partial: tuple[str, ...] = ()
+        if lin == "all" and partials and all(set(p) == set(partials[0]) for p in partials):
+            partial = partials[0]
+        elif lin == "first" and partials and partials[0] and not any(partials[1:]):
+            partial = partials[0]
+        req = []
+        for i, v in enumerate(ins):
+            p = partial if (lin == "all" or i == 0) else ()
+            req.append(self._align(v, dims, p))
+        res = [self._align(r, dims, partial) for r in op.outputs]
+        return Rule(req, res)
+
+    def rule_reduce(self, op: AtenOp) -> Rule:
+        v = op.inputs[0]
+        s = self.sharding(v)
+        rank = len(shape_of(v))
+        dl = _int_list(_arg(op, "dim"))
+        red = set(range(rank)) if dl is None or dl == [] else {_norm(d, rank) for d in dl}
+        keep = _arg(op, "keepdim")
+        keepdim = bool(keep.value.data) if isinstance(keep, IntegerAttr) else False
+        name = op.overload.split(".")[1]
+        linear = name in ("sum", "mean")
+        in_partial = s.partial if linear else ()
+        new_partial = tuple(a for d in sorted(red) for a in s.dims[d])
+        if not linear and new_partial:
+            # max/min/var over a split dim: gather it first
+            s = Sharding(tuple(() if d in red else ax for d, ax in enumerate(s.dims)))
+            new_partial = ()
+        req = Sharding(s.dims, in_partial)
+        out_dims = [() if d in red else ax for d, ax in enumerate(s.dims)]
+        if not keepdim:
+            out_dims = [ax for d, ax in enumerate(out_dims) if d not in red]
+        res = [Sharding(tuple(out_dims[:len(shape_of(r))]) if len(out_dims) >= len(shape_of(r)) else
+                        Sharding.replicated(len(shape_of(r))).dims, tuple(in_partial) + new_partial)
+               for r in op.outputs]
+        return Rule([req], res, new_partial)
+
+    def rule_matmul(self, op: AtenOp) -> Rule:
+        name = op.overload.split(".")[1]
+        ins = list(op.inputs)
+        bias = None
+        if name in ("addmm", "baddbmm"):
+            bias, ins = ins[0], ins[1:]
+        a, b = ins
+        sa, sb = self.sharding(a), self.sharding(b)
+        batched = len(shape_of(a)) == 3
+        ab = sa.dims[0] if batched else ()
+        am, ak = sa.dims[-2], sa.dims[-1]
+        bk, bn = sb.dims[-2], sb.dims[-1]
+        n_ax = bn
+        m_ax = tuple(x for x in am if x not in n_ax)
+        bt = tuple(x for x in (ab or (sb.dims[0] if batched else ())) if x not in n_ax + m_ax)
+        used = set(n_ax) | set(m_ax) | set(bt)
+        k_ax = tuple(x for x in dict.fromkeys(ak + bk) if x not in used)
+        pa, pb = sa.partial, sb.partial
+        if pa and pb:
+            pb = ()
+        res_shape = shape_of(op.outputs[0])
+        want = self.demand.get(op.outputs[0], {})
+        partial = tuple(dict.fromkeys(pa + pb + k_ax))
+        taken = used | set(k_ax) | set(partial)
+        for d, axes in want.items():
+            free = tuple(x for x in axes if x not in taken)
+            if not free:
+                continue
+            if d == len(res_shape) - 2 and not m_ax:
+                m_ax = free
+                taken |= set(free)
+            elif d == len(res_shape) - 1 and not n_ax:
+                n_ax = free
+                taken |= set(free)
+        lead = (bt,) if batched else ()
+        ra = Sharding(lead + (m_ax, k_ax), pa)
+        rb = Sharding(lead + (k_ax, n_ax), pb)
+        out = Sharding(lead + (m_ax, n_ax), partial)
+        req = [ra, rb]
+        if bias is not None:
+            req = [self._align(bias, out.dims, partial)] + req
+        return Rule(req, [out], k_ax)
+
+    def rule_reshape(self, op: AtenOp) -> Rule:
+        v = op.inputs[0]
+        need, out, hint = self.reshape_sharding(self.sharding(v), shape_of(v), shape_of(op.outputs[0]),
+                                                self.hints.get(self.env[v][0]))
+        self._next_hint = hint
+        return Rule([need], [out])
+
+    def reshape_sharding(self, s: Sharding, a: Sequence[int], b: Sequence[int],
+                         hint: dict | None = None) -> tuple[Sharding, Sharding, dict]:
+        """(input sharding needed, output sharding, output hint) of viewing shape ``a`` as ``b``.
+
+        A split dim merged with outer dims (``[B, S/tp] -> [B*S/tp]``) records where its axes came
+        from in the hint (axis -> (group sizes, position)), so that splitting it again
+        (``[B*S/tp] -> [B, S/tp]``) puts them back on the same dim."""
+        out: list[tuple[str, ...]] = [()] * len(b)
+        need = list(s.dims)
+        hint = hint or {}
+        out_hint: dict = {}
+        for gi, gj in reshape_groups(a, b):
+            axes = tuple(x for i in gi for x in s.dims[i])
+            if not axes:
+                continue
+            sizes = tuple(b[j] for j in gj)
+            if len(gj) > 1 and all(x in hint and hint[x][0] == sizes for x in axes):
+                # split back where a merge came from
+                for x in axes:
+                    out[gj[hint[x][1]]] += (x,)
+                continue
+            n = self._n(axes)
+            target = next((j for j in gj if b[j] > 1 and b[j] % n == 0), None)
+            if target is None:
+                for i in gi:
+                    need[i] = ()
+                continue
+            out[target] = axes
+            if len(gi) > 1 and len(gj) == 1:
+                for k, i in enumerate(gi):
+                    for x in s.dims[i]:
+                        out_hint[x] = (tuple(a[i2] for i2 in gi), k)
+            elif len(gi) == 1 and len(gj) == 1:
+                for x in axes:
+                    if x in hint:
+                        out_hint[x] = hint[x]
+        return Sharding(tuple(need), s.partial), Sharding(tuple(out), s.partial), out_hint
+
+    def rule_expand(self, op: AtenOp) -> Rule:
+        v = op.inputs[0]
+        s = self.sharding(v)
+        a, b = shape_of(v), shape_of(op.outputs[0])
+        off = len(b) - len(a)
+        out = [()] * len(b)
+        need = list(s.dims)
+        for i, axes in enumerate(s.dims):
+            if a[i] == b[i + off]:
+                out[i + off] = axes
+            else:
+                need[i] = ()
+        return Rule([Sharding(tuple(need), s.partial)], [Sharding(tuple(out), s.partial)])
+
+    def rule_transpose(self, op: AtenOp) -> Rule:
+        v = op.inputs[0]
+        s = self.sharding(v)
+        rank = s.rank
+        name = op.overload.split(".")[1]
+        perm = list(range(rank))
+        if name == "t" and rank == 2:
+            perm = [1, 0]
+        elif name == "transpose":
+            d0 = _norm(_arg(op, "dim0").value.data, rank)
+            d1 = _norm(_arg(op, "dim1").value.data, rank)
+            perm[d0], perm[d1] = perm[d1], perm[d0]
+        elif name == "permute":
+            perm = [_norm(d, rank) for d in _int_list(_arg(op, "dims"))]
+        return Rule([s], [Sharding(tuple(s.dims[p] for p in perm), s.partial)])
+
+    def rule_dim_local(self, op: AtenOp) -> Rule:
+        name = op.overload.split(".")[1]
+        ins = list(op.inputs)
+        d_attr = _arg(op, "dim")
+        in_rank = len(shape_of(ins[0]))
+        out_rank = len(shape_of(op.outputs[0])) if op.outputs else in_rank
+        d = _norm(d_attr.value.data, max(in_rank, out_rank)) if isinstance(d_attr, IntegerAttr) else in_rank - 1
+        linear = name in ("select", "slice", "cat", "select_backward", "slice_backward", "split",
+                          "split_with_sizes", "narrow")
+        if name == "select":
+            s = self.sharding(ins[0])
+            dims = [() if i == d else ax for i, ax in enumerate(s.dims)]
+            p = s.partial if linear else ()
+            return Rule([Sharding(tuple(dims), p)], [Sharding(tuple(dims[:d] + dims[d + 1:]), p)])
+        if name == "select_backward":
+            s = self.sharding(ins[0])
+            dims = list(s.dims)
+            return Rule([s], [Sharding(tuple(dims[:d] + [()] + dims[d:]), s.partial)])
+        ref = op.outputs[0]
+        dims, _ = self._merge(op, shape_of(ref), ins, dim_free=(_norm(d, len(shape_of(ref))),))
+        partials = [self.sharding(v).partial for v in ins]
+        partial = partials[0] if linear and all(set(p) == set(partials[0]) for p in partials) else ()
+        req = [self._align(v, dims, partial) if len(shape_of(v)) == len(dims) else
+               Sharding.replicated(len(shape_of(v))) for v in ins]
+        res = [self._align(r, dims, partial) if len(shape_of(r)) == len(dims) else
+               Sharding.replicated(len(shape_of(r))) for r in op.outputs]
+        return Rule(req, res)
+
+    def rule_stack(self, op: AtenOp) -> Rule:
+        ins = list(op.inputs)
+        out_rank = len(shape_of(op.outputs[0]))
+        d = _norm(_arg(op, "dim").value.data if _arg(op, "dim") is not None else 0, out_rank)
+        s = self.sharding(ins[0])
+        p = s.partial if all(set(self.sharding(v).partial) == set(s.partial) for v in ins) else ()
+        req = Sharding(s.dims, p)
+        dims = list(s.dims)
+        return Rule([req] * len(ins), [Sharding(tuple(dims[:d] + [()] + dims[d:]), p)])
+
+    def rule_like(self, op: AtenOp) -> Rule:
+        v = op.inputs[0]
+        s = self.sharding(v)
+        a, b = shape_of(v), shape_of(op.outputs[0])
+        dims = [s.dims[i] if i < len(a) and a[i] == b[i] else () for i in range(len(b))]
+        return Rule([s], [Sharding(tuple(dims))])
+
+    def rule_factory(self, op: AtenOp) -> Rule:
+        return Rule([self.sharding(v) for v in op.inputs], [Sharding.replicated(len(shape_of(r))) for r in op.outputs])
+
+    def rule_attention(self, op: AtenOp) -> Rule:
+        ins = list(op.inputs)
+        q = next(v for v in ins if len(shape_of(v)) == 4)
+        s = self.sharding(q)
+        bsz, heads = s.dims[0], tuple(x for x in s.dims[1] if x not in s.dims[0])
+        req = []
+        for v in ins:
+            r = len(shape_of(v))
+            req.append(Sharding((bsz, heads) + ((),) * (r - 2)) if r >= 2 else Sharding.replicated(r))
+        res = []
+        for r in op.outputs:
+            k = len(shape_of(r))
+            res.append(Sharding((bsz, heads) + ((),) * (k - 2)) if k >= 2 else Sharding.replicated(k))
+        return Rule(req, res)
+
+    def rule_embedding(self, op: AtenOp) -> Rule:
+        w, idx = op.inputs[0], op.inputs[1]
+        sw, si = self.sharding(w), self.sharding(idx)
+        vocab, feat = sw.dims[0], sw.dims[1]
+        lead = tuple(tuple(x for x in ax if x not in vocab + feat) for ax in si.dims)
+        out = Sharding(lead + (feat,), vocab)
+        return Rule([Sharding((vocab, feat)), Sharding(lead)], [out])
+
+    def rule_embedding_backward(self, op: AtenOp) -> Rule:
+        g, idx = op.inputs[0], op.inputs[1]
+        sg = self.sharding(g)
+        lead = sg.dims[:-1]
+        feat = sg.dims[-1]
+        partial = tuple(dict.fromkeys(sg.partial + tuple(x for ax in lead for x in ax)))
+        rows = tuple(x for x in self.demand.get(op.outputs[0], {}).get(0, ()) if x not in sg.partial + feat)
+        # rows split over an axis that also splits the batch: gather the gradient on that axis first
+        lead = tuple(tuple(x for x in ax if x not in rows) for ax in lead)
+        partial = tuple(dict.fromkeys(sg.partial + tuple(x for ax in lead for x in ax)))
+        return Rule([Sharding(lead + (feat,), sg.partial), Sharding(lead)], [Sharding((rows, feat), partial)])
+
+    def rule_layer_norm(self, op: AtenOp) -> Rule:
+        name = op.overload.split(".")[1]
+        norm = len(_int_list(_arg(op, "normalized_shape")) or [1])
+        ins = list(op.inputs)
+        x = ins[0] if name == "native_layer_norm" else ins[1]
+        rank = len(shape_of(x))
+        dims, _ = self._merge(op, shape_of(x), [v for v in ins if len(shape_of(v)) == rank],
+                              dim_free=tuple(range(rank - norm, rank)))
+        lead_axes = tuple(a for ax in dims[:rank - norm] for a in ax)
+        req = [self._align(v, dims) if len(shape_of(v)) == rank else Sharding.replicated(len(shape_of(v)))
+               for v in ins]
+        res = []
+        for r in op.outputs:
+            k = len(shape_of(r))
+            if k == rank:
+                res.append(self._align(r, dims))
+            else:  # weight / bias gradients: summed over the leading dims
+                res.append(Sharding(((),) * k, lead_axes))
+        return Rule(req, res, lead_axes)
+
+
+# --------------------------------------------------------------- demand pass
+
+
+def demand_pass(ops: Sequence[Operation], rules: Rules, seeds: dict) -> dict:
+    """Propagate wanted dim splits backward from ``seeds`` (old value -> {dim: axes})
+    through views, transposes and matmuls, so that a gemm producing a split result
+    computes only its shard (a gradient the annotation wants split, say)."""
+    demand = dict(seeds)
+    for op in reversed(list(ops)):
+        if not isinstance(op, AtenOp) or not op.outputs:
+            continue
+        want = demand.get(op.outputs[0])
+        if not want:
+            continue
+        kind = rules.op_kind(op.overload)
+        v = op.inputs[0] if op.inputs else None
+        if v is None or not isinstance(v.type, TensorType):
+            continue
+        name = op.overload.split(".")[1]
+        if kind == "transpose":
+            rank = len(shape_of(v))
+            perm = list(range(rank))
+            if name == "t" and rank == 2:
+                perm = [1, 0]
+            elif name == "transpose":
+                d0 = _norm(_arg(op, "dim0").value.data, rank)
+                d1 = _norm(_arg(op, "dim1").value.data, rank)
+                perm[d0], perm[d1] = perm[d1], perm[d0]
+            elif name == "permute":
+                perm = [_norm(d, rank) for d in _int_list(_arg(op, "dims"))]
+            demand.setdefault(v, {perm[d]: ax for d, ax in want.items()})
+        elif kind == "reshape":
+            a, b = shape_of(v), shape_of(op.outputs[0])
+            got = {}
+            for gi, gj in reshape_groups(a, b):
+                for d, ax in want.items():
+                    if d in gj and gi:
+                        got[next((i for i in gi if a[i] > 1), gi[0])] = ax
+            if got:
+                demand.setdefault(v, got)
+        elif kind == "matmul" and name in ("mm",):
+            a, b = op.inputs[0], op.inputs[1]
+            if 0 in want:
+                demand.setdefault(a, {0: want[0]})
+            if 1 in want:
+                demand.setdefault(b, {1: want[1]})
+    return demand

@@ -1,0 +1,110 @@
+"""Sharding rules as data (``rules.toml``): which parameters ``tp`` splits, which
+rule kind each ATen op follows, and the shardings a plan gives a step's
+arguments (parameters, batch inputs, the activation between blocks)."""
+
+from __future__ import annotations
+
+import fnmatch
+import tomllib
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from flint.errors import FlintError
+from flint.plan import Plan
+from flint.sharding.spec import Sharding
+
+RULES_PATH = Path(__file__).with_name("rules.toml")
+
+
+class RulesError(FlintError):
+    """A rules file is malformed; the message names the file and the entry."""
+
+
+@dataclass(frozen=True)
+class Rules:
+    """Parameter patterns (pattern, split dim) and op name -> rule kind."""
+
+    tp_params: tuple[tuple[str, int], ...]
+    op_kinds: dict
+    linear_all: frozenset
+    linear_first: frozenset
+    source: str
+
+    def op_kind(self, target: str) -> str | None:
+        """The rule kind of an ATen overload name (``aten.mm.default`` -> ``matmul``), None if unknown."""
+        parts = target.split(".")
+        name = parts[1] if len(parts) >= 2 else target
+        return self.op_kinds.get(name)
+
+    def linearity(self, target: str) -> str:
+        parts = target.split(".")
+        name = parts[1] if len(parts) >= 2 else target
+        return "all" if name in self.linear_all else "first" if name in self.linear_first else "none"
+
+    def tp_dim(self, param: str) -> int | None:
+        """The dim ``tp`` splits in parameter ``param`` (None: replicated over tp)."""
+        for pattern, dim in self.tp_params:
+            if fnmatch.fnmatchcase(param, pattern):
+                return dim
+        return None
+
+
+@lru_cache(maxsize=8)
+def load_rules(path: str | None = None) -> Rules:
+    """Rules from a TOML file (default: the built-in ``rules.toml``)."""
+    p = Path(path) if path else RULES_PATH
+    try:
+        data = tomllib.loads(p.read_text())
+    except FileNotFoundError:
+        raise RulesError(f"{p}: no such rules file") from None
+    except tomllib.TOMLDecodeError as e:
+        raise RulesError(f"{p}: not valid TOML: {e}") from None
+    tp = []
+    for i, entry in enumerate(data.get("tp", [])):
+        if not isinstance(entry.get("pattern"), str) or not isinstance(entry.get("shard_dim"), int):
+            raise RulesError(f"{p}: [[tp]] entry {i} needs pattern (string) and shard_dim (integer)")
+        tp.append((entry["pattern"], entry["shard_dim"]))
+    kinds: dict[str, str] = {}
+    for kind, names in data.get("ops", {}).items():
+        for n in names:
+            if n in kinds:
+                raise RulesError(f"{p}: op '{n}' is listed under both '{kinds[n]}' and '{kind}'")
+            kinds[n] = kind
+    lin = data.get("linear", {})
+    return Rules(tuple(tp), kinds, frozenset(lin.get("all", ())), frozenset(lin.get("first", ())), str(p))
+
+
+# ------------------------------------------------------------- plan -> shardings
+
+
+def batch_sharding(plan: Plan, rank: int, seq_axes: tuple[str, ...] = ()) -> Sharding:
+    """Batch data and activations: dim 0 split over the data-parallel axes, dim 1 over ``seq_axes``."""
+    splits = {0: plan.axes("dp")} if rank >= 1 else {}
+    if rank >= 2 and seq_axes:
+        splits[1] = seq_axes
+    return Sharding.split(rank, splits)
+
+
+def activation_sharding(plan: Plan, rank: int) -> Sharding:
+    """The hidden state between parts: batch over dp, sequence over tp with sequence parallelism."""
+    return batch_sharding(plan, rank, plan.axes("tp") if plan.sp else ())
+
+
+def param_compute_sharding(plan: Plan, rules: Rules, param: str, rank: int) -> Sharding:
+    """How a parameter is used in compute: split on ``tp`` by the rules (replicated otherwise)."""
+    dim = rules.tp_dim(param) if plan.tp > 1 else None
+    if dim is None or dim >= rank:
+        return Sharding.replicated(rank)
+    return Sharding.split(rank, {dim: plan.axes("tp")})
+
+
+def param_storage_sharding(plan: Plan, rules: Rules, param: str, rank: int) -> Sharding:
+    """How a parameter (and its gradient and optimizer state) is stored: compute sharding, then
+    dim 0 split over the FSDP axes (ZeRO-3; rows padded to a multiple of the FSDP degree)."""
+    s = param_compute_sharding(plan, rules, param, rank)
+    fsdp = plan.axes("fsdp") if plan.dp_shard > 1 else ()
+    if fsdp and rank >= 1:
+        s = s.with_dim(0, tuple(fsdp) + s.dims[0])
+    return s
+

@@ -1,0 +1,302 @@
+"""`shard-annotate`: place `shard` dialect sharding annotations on a single-device step from a plan."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xdsl.context import Context
+from xdsl.dialects import func
+from xdsl.dialects.builtin import ArrayAttr, DenseArrayBase, DictionaryAttr, ModuleOp, StringAttr, TensorType, i16, i64
+from xdsl.dialects.shard import GridOp, ShardAxesArrayAttr, ShardingOp, ShardingType, ShardOp
+from xdsl.dialects.builtin import FlatSymbolRefAttr, UnitAttr
+from xdsl.ir import Block, SSAValue
+from xdsl.passes import ModulePass
+from xdsl.rewriter import InsertPoint, Rewriter
+
+from flint.chakra.from_ir import AXIS_NAMES_ATTR
+from flint.errors import FlintError
+from flint.ir import dist
+from flint.ir.aten import AtenOp, get_schedule
+from flint.passes.lower_to_chakra import ROLE_ATTR
+from flint.plan import Plan, attach, plan_of
+from flint.sharding.rules import (
+    Rules,
+    activation_sharding,
+    batch_sharding,
+    load_rules,
+    param_compute_sharding,
+    param_storage_sharding,
+)
+from flint.sharding.spec import Sharding
+
+PARAM_ATTR = "flint.param"
+PARTIAL_ATTR = "flint.partial"
+GRID = "mesh"
+# Plan fields shard-expand implements; others are refused before any work.
+EXPAND_FIELDS = ("dp_replicate", "dp_shard", "tp", "sp", "tp_style")
+
+
+def sharding_op(s: Sharding, axis_index: dict[str, int], grid: str = GRID) -> ShardingOp:
+    """A ``shard.sharding`` op for ``s`` (partial axes in the ``flint.partial`` attribute)."""
+    from flint.ir.dist import axes_attr
+
+    split = ShardAxesArrayAttr(ArrayAttr([axes_attr([axis_index[a] for a in d]) for d in s.dims]))
+    op = ShardingOp.build(properties={"grid": FlatSymbolRefAttr(grid), "split_axes": split},
+                           result_types=[ShardingType()],
+                           operands=[[], []])
+    if s.partial:
+        op.attributes[PARTIAL_ATTR] = ArrayAttr([StringAttr(a) for a in s.partial])
+    return op
+
+
+def read_sharding(op: ShardingOp, axis_names: list[str]) -> Sharding:
+    dims = tuple(tuple(axis_names[i] for i in sub.get_values()) for sub in op.split_axes.axes.data)
+    partial = op.attributes.get(PARTIAL_ATTR)
+    return Sharding(dims, tuple(a.data for a in partial.data) if isinstance(partial, ArrayAttr) else ())
+
+
+def plan_from_options(p: "ShardAnnotatePass") -> Plan:
+    if p.plan:
+        return Plan.load(p.plan)
+    fields = {"dp_replicate": p.dp_replicate, "dp_shard": p.dp_shard, "tp": p.tp, "sp": p.sp, "tp_style": p.tp_style}
+    return Plan.from_dict(fields)
+
+
+def _role(fn: func.FuncOp, i: int) -> tuple[str, str | None]:
+    attrs = fn.arg_attrs.data[i].data if fn.arg_attrs is not None else {}
+    role = attrs.get(ROLE_ATTR)
+    param = attrs.get(PARAM_ATTR)
+    return (role.data if role else "unknown"), (param.data if param else None)
+
+
+def set_grid(module: ModuleOp, plan: Plan) -> dict[str, int]:
+    """Replace the module's grid by the plan's mesh; the axis name -> index map."""
+    mesh = plan.mesh()
+    grid = GridOp.create(properties={"sym_name": StringAttr(GRID), "shape": DenseArrayBase.from_list(i64, list(mesh.shape))},
+                         attributes={AXIS_NAMES_ATTR: ArrayAttr([StringAttr(a) for a in mesh.axis_names])})
+    old = next((op for op in module.ops if isinstance(op, GridOp)), None)
+    if old is not None:
+        Rewriter.replace_op(old, grid)
+    else:
+        module.body.block.insert_op_before(grid, module.body.block.first_op)
+    return {a: i for i, a in enumerate(mesh.axis_names)}
+
+
+def check_single_device(module: ModuleOp) -> None:
+    old = next((op for op in module.ops if isinstance(op, GridOp)), None)
+    if old is not None:
+        shape = old.shape.get_values()
+        n = 1
+        for s in shape:
+            n *= s
+        if n != 1:
+            raise FlintError(f"shard-annotate: the program was captured on {n} ranks (grid {list(shape)}); "
+                             "shard expansion starts from a single-device capture (world size 1)")
+    for op in module.walk():
+        if isinstance(op, (dist.CollectiveOp, dist.PointToPointOp)):
+            raise FlintError(f"shard-annotate: '{op.name}' in the input: the program already communicates; "
+                             "expand a single-device capture (run canonicalize-dist on a world-size-1 capture)")
+        if isinstance(op, ShardOp):
+            raise FlintError("shard-annotate: the program is already annotated")
+
+
+def check_model(module: ModuleOp, plan: Plan) -> None:
+    """The plan against the shapes in the program (heads, KV heads, hidden, sequence, batch)."""
+    heads = head_dim = hidden = seq = batch = None
+    kv = None
+    split_dims: list[tuple[str, int]] = []
+    rules = load_rules()
+    for fn in module.ops:
+        if not isinstance(fn, func.FuncOp):
+            continue
+        for i, arg in enumerate(fn.body.block.args):
+            role, param = _role(fn, i)
+            shp = list(arg.type.get_shape()) if isinstance(arg.type, TensorType) else []
+            if role == "activation" and shp:
+                hidden = shp[-1]
+            if role == "input" and len(shp) == 2:
+                batch, seq = shp
+            if role == "parameter" and param:
+                d = rules.tp_dim(param)
+                if d is not None and d < len(shp):
+                    split_dims.append((param, shp[d]))
+        for op in fn.walk():
+            if isinstance(op, AtenOp) and rules.op_kind(op.overload) == "attention" and heads is None:
+                q = op.inputs[0].type.get_shape()
+                if len(q) == 4:
+                    heads, head_dim = q[1], q[3]
+    if head_dim:
+        for param, rows in split_dims:
+            if param.endswith("attention.wk.weight"):
+                kv = rows // head_dim
+    plan.check_model(n_heads=heads, n_kv_heads=kv, hidden=hidden, seq_len=seq,
+                     local_batch=batch // plan.dp if batch and batch % plan.dp == 0 else None)
+    if batch is not None and batch % plan.dp:
+        raise FlintError(f"plan: the batch of {batch} sequences is not divisible by the data-parallel degree "
+                         f"dp_replicate*dp_shard = {plan.dp}")
+    for param, size in split_dims:
+        if plan.tp > 1 and size % plan.tp:
+            raise FlintError(f"plan field 'tp': {plan.tp} does not divide dim of size {size} of parameter '{param}'")
+
+
+@dataclass(frozen=True)
+class ShardAnnotatePass(ModulePass):
+    """Annotate a single-device step with the shardings a parallelism plan gives it.
+
+    For every function of the step it inserts, at the top, a ``shard.sharding``
+    and a ``shard.shard`` per argument: parameters get their storage sharding
+    (``tp`` split by the rules in ``flint/sharding/rules.toml``, then dim 0 over
+    the FSDP axes) and, where computing needs another layout, a second
+    ``shard.shard ... annotate_for_users`` with the compute sharding (the FSDP
+    all-gather); batch inputs are split over the data-parallel axes; the
+    activation between blocks also over ``tp`` on the sequence with ``sp``.
+    Before ``func.return`` it annotates the activation output, its gradient
+    and every parameter gradient (``flint.param`` on the ``shard.shard``).
+    With FSDP, backward functions gain the parameters of their part as
+    arguments (FSDP re-gathers a whole unit before its backward).
+
+    The grid becomes the plan's mesh and the plan is recorded as ``flint.plan``.
+
+    Options: ``plan`` (a plan TOML file; wins over the inline fields),
+    ``dp_replicate``, ``dp_shard``, ``tp``, ``sp``, ``tp_style``, ``rules``
+    (a rules TOML; default the built-in rules). Plan fields shard-expand does
+    not implement (cp, ep, pp, ZeRO-1/2, ...) are refused before any change.
+    """
+
+    name = "shard-annotate"
+
+    plan: str = ""
+    dp_replicate: int = 1
+    dp_shard: int = 1
+    tp: int = 1
+    sp: bool = False
+    tp_style: str = "dtensor"
+    rules: str = ""
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        plan = plan_from_options(self)
+        plan.require(EXPAND_FIELDS, "shard-expand")
+        rules = load_rules(self.rules or None)
+        check_single_device(op)
+        check_model(op, plan)
+        annotate(op, plan, rules)
+
+
+def annotate(module: ModuleOp, plan: Plan, rules: Rules) -> None:
+    axis_index = set_grid(module, plan)
+    attach(module, plan)
+    funcs = {f.sym_name.data: f for f in module.ops if isinstance(f, func.FuncOp)}
+    # the parameters of each part (from its forward function)
+    part_params: dict[str, list[tuple[str, TensorType]]] = {}
+    for name, fn in funcs.items():
+        if name.endswith("_fwd"):
+            part = name[:-4]
+            part_params[part] = [(p, a.type) for i, a in enumerate(fn.body.block.args)
+                                 for r, p in [_role(fn, i)] if r == "parameter" and p]
+    for name, fn in funcs.items():
+        part, _, phase = name.rpartition("_")
+        if phase == "bwd" and plan.dp_shard > 1 and part in part_params:
+            have = {_role(fn, i)[1] for i in range(len(fn.body.block.args))}
+            for p, t in part_params[part]:
+                if p not in have:
+                    _add_param_arg(fn, p, t)
+        _annotate_function(fn, phase, plan, rules, axis_index, part_params.get(part, []))
+
+
+def _add_param_arg(fn: func.FuncOp, param: str, t: TensorType) -> None:
+    block = fn.body.block
+    block.insert_arg(t, len(block.args))
+    attrs = list(fn.arg_attrs.data) if fn.arg_attrs is not None else []
+    attrs.append(DictionaryAttr({ROLE_ATTR: StringAttr("parameter"), PARAM_ATTR: StringAttr(param)}))
+    fn.arg_attrs = ArrayAttr(attrs)
+    fn.function_type = func.FunctionType.from_lists([a.type for a in block.args], fn.function_type.outputs.data)
+
+
+def _annotate_function(fn: func.FuncOp, phase: str, plan: Plan, rules: Rules, axis_index: dict[str, int],
+                       params: list[tuple[str, TensorType]]) -> None:
+    block: Block = fn.body.block
+    first = block.first_op
+    for i, arg in enumerate(block.args):
+        if not isinstance(arg.type, TensorType):
+            continue
+        role, param = _role(fn, i)
+        rank = len(arg.type.get_shape())
+        storage = compute = None
+        if role == "parameter" and param or role in ("gradient", "exp_avg", "exp_avg_sq") and param:
+            storage = param_storage_sharding(plan, rules, param, rank)
+            if role == "parameter" and phase != "optim":
+                compute = param_compute_sharding(plan, rules, param, rank)
+        elif role == "input":
+            storage = batch_sharding(plan, rank)
+        elif role in ("activation", "tangent"):
+            storage = activation_sharding(plan, rank) if rank >= 2 else Sharding.replicated(rank)
+        elif role in ("buffer", "step"):
+            storage = Sharding.replicated(rank)
+        if storage is None:
+            continue  # saved values: shard-expand takes them from the forward
+        uses = [u for u in list(arg.uses) if not isinstance(u.operation, func.ReturnOp)]
+        s_op = sharding_op(storage, axis_index)
+        sh = ShardOp(arg, s_op.result, None)
+        block.insert_ops_before([s_op, sh], first)
+        last = sh.result
+        if compute is not None and compute != storage:
+            c_op = sharding_op(compute, axis_index)
+            ch = ShardOp(sh.result, c_op.result, UnitAttr())
+            block.insert_ops_before([c_op, ch], first)
+            last = ch.result
+        for u in uses:
+            u.operation.operands[u.index] = last
+    ret = block.last_op
+    if not isinstance(ret, func.ReturnOp) or phase == "optim":
+        return
+    targets = _result_targets(fn, phase, plan, rules, params)
+    new_operands = list(ret.operands)
+    for i, (v, target) in enumerate(zip(ret.operands, targets)):
+        if target is None:
+            continue
+        s, param = target
+        s_op = sharding_op(s, axis_index)
+        sh = ShardOp(v, s_op.result, None)
+        if param:
+            sh.attributes[PARAM_ATTR] = StringAttr(param)
+        block.insert_ops_before([s_op, sh], ret)
+        new_operands[i] = sh.result
+    ret.operands = new_operands
+
+
+def _result_targets(fn: func.FuncOp, phase: str, plan: Plan, rules: Rules,
+                    params: list[tuple[str, TensorType]]) -> list:
+    results = list(fn.body.block.last_op.operands)
+    out: list = [None] * len(results)
+    if phase == "fwd":
+        if results and isinstance(results[0].type, TensorType) and len(results[0].type.get_shape()) >= 2:
+            out[0] = (activation_sharding(plan, len(results[0].type.get_shape())), None)
+        return out
+    # backward: gradients of the forward's activation / parameter arguments, in order
+    fwd = _forward_of(fn)
+    if fwd is None:
+        return out
+    wanted = [(r, p, a.type) for i, a in enumerate(fwd.body.block.args) for r, p in [_role(fwd, i)]
+              if r in ("activation", "parameter")]
+    if len(wanted) != len(results):
+        raise FlintError(f"shard-annotate: @{fn.sym_name.data} returns {len(results)} gradients but "
+                         f"@{fwd.sym_name.data} has {len(wanted)} differentiable arguments")
+    for i, ((role, param, t), v) in enumerate(zip(wanted, results)):
+        if v.type != t:
+            raise FlintError(f"shard-annotate: result {i} of @{fn.sym_name.data} ({v.type}) is not the "
+                             f"gradient of argument {t} of @{fwd.sym_name.data}")
+        rank = len(t.get_shape())
+        if role == "activation":
+            out[i] = (activation_sharding(plan, rank), None)
+        else:
+            out[i] = (param_storage_sharding(plan, rules, param, rank), param)
+    return out
+
+
+def _forward_of(fn: func.FuncOp) -> func.FuncOp | None:
+    name = fn.sym_name.data[:-4] + "_fwd"
+    module = fn.parent_op()
+    for op in module.ops if module is not None else ():
+        if isinstance(op, func.FuncOp) and op.sym_name.data == name:
+            return op
+    return None

@@ -1,0 +1,356 @@
+"""`shard-expand`: an annotated single-device step -> the per-rank SPMD step with `dist` collectives."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xdsl.context import Context
+from xdsl.dialects import func
+from xdsl.dialects.builtin import ArrayAttr, IntegerAttr, ModuleOp, StringAttr, TensorType, i64
+from xdsl.dialects.shard import GridOp, ShardingOp, ShardOp
+from xdsl.ir import Block, Operation, Region, SSAValue
+from xdsl.passes import ModulePass
+
+from flint.chakra.from_ir import AXIS_NAMES_ATTR
+from flint.errors import FlintError
+from flint.ir import dist
+from flint.ir.aten import AtenOp, get_schedule
+from flint.passes.shard_annotate import PARAM_ATTR, _role, read_sharding
+from flint.plan import Plan, plan_of
+from flint.sharding.engine import ExpandError, FunctionExpander, demand_pass, shape_of
+from flint.sharding.rules import Rules, load_rules
+from flint.sharding.spec import Sharding
+
+EXPANDED_ATTR = "flint.expanded"
+
+
+@dataclass(frozen=True)
+class ShardExpandPass(ModulePass):
+    """Expand an annotated single-device step into the per-rank SPMD program.
+
+    Reads the ``shard.shard`` annotations ``shard-annotate`` placed and the
+    plan in ``flint.plan``; propagates shardings through every function in
+    schedule order with the rules in ``flint/sharding/rules.toml`` (see
+    :mod:`flint.sharding.engine`); rebuilds each op with its per-rank shape
+    and emits `dist` collectives where a value's sharding changes. Data
+    parallelism follows FSDP2 / DDP per function (one unit: embedding, ONE
+    block, head): FSDP gathers the unit's flat parameter shards with one
+    ``dist.all_gather`` at the top of its forward and again of its backward,
+    and reduce-scatters the flat gradients once; DDP all-reduces them once
+    (average); HSDP reduce-scatters, then all-reduces the shard over
+    ``dp_replicate``. Values saved for backward keep the layout the forward
+    produced (``tp_style = "dtensor"``: the gathered input a matmul consumed;
+    ``"megatron"``: the sequence shard, gathered again in backward). With
+    ``tp_style = "dtensor"`` sequence-parallel norm gradients leave backward
+    partial over ``tp`` and the optimizer all-reduces them, as DTensor does.
+
+    Afterwards: no ``shard`` annotation is left, every tensor has its
+    per-rank shape, the function structure and ``flint.schedule`` are
+    unchanged, and the module verifies. An op with no rule fails naming it
+    and its source location. Options: ``rules`` (a rules TOML).
+    """
+
+    name = "shard-expand"
+
+    rules: str = ""
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        plan = plan_of(op)
+        if plan is None or not any(isinstance(o, ShardOp) for o in op.walk()):
+            raise FlintError("shard-expand: the module has no sharding annotations; run shard-annotate first")
+        expand(op, plan, load_rules(self.rules or None))
+
+
+def expand(module: ModuleOp, plan: Plan, rules: Rules) -> None:
+    grid = next(o for o in module.ops if isinstance(o, GridOp))
+    names = [a.data for a in grid.attributes[AXIS_NAMES_ATTR].data]
+    sizes = dict(zip(names, grid.shape.get_values()))
+    funcs = {f.sym_name.data: f for f in module.ops if isinstance(f, func.FuncOp)}
+    order = [n for n, _ in get_schedule(module)]
+    order = [n for n in order if n.endswith("_fwd")] + [n for n in order if n.endswith("_bwd")] + \
+        [n for n in order if not n.endswith(("_fwd", "_bwd"))]
+    order += [n for n in funcs if n not in order]
+    state = _State(plan, rules, names, sizes)
+    for name in order:
+        fn = funcs[name]
+        new = state.expand_function(fn)
+        fn.detach_region(fn.body)
+        fn.add_region(new[0])
+        fn.function_type = func.FunctionType.from_lists(new[1], new[2])
+    module.attributes[EXPANDED_ATTR] = IntegerAttr(1, i64)
+
+
+class _State:
+    """Shardings carried between functions: saved values (forward -> backward) and gradients
+    (backward -> optimizer)."""
+
+    def __init__(self, plan: Plan, rules: Rules, names: list[str], sizes: dict[str, int]):
+        self.plan, self.rules = plan, rules
+        self.names, self.sizes = names, sizes
+        self.axis_index = {a: i for i, a in enumerate(names)}
+        self.fwd_results: dict[str, list[Sharding]] = {}
+        self.grad_sharding: dict[str, Sharding] = {}
+        self.fwd_hints: dict[str, list] = {}
+        self.fsdp = tuple(plan.axes("fsdp")) if plan.dp_shard > 1 else ()
+        self.replicate = tuple(plan.axes("dp_replicate")) if plan.dp_replicate > 1 else ()
+        self.tp = tuple(plan.axes("tp"))
+
+    # ------------------------------------------------------------------ one function
+
+    def expand_function(self, fn: func.FuncOp) -> tuple[Region, list, list]:
+        name = fn.sym_name.data
+        part, _, phase = name.rpartition("_")
+        old = fn.body.block
+        ops = list(old.ops)
+        sharding_ops = {o.result: read_sharding(o, self.names) for o in ops if isinstance(o, ShardingOp)}
+        new_block = Block()
+        ex = FunctionExpander(self.rules, self.sizes, self.axis_index, "mesh", new_block.add_op,
+                              tp_style=self.plan.tp_style, eager_axes=self.tp, sequence_parallel=self.plan.sp)
+        # argument shardings: annotations, else what the forward returned / backward produced
+        storage: dict[int, Sharding] = {}
+        compute: dict[SSAValue, tuple[int, Sharding]] = {}
+        arg_of: dict[SSAValue, int] = {a: i for i, a in enumerate(old.args)}
+        returns: dict[int, tuple[Sharding, str | None]] = {}
+        ret = old.last_op
+        for o in ops:
+            if not isinstance(o, ShardOp):
+                continue
+            s = sharding_ops[o.sharding]
+            if o.src in arg_of:
+                storage[arg_of[o.src]] = s
+            elif o.annotate_for_users is not None and isinstance(o.src.owner, ShardOp) and o.src.owner.src in arg_of:
+                compute[o.result] = (arg_of[o.src.owner.src], s)
+            else:
+                for i, r in enumerate(ret.operands):
+                    if r is o.result:
+                        p = o.attributes.get(PARAM_ATTR)
+                        returns[i] = (s, p.data if p else None)
+        saved = self._saved_shardings(fn, phase, part, storage)
+        saved_hints = self._saved_shardings(fn, phase, part, storage, self.fwd_hints)
+        for i, a in enumerate(old.args):
+            if i in storage:
+                continue
+            if i in saved:
+                storage[i] = saved[i]
+            elif isinstance(a.type, TensorType):
+                raise ExpandError(f"shard-expand: argument {i} of @{name} (role '{_role(fn, i)[0]}') has no "
+                                  "sharding: neither annotated nor produced by the forward")
+        for i, a in enumerate(old.args):
+            role, param = _role(fn, i)
+            if role == "gradient" and param in self.grad_sharding:
+                storage[i] = self.grad_sharding[param]
+        new_args = []
+        for i, a in enumerate(old.args):
+            t = a.type
+            if isinstance(t, TensorType):
+                t = TensorType(t.element_type, storage[i].local_shape(t.get_shape(), self.sizes))
+            new_args.append(new_block.insert_arg(t, i))
+            new_args[-1].name_hint = a.name_hint
+            if isinstance(a.type, TensorType):
+                ex.bind(a, new_args[-1], storage[i])
+                if i in saved_hints and saved_hints[i]:
+                    ex.hints[new_args[-1]] = saved_hints[i]
+        # annotations: storage values, then the FSDP unit gather, then other compute layouts
+        gather = []
+        for o in ops:
+            if isinstance(o, ShardOp) and o.src in arg_of:
+                ex.bind(o.result, new_args[arg_of[o.src]], storage[arg_of[o.src]])
+        for o in ops:
+            if isinstance(o, ShardOp) and o.result in compute:
+                i, s = compute[o.result]
+                if self.fsdp and _role(fn, i)[0] == "parameter":
+                    gather.append((o.result, i, s))
+                else:
+                    ex.bind(o.result, ex.value(o.src, s, f"argument {i} of @{name}"), s)
+        if gather:
+            self._unit_gather(ex, old, gather, new_args, storage, phase)
+        # demanded splits of returned gradients (gemms producing them compute only their shard)
+        seeds = {}
+        for i, (s, _) in returns.items():
+            src = ret.operands[i].owner.src
+            want = {d: tuple(a for a in ax if a not in self.fsdp) for d, ax in enumerate(s.dims)}
+            want = {d: ax for d, ax in want.items() if ax}
+            if want:
+                seeds[src] = want
+        ex.demand = demand_pass(ops, self.rules, seeds)
+        for o in ops:
+            if isinstance(o, (ShardingOp, ShardOp, func.ReturnOp)):
+                continue
+            if isinstance(o, AtenOp):
+                ex.expand_op(o)
+            else:
+                raise ExpandError(f"shard-expand: '{o.name}' in @{name} has no sharding rule "
+                                  "(expand a single-device program of aten ops)")
+        results, result_sh = self._returns(ex, fn, phase, part, ret, returns, storage)
+        new_block.add_op(func.ReturnOp(*results))
+        if phase == "fwd":
+            self.fwd_results[part] = result_sh
+            self.fwd_hints[part] = [ex.hints.get(v) for v in results]
+        return Region(new_block), [a.type for a in new_args], [r.type for r in results]
+
+    def _saved_shardings(self, fn: func.FuncOp, phase: str, part: str, storage: dict, table=None) -> dict:
+        table = self.fwd_results if table is None else table
+        if phase != "bwd" or part not in table:
+            return {}
+        fwd = table[part]
+        args = fn.body.block.args
+        n_tangents = sum(1 for i in range(len(args)) if _role(fn, i)[0] == "tangent")
+        saved_idx = [i for i in range(len(args)) if _role(fn, i)[0] != "tangent"]
+        out = {}
+        tail = fwd[n_tangents:]
+        for k, i in enumerate(saved_idx):
+            if k < len(tail):
+                out[i] = tail[k]
+        return out
+
+    # ------------------------------------------------------------ data parallel units
+
+    def _aten(self, ex: FunctionExpander, target: str, inputs, out_t: TensorType, **args) -> SSAValue:
+        attrs = {}
+        for k, v in args.items():
+            attrs[k] = ArrayAttr([IntegerAttr(x, i64) for x in v]) if isinstance(v, (list, tuple)) else IntegerAttr(v, i64)
+        op = AtenOp(target, list(inputs), [out_t], args=attrs)
+        ex.emit(op)
+        return op.outputs[0]
+
+    def _unit_gather(self, ex, old: Block, gather, new_args, storage, phase: str) -> None:
+        """One all-gather of the unit's flat parameter shards (FSDP2's unshard), then each full parameter."""
+        n = ex._n(self.fsdp)
+        flats, metas = [], []
+        for val, i, s in gather:
+            a = new_args[i]
+            shp = list(a.type.get_shape())
+            numel = 1
+            for x in shp:
+                numel *= x
+            flats.append(self._aten(ex, "aten.view.default", [a], TensorType(a.type.element_type, [numel]),
+                                    size=[numel]))
+            metas.append((val, i, s, shp, numel))
+        et = new_args[gather[0][1]].type.element_type
+        total = sum(m[4] for m in metas)
+        flat = flats[0] if len(flats) == 1 else self._aten(ex, "aten.cat.default", flats, TensorType(et, [total]), dim=0)
+        full = ex._coll(dist.AllGatherOp(flat, ex.grid, ex._ids(self.fsdp), dist.FutureType(TensorType(et, [n * total])),
+                                         gather_dim=0))
+        full2 = self._aten(ex, "aten.view.default", [full], TensorType(et, [n, total]), size=[n, total])
+        off = 0
+        for val, i, s, shp, numel in metas:
+            piece = self._aten(ex, "aten.slice.Tensor", [full2], TensorType(et, [n, numel]), dim=1, start=off,
+                               end=off + numel)
+            off += numel
+            rows = [n * shp[0]] + shp[1:]
+            v = self._aten(ex, "aten.view.default", [piece], TensorType(et, rows), size=rows)
+            local = s.local_shape(shape_of(old.args[i]), self.sizes)
+            if rows[0] != local[0]:
+                v = self._aten(ex, "aten.slice.Tensor", [v], TensorType(et, local), dim=0, start=0, end=local[0])
+            ex.bind(val, v, s)
+
+    def _returns(self, ex, fn, phase, part, ret, returns, storage):
+        results, shardings = [], []
+        grads = []
+        for i, r in enumerate(ret.operands):
+            if i in returns:
+                s, param = returns[i]
+                src = r.owner.src
+                if param is not None:
+                    grads.append((i, src, s, param))
+                    results.append(None)
+                    shardings.append(None)
+                    continue
+                results.append(ex.value(src, s, f"result {i} of @{fn.sym_name.data}"))
+                shardings.append(s)
+            else:
+                new, s = ex.saved_value(r) if phase == "fwd" else ex.env[r]
+                if self.plan.tp_style == "dtensor" and r in ex.gemm_variant and r.owner is not None \
+                        and not isinstance(r.owner, Block):
+                    nv = ex.gemm_variant[r]
+                    # the value a gemm consumed, as AOTAutograd saves it
+                    for (v0, s0), v1 in ex.cache.items():
+                        if v1 is nv and v0 is new:
+                            new, s = nv, s0
+                            break
+                results.append(new)
+                shardings.append(s)
+        if grads:
+            self._unit_reduce(ex, grads, results, shardings)
+        return results, shardings
+
+    def _unit_reduce(self, ex, grads, results, shardings) -> None:
+        """Reduce the unit's gradients over the data-parallel axes with one collective (FSDP: one
+        reduce-scatter of the flat padded gradients, then HSDP's all-reduce of the shard; DDP: one
+        all-reduce), each gradient then in its storage layout."""
+        dp = set(self.fsdp) | set(self.replicate)
+        staged = []
+        for i, src, target, param in grads:
+            cur = ex.sharding(src)
+            keep_tp = tuple(a for a in cur.partial if a in self.tp) \
+                if self.plan.tp_style == "dtensor" and not (target.axes() & set(self.tp)) else ()
+            dims = list(target.dims)
+            if self.fsdp and dims:
+                dims[0] = tuple(a for a in dims[0] if a not in self.fsdp)
+            inter = Sharding(tuple(dims), tuple(a for a in cur.partial if a in dp) + keep_tp)
+            v = ex.value(src, inter, f"gradient of '{param}'")
+            staged.append((i, v, inter, target, param, keep_tp))
+        if not dp:
+            for i, v, inter, target, param, keep_tp in staged:
+                final = Sharding(target.dims, keep_tp)
+                results[i] = v
+                shardings[i] = final
+                self.grad_sharding[param] = final
+            return
+        et = staged[0][1].type.element_type
+        n = ex._n(self.fsdp) if self.fsdp else 1
+        pieces, metas = [], []
+        for i, v, inter, target, param, keep_tp in staged:
+            shp = list(v.type.get_shape())
+            if self.fsdp:
+                rows = -(-shp[0] // n) * n
+                if rows != shp[0]:
+                    pad = [0, 0] * (len(shp) - 1) + [0, rows - shp[0]]
+                    v = self._aten(ex, "aten.constant_pad_nd.default", [v], TensorType(et, [rows] + shp[1:]), pad=pad)
+                numel = rows // n
+                for x in shp[1:]:
+                    numel *= x
+                pieces.append(self._aten(ex, "aten.view.default", [v], TensorType(et, [n, numel]), size=[n, numel]))
+            else:
+                numel = 1
+                for x in shp:
+                    numel *= x
+                pieces.append(self._aten(ex, "aten.view.default", [v], TensorType(et, [numel]), size=[numel]))
+            metas.append((i, target, param, keep_tp, numel))
+        total = sum(m[4] for m in metas)
+        if self.fsdp:
+            flat = pieces[0] if len(pieces) == 1 else self._aten(ex, "aten.cat.default", pieces,
+                                                                 TensorType(et, [n, total]), dim=1)
+            flat = self._aten(ex, "aten.view.default", [flat], TensorType(et, [n * total]), size=[n * total])
+            flat = ex._coll(dist.ReduceScatterOp(flat, ex.grid, ex._ids(self.fsdp), dist.FutureType(TensorType(et, [total])),
+                                                 reduction="sum", scatter_dim=0))
+        else:
+            flat = pieces[0] if len(pieces) == 1 else self._aten(ex, "aten.cat.default", pieces,
+                                                                 TensorType(et, [total]), dim=0)
+        if self.replicate:
+            flat = ex._coll(dist.AllReduceOp(flat, ex.grid, ex._ids(self.replicate), dist.FutureType(flat.type),
+                                             reduction="average"))
+        off = 0
+        for i, target, param, keep_tp, numel in metas:
+            local = target.local_shape(shape_of_storage(target, results, i, staged, self.sizes), self.sizes)
+            piece = self._aten(ex, "aten.slice.Tensor", [flat], TensorType(et, [numel]), dim=0, start=off, end=off + numel)
+            off += numel
+            results[i] = self._aten(ex, "aten.view.default", [piece], TensorType(et, local), size=local)
+            final = Sharding(target.dims, keep_tp)
+            shardings[i] = final
+            self.grad_sharding[param] = final
+
+
+def shape_of_storage(target: Sharding, results, i, staged, sizes) -> list[int]:
+    """The global shape of gradient ``i`` (from its staged, non-FSDP-split value)."""
+    for j, v, inter, t, param, keep in staged:
+        if j == i:
+            local = list(v.type.get_shape())
+            glob = []
+            for d, (x, axes) in enumerate(zip(local, inter.dims)):
+                k = 1
+                for a in axes:
+                    k *= sizes[a]
+                glob.append(x * k)
+            return glob
+    raise AssertionError(i)
