@@ -59,3 +59,27 @@ def composite_autograd() -> Iterator[None]:
         for op, fn in saved:
             op.py_kernels[DispatchKey.Meta] = fn
             op._dispatch_cache.clear()
+
+
+@contextmanager
+def no_rng_state_on_meta() -> Iterator[None]:
+    """Recompute seeded ops (flash attention) under activation checkpointing without saving RNG state.
+
+    AOTAutograd's partitioner wraps every recomputed op tagged
+    ``nondeterministic_seeded`` (``_scaled_dot_product_flash_attention*`` are,
+    for their dropout) in ``run_and_save_rng_state`` / ``run_with_rng_state``
+    so the recomputation replays the same random numbers
+    (``torch._functorch.partitioners.functionalize_rng_ops``). Those
+    higher-order ops have no meta-device implementation ("Backend not
+    supported for meta"), and saving a generator state costs nothing a
+    trace records, so capture skips the wrapping: the recomputed op itself
+    stays in the backward graph.
+    """
+    from torch._functorch import partitioners
+
+    original = partitioners.has_recomputable_rng_ops
+    partitioners.has_recomputable_rng_ops = lambda fx_g: False
+    try:
+        yield
+    finally:
+        partitioners.has_recomputable_rng_ops = original

@@ -33,7 +33,7 @@ from torch.distributed.tensor import DTensor
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from flint.capture import opclass
-from flint.capture.composite import composite_autograd
+from flint.capture.composite import composite_autograd, no_rng_state_on_meta
 from flint.capture.errors import CaptureError
 from flint.capture.fake_dist import device_mesh, fake_world, group_axes
 from flint.capture.recipes import CAPTURE_FIELDS, RECIPES, ParamGroup, ParamInfo, apply, data_parallel_mode
@@ -269,7 +269,7 @@ def _compile_part(module: nn.Module, args: Sequence[torch.Tensor], part: str) ->
     compiled = torch.compile(module, backend=backend, fullgraph=True, dynamic=False)
     try:
         torch.nn.functional.scaled_dot_product_attention = _fused_sdpa
-        with composite_autograd():
+        with composite_autograd(), no_rng_state_on_meta():
             out = compiled(*args)
             if not isinstance(out, torch.Tensor):
                 raise CaptureError("model", f"part '{part}' returned {type(out).__name__}, not a tensor")
@@ -455,6 +455,7 @@ def capture_step(
     optimizer: str | None = "adamw",
     dtype: str | torch.dtype | None = None,
     loss: str = "auto",
+    default_batch: tuple[int, int] = (1, 2048),
     parallelize: Callable[[nn.Module, Any], nn.Module | None] | None = None,
 ) -> CapturedStep:
     """Capture one training step of ``model_factory()`` as rank 0 of the plan's world.
@@ -484,7 +485,9 @@ def capture_step(
     is int64 for names like ``input_ids`` / ``labels``, else the model's
     dtype); ``loss`` is ``auto`` (the model's own loss, or cross-entropy /
     MSE against an input ``forward`` does not take, or the output's sum) or
-    one of :data:`flint.capture.byom.LOSSES`; ``parallelize(model, mesh)``
+    one of :data:`flint.capture.byom.LOSSES`; ``batch_shapes=None`` takes a
+    causal LM's default inputs (``input_ids`` and ``labels`` of
+    ``default_batch`` = (global batch, sequence)); ``parallelize(model, mesh)``
     (instead of a plan, with the plan's mesh) applies the user's own
     ``fully_shard`` / ``replicate`` / ``parallelize_module`` calls
     (:func:`flint.capture.byom.intercept`).
@@ -498,9 +501,11 @@ def capture_step(
             raise CaptureError("parallelize", "give either a plan function or parallelize=, not both")
         if isinstance(plan, str) and world_size is None and mesh_shape is not None:
             pass
-    specs = {k: v if isinstance(v, InputSpec) else InputSpec(tuple(int(d) for d in v))
-             for k, v in batch_shapes.items()}
-    batch_shapes = {k: v.shape for k, v in specs.items()}
+    specs = None
+    if batch_shapes is not None:
+        specs = {k: v if isinstance(v, InputSpec) else InputSpec(tuple(int(d) for d in v))
+                 for k, v in batch_shapes.items()}
+        batch_shapes = {k: v.shape for k, v in specs.items()}
     if world_size is not None and world_size < 1:
         raise CaptureError("world_size", f"must be a positive integer, got {world_size}")
     custom = callable(plan) and not isinstance(plan, Plan)
@@ -542,7 +547,15 @@ def capture_step(
         dm = device_mesh(mesh.shape, mesh.axis_names)
         torch._dynamo.reset()
         with torch.device("meta"):
-            model = model_factory()
+            from flint.capture.byom import call_user, default_inputs, where_defined
+
+            model = call_user(model_factory, (), "model", "the model factory")
+        if not isinstance(model, nn.Module):
+            raise CaptureError("model", f"the model factory returned {type(model).__name__}, not a torch.nn.Module",
+                               where_defined(model_factory))
+        if specs is None:
+            specs = default_inputs(model, *default_batch)
+            batch_shapes = {k: v.shape for k, v in specs.items()}
         if torch_dtype is not None:
             model.to(torch_dtype)
         param_dtype = next(model.parameters()).dtype
