@@ -218,11 +218,26 @@ def _check_gradients(module: nn.Module, infos: dict[int, ParamInfo], part: str) 
                            "on the way has no derivative)")
 
 
+def _resolve_hf_loss(model: nn.Module) -> None:
+    """Hugging Face's ``loss_function`` property logs a warning (untraceable) when ``loss_type`` is unset.
+
+    Resolve it once eagerly, as the first eager call would, and keep it where
+    the property looks first (``_loss_function``); the traced loss is the same.
+    """
+    prop = getattr(type(model), "loss_function", None)
+    if isinstance(prop, property) and not hasattr(model, "_loss_function"):
+        try:
+            model._loss_function = model.loss_function
+        except Exception:  # noqa: BLE001 - not an HF model after all
+            pass
+
+
 def capture_generic(model: nn.Module, dm, mesh, inputs: Mapping[str, InputSpec], *, parallelize: Callable | None,
                     plan, loss: str, repeat: bool, capture_part: Callable, param_dtype: torch.dtype,
                     data_axes: Sequence[str], local_batch: Callable, optimizer: str | None,
                     buffers: dict[int, str]):
     """(parts, local batch shapes) of ``model`` (see the module docstring)."""
+    _resolve_hf_loss(model)
     names, var_kw = forward_parameters(model)
     targets = [n for n in inputs if n not in names and not var_kw]
     check_inputs(model, list(inputs), targets if loss != "auto" or targets else ())

@@ -38,9 +38,10 @@ def mixtral():
     cfg = MixtralConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                         num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
                         max_position_embeddings=128)
-    # grouped_mm: static shapes (what a real run uses); the eager loop routes with nonzero()
+    # grouped_mm: static shapes (what a real run uses; the eager loop routes with nonzero()),
+    # and in bfloat16, the dtype torch._grouped_mm takes off-GPU
     cfg._experts_implementation = "grouped_mm"
-    return MixtralForCausalLM(cfg)
+    return MixtralForCausalLM(cfg).to(torch.bfloat16)
 
 
 class MLP(nn.Module):
