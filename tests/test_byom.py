@@ -179,8 +179,7 @@ def test_file_globals_resolve_and_missing_gradients_named(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name,plan,world,tp", [
-    ("llama", "dp", 2, 1), ("llama", "fsdp", 2, 1), ("qwen2", "fsdp+tp", 4, 2), ("gpt2", "fsdp", 2, 1),
-    ("mixtral", "fsdp", 2, 1),
+    ("llama", "fsdp", 2, 1), ("qwen2", "fsdp+tp", 4, 2), ("gpt2", "dp", 2, 1), ("mixtral", "fsdp", 2, 1),
 ])
 def test_hf_models_capture(name, plan, world, tp):
     from flint.importer import import_step
@@ -197,14 +196,15 @@ def test_hf_models_capture(name, plan, world, tp):
         fwd = sum(n for (k, ax, ph), n in colls.items() if k == "all_gather" and ax == ("dp_shard",) and ph == "fwd")
         rs = sum(n for (k, ax, ph), n in colls.items() if k == "reduce_scatter" and ax == ("dp_shard",))
         assert fwd == rs > 0
-    assert step.summary().op_classes["attention"] == 2 * 2  # the fused kernel, forward and backward, per block
+    # the fused kernel, forward and backward, per block (GPT-2: with its attention dropout, as a GPU's flash runs it)
+    assert step.summary().op_classes["attention"] == 2 * 2
     import_step(step)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name,plan,inputs", [
     ("mlp", "dp", "x=8x32:float32,target=8:int64"), ("mlp", "fsdp", "x=8x32:float32,target=8:int64"),
-    ("cnn", "dp", "x=8x3x16x16,target=8"), ("cnn", "fsdp", "x=8x3x16x16,target=8"),
+    ("cnn", "fsdp", "x=8x3x16x16,target=8"),
 ])
 def test_plain_modules_capture(name, plan, inputs):
     from flint.importer import import_step
@@ -253,3 +253,20 @@ def test_torchtitan_style_parallelize_unchanged(tmp_path):
     assert "_scaled_dot_product_flash_attention_for_cpu_backward" in text
     # blocks: 2 with reshard_after_forward (gathered again in backward); [norm, output] not resharded
     assert "block x2" in proc.stdout and "parallelize_llama" in proc.stderr
+
+
+@pytest.mark.slow
+def test_validate_hf_llama_against_real_gloo_run():
+    """`flint validate`'s Hugging Face case: collectives (kind, phase, bytes), GEMM and attention counts exact."""
+    from flint.validate.cli import HF_CASES
+    from flint.validate.compare import Case
+    from flint.validate.run import validate_case
+
+    res = validate_case(Case(*HF_CASES[0]), timeout_s=400)
+    assert res.flint.collectives
+    for rc in res.ranks:
+        assert rc.collectives == res.flint.collectives, f"rank {rc.rank}"
+        assert rc.collective_bytes == res.flint.collective_bytes, f"rank {rc.rank}"
+    for row in res.rows:
+        if row.cls in ("gemm", "attention"):
+            assert row.flint == row.executed > 0, row

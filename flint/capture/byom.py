@@ -449,7 +449,8 @@ def preset_parallelize(plan, model: nn.Module, blocks_path: str | None) -> Calla
     TP (``plan.tp > 1``): the TP preset matching the model's module names
     (:data:`TP_PRESETS`). Data parallelism: ``fully_shard`` (``dp_shard``,
     HSDP with ``dp_replicate``) or ``replicate`` on the input embedding (if
-    untied from the output), every block, and the root, as torchtitan does.
+    untied from the output), every block, ``[final norm, output]`` as one
+    group when a preset names them, and the root, as torchtitan does.
     """
     from torch.distributed.tensor.parallel import parallelize_module
 
@@ -485,6 +486,10 @@ def preset_parallelize(plan, model: nn.Module, blocks_path: str | None) -> Calla
         if blocks_path is not None:
             for block in model.get_submodule(blocks_path).children():
                 wrap(block)
+        preset = detect_tp_preset(model)
+        if preset is not None:  # final norm and output as one group, as torchtitan does
+            table = TP_PRESETS[preset]
+            wrap([model.get_submodule(table["norm"]), model.get_submodule(table["head"])])
         wrap(model)
 
     parallelize.__name__ = plan.describe()

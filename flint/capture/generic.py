@@ -120,22 +120,40 @@ def _apply_groups(root: nn.Module, calls: Sequence[GroupCall], infos: dict[int, 
         else:
             raise CaptureError("parallelize", f"{'fully_shard' if call.mode == 'fsdp' else 'replicate'} on a "
                                f"{mesh.ndim}-D mesh {names}: expected 1-D (or 2-D for HSDP)", call.source)
-        for module in call.modules:
-            parents = {id(c): (p, n) for p in root.modules() for n, c in p.named_children()}
-            if id(module) not in parents and module is not root:
-                raise CaptureError("parallelize", f"{type(module).__name__} given to "
+        names_of = {id(m): n for n, m in root.named_modules(remove_duplicate=False)}
+        for m in call.modules:
+            if id(m) not in names_of:
+                raise CaptureError("parallelize", f"{type(m).__name__} given to "
                                    f"{'fully_shard' if call.mode == 'fsdp' else 'replicate'} is not part of the model",
                                    call.source)
-            if not any(id(p) not in taken for p in module.parameters()):
-                continue  # FSDP2: a group with no parameters left moves nothing
-            group = ParamGroup(module, dp_mesh, call.mode, "", infos, rep_mesh, exclude=taken,
-                               reshard_after_forward=call.reshard_after_forward, param_dtype=call.param_dtype)
-            taken.update(id(p) for p in group.local.values())
-            if module is root:
-                root = group
-            else:
-                parent, attr = parents[id(module)]
-                parent._modules[attr] = group
+        only = None
+        module = call.modules[0]
+        if len(call.modules) > 1:
+            # fully_shard([norm, output]): one group (one collective) of several modules' parameters,
+            # held by their lowest common ancestor and gathered when it runs
+            paths = [names_of[id(m)].split(".") if names_of[id(m)] else [] for m in call.modules]
+            common = []
+            for parts in zip(*paths):
+                if len(set(parts)) != 1:
+                    break
+                common.append(parts[0])
+            module = root.get_submodule(".".join(common)) if common else root
+            only = {id(p) for m in call.modules for p in m.parameters()}
+        is_root = module is root or names_of.get(id(module)) in ("", "module")
+        params = [p for p in module.parameters() if id(p) not in taken and (only is None or id(p) in only)]
+        if not params:
+            continue  # FSDP2: a group with no parameters left moves nothing
+        parents = {id(c): (p, n) for p in root.modules() for n, c in p.named_children()}
+        # FSDP2 never reshards the root group after forward (its parameters are used first in backward)
+        reshard = call.reshard_after_forward and not (is_root and only is None)
+        group = ParamGroup(module, dp_mesh, call.mode, "", infos, rep_mesh, exclude=taken,
+                           reshard_after_forward=reshard, param_dtype=call.param_dtype, only=only)
+        taken.update(id(p) for p in group.local.values())
+        if module is root:
+            root = group
+        else:
+            parent, attr = parents[id(module)]
+            parent._modules[attr] = group
     return root
 
 
@@ -224,6 +242,9 @@ def _resolve_hf_loss(model: nn.Module) -> None:
     Resolve it once eagerly, as the first eager call would, and keep it where
     the property looks first (``_loss_function``); the traced loss is the same.
     """
+    cfg = getattr(model, "config", None)
+    if getattr(cfg, "use_cache", None):
+        cfg.use_cache = False  # training keeps no KV cache (as HF's Trainer and torchtitan do)
     prop = getattr(type(model), "loss_function", None)
     if isinstance(prop, property) and not hasattr(model, "_loss_function"):
         try:
@@ -241,12 +262,13 @@ def capture_generic(model: nn.Module, dm, mesh, inputs: Mapping[str, InputSpec],
     names, var_kw = forward_parameters(model)
     targets = [n for n in inputs if n not in names and not var_kw]
     check_inputs(model, list(inputs), targets if loss != "auto" or targets else ())
-    found = find_blocks(model) if repeat else None
+    stack = find_blocks(model)  # the preset's parameter groups, repeated or not
+    found = stack if repeat else None
     blocks = found[1] if found else None
     first_block = next(iter(blocks.children())) if blocks is not None else None
     before = {n: ParamInfo(n, tuple(p.shape), tuple(p.shape), p.dtype) for n, p in model.named_parameters()}
     if parallelize is None and plan is not None:
-        parallelize = preset_parallelize(plan, model, found[0] if found else None)
+        parallelize = preset_parallelize(plan, model, stack[0] if stack else None)
     calls: list[GroupCall] = []
     if parallelize is not None:
         globs = getattr(parallelize, "__globals__", None)

@@ -191,7 +191,7 @@ class ParamGroup(nn.Module):
     def __init__(self, module: nn.Module, dp_mesh: DeviceMesh, mode: str, prefix: str,
                  infos: dict[int, ParamInfo], replicate_mesh: DeviceMesh | None = None, *,
                  exclude: set[int] | None = None, reshard_after_forward: bool = True,
-                 param_dtype: torch.dtype | None = None) -> None:
+                 param_dtype: torch.dtype | None = None, only: set[int] | None = None) -> None:
         super().__init__()
         self.module = module
         self.mode = mode
@@ -211,7 +211,7 @@ class ParamGroup(nn.Module):
         first: dict[int, str] = {}
         owned = []
         for name, p in module.named_parameters(remove_duplicate=False):
-            if exclude is not None and id(p) in exclude:
+            if (exclude is not None and id(p) in exclude) or (only is not None and id(p) not in only):
                 continue
             if id(p) in first:
                 self.aliases[first[id(p)]].append(name)

@@ -178,6 +178,9 @@ def _reason(exc: BaseException) -> str:
         inner = inner.__cause__ if inner.__cause__ is not None else inner.inner_exception
     lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
     first = lines[0] if lines else type(exc).__name__
+    explained = [ln.strip()[len("Explanation:"):].strip() for ln in lines if ln.strip().startswith("Explanation:")]
+    if explained and "fake tensor" in first:
+        return f"{first.rstrip(':')}: {explained[0]}"
     if inner is not exc:
         inner_lines = [ln for ln in str(inner).strip().splitlines() if ln.strip()]
         if inner_lines:
@@ -220,8 +223,9 @@ def _fused_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fals
     stand-in CPU tensors of the same shapes, strides and dtypes) decides what
     a real run executes: flash attention
     (``_scaled_dot_product_flash_attention_for_cpu``, with its own backward;
-    it takes GQA key/value heads, masks and a scale as they are) or, when
-    PyTorch itself would (e.g. dropout on CPU), the math path.
+    it takes GQA key/value heads, masks, dropout and a scale as they are; the
+    CPU kernel refuses dropout, so dropout is asked as a GPU's flash kernel
+    takes it) or, when PyTorch itself would, the math path.
     """
     if query.dim() != 4 or not all(isinstance(t, torch.Tensor) and t.device.type == "meta"
                                    for t in (query, key, value)):
@@ -232,6 +236,10 @@ def _fused_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fals
     choice = _sdp_choice(tuple(query.shape), tuple(key.shape), tuple(value.shape), query.dtype, mask,
                          float(dropout_p), bool(is_causal), scale, bool(enable_gqa))
     flash = getattr(torch.nn.attention.SDPBackend, "FLASH_ATTENTION").value
+    if choice != flash and dropout_p > 0:
+        # the CPU flash kernel refuses dropout; the GPU flash kernels a training run uses take it
+        choice = _sdp_choice(tuple(query.shape), tuple(key.shape), tuple(value.shape), query.dtype, mask,
+                             0.0, bool(is_causal), scale, bool(enable_gqa))
     if choice != flash:
         return _EAGER_SDPA(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
                            scale=scale, enable_gqa=enable_gqa)
