@@ -174,6 +174,25 @@ def test_file_globals_resolve_and_missing_gradients_named(tmp_path):
         capture_step(fn, {"x": (2, 4)}, world_size=1, plan="dp")
 
 
+@pytest.mark.parametrize("extra,message", [
+    (["--parallelize", "{model}:nope"], "--parallelize: .* defines no function 'nope'"),
+    (["--inputs", "input_ids=8x"], "--inputs: 'input_ids=8x': shape '8x' is not"),
+    (["--loss", "hinge"], "unknown loss 'hinge'"),
+])
+def test_cli_bad_byom_arguments(tmp_path, capsys, extra, message):
+    import re
+
+    from flint.tools.flint_cli import main
+
+    model = os.path.join(DATA, "hf_models.py") + ":mlp"
+    out = tmp_path / "s.mlir"
+    argv = ["capture", "--model", model, "--world-size", "2", "--plan", "dp", "-o", str(out)]
+    rc = main(argv + [a.format(model=os.path.join(DATA, "tt_llama.py")) for a in extra])
+    err = capsys.readouterr().err
+    assert rc != 0 and re.search(message, err), err
+    assert "Traceback" not in err and not out.exists()
+
+
 # ------------------------------------------------------------------ captures (slow)
 
 

@@ -479,7 +479,8 @@ def capture_step(
       :mod:`flint.capture.recipes`), with ``world_size`` and, for 2-D recipes,
       the TP degree ``tp`` (:func:`flint.plan.from_recipe`);
     - a function ``plan(model, device_mesh)`` that parallelises the model with
-      PyTorch APIs; its mesh is ``mesh_shape`` / ``mesh_axis_names``
+      PyTorch APIs (captured by :mod:`flint.capture.generic`, ``fully_shard``
+      and ``replicate`` intercepted); its mesh is ``mesh_shape`` / ``mesh_axis_names``
       (default ``(world_size,)`` named ``dp_replicate``), and mesh axes named
       ``dp_replicate`` or ``dp_shard`` split the batch.
     ``repeat=True`` captures one block of a StagedLM and repeats it;
@@ -570,12 +571,13 @@ def capture_step(
         global_params = {n: tuple(p.shape) for n, p in model.named_parameters()}
         buffers = {id(b): n for n, b in model.named_buffers()}
         staged = all(hasattr(model, a) for a in ("embed", "layers", "head"))
-        if not staged:
+        if not staged or custom or parallelize is not None:
+            # any module, or the user's own parallelisation (fully_shard intercepted): the generic path
             from flint.capture.generic import capture_generic
 
             data_axes = [a for a in mesh.axis_names if a in ("dp_replicate", "dp_shard")]
             fn = plan if custom else parallelize
-            if not custom:
+            if not custom and parallelize is None:
                 plan.require(CAPTURE_FIELDS, "capture")
             parts, local = capture_generic(
                 model, dm, mesh, specs, parallelize=fn, plan=None if custom else plan, loss=loss, repeat=repeat,
@@ -592,19 +594,11 @@ def capture_step(
             _check_layers(model.layers)
         if staged:
             _check_batch(batch_shapes, ("tokens", "labels"))
-        if custom:
-            result = plan(model, dm)
-            model = result if isinstance(result, nn.Module) else model
-            infos = {id(p): ParamInfo(n, tuple(p.shape), tuple(_local(p).shape), p.dtype)
-                     for n, p in model.named_parameters()}
-            data_axes = [a for a in mesh.axis_names if a in ("dp_replicate", "dp_shard")]
-            dp_group = None
-        else:
-            cfg = getattr(model, "config", None)
-            plan.check_model(n_layers=getattr(cfg, "n_layers", None))
-            infos, model = apply(plan, model, dm)
-            data_axes = [a for a in mesh.axis_names if a in ("dp_replicate", "dp_shard")]
-            dp_group = dm["dp_shard"].get_group().group_name if data_parallel_mode(plan) == "fsdp" else None
+        cfg = getattr(model, "config", None)
+        plan.check_model(n_layers=getattr(cfg, "n_layers", None))
+        infos, model = apply(plan, model, dm)
+        data_axes = [a for a in mesh.axis_names if a in ("dp_replicate", "dp_shard")]
+        dp_group = dm["dp_shard"].get_group().group_name if data_parallel_mode(plan) == "fsdp" else None
         dp = mesh.group_size(data_axes) if data_axes else 1
         local = _local_batch(batch_shapes, dp)
         kw = dict(infos=infos, buffers=buffers, optimizer=optimizer, dp_group=dp_group)
