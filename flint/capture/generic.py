@@ -168,10 +168,15 @@ def _record_block_inputs(call: nn.Module, args: Sequence[torch.Tensor], block: n
             seen["out"] = mod(*a, **kw)
         raise _Stop
 
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
     handle = block.register_forward_pre_hook(hook, with_kwargs=True)
+    # on fake tensors, as dynamo will see the model: code that branches on "am I traced?" (Hugging Face's
+    # is_tracing checks for FakeTensor) takes the traced branch, and nothing data-dependent runs
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
     try:
-        with torch.no_grad():
-            call(*args)
+        with torch.no_grad(), mode:
+            call(*[mode.from_tensor(a) for a in args])
     except _Stop:
         pass
     except CaptureError:
@@ -186,7 +191,19 @@ def _record_block_inputs(call: nn.Module, args: Sequence[torch.Tensor], block: n
     if "args" not in seen:
         raise CaptureError("model", f"the forward never called its repeated block ({type(block).__name__})",
                            where_defined(call.model if hasattr(call, "model") else call))
-    return seen["args"], seen["kwargs"], seen["out"]
+    return tree_map(_fresh, seen["args"]), tree_map(_fresh, seen["kwargs"]), tree_map(_fresh, seen["out"])
+
+
+def _fresh(t: Any) -> Any:
+    """A meta tensor (or DTensor) like ``t``, outside the recording's fake mode."""
+    if isinstance(t, DTensor):
+        local = t.to_local()
+        fresh = torch.empty_strided(local.shape, local.stride(), dtype=local.dtype, device="meta")
+        return DTensor.from_local(fresh, t.device_mesh, t.placements, run_check=False, shape=t.shape,
+                                  stride=t.stride())
+    if isinstance(t, torch.Tensor):
+        return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+    return t
 
 
 def _gather_numels(gm: torch.fx.GraphModule | None, groups: set[str]) -> list[int]:
