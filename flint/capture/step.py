@@ -8,10 +8,11 @@ recompute tags) yields the forward and backward graphs with functional
 collectives; the AdamW update over the local parameter shards is traced with
 ``make_fx``.
 
-A :class:`~flint.models.StagedLM` is captured part by part: ``embed``, ONE
-block of ``layers`` (repeated ``len(layers)`` times) and ``head``; any other
-module is captured whole as a single part ``model`` called as
-``model(**batch)`` returning the loss.
+A :class:`~flint.models.StagedLM` under a plan is captured part by part:
+``embed``, ONE block of ``layers`` (repeated ``len(layers)`` times) and
+``head``; any other module, or any model under the user's own
+parallelisation function, goes through :mod:`flint.capture.generic` (its
+repeated blocks found, parts ``model`` and ``block``).
 """
 
 from __future__ import annotations
@@ -590,10 +591,9 @@ def capture_step(
                 plan_name = getattr(parallelize, "__name__", plan_name)
             return CapturedStep(parts, mesh, plan_name, axes, param_dtype, local, global_params,
                                 None if custom or parallelize is not None else plan)
-        if staged and repeat:
+        if repeat:
             _check_layers(model.layers)
-        if staged:
-            _check_batch(batch_shapes, ("tokens", "labels"))
+        _check_batch(batch_shapes, ("tokens", "labels"))
         cfg = getattr(model, "config", None)
         plan.check_model(n_layers=getattr(cfg, "n_layers", None))
         infos, model = apply(plan, model, dm)
@@ -603,31 +603,25 @@ def capture_step(
         local = _local_batch(batch_shapes, dp)
         kw = dict(infos=infos, buffers=buffers, optimizer=optimizer, dp_group=dp_group)
         parts: list[CapturedPart] = []
-        if staged:
-            tokens = torch.zeros(local["tokens"], dtype=torch.long, device="meta")
-            labels = torch.zeros(local["labels"], dtype=torch.long, device="meta")
-            part, h = _capture_part("embed", model.embed, (tokens,), ("input",), 1, **kw)
-            parts.append(part)
-            if repeat:
-                h = h.detach().requires_grad_()
-                part, h = _capture_part("block", model.layers[0], (h,), ("activation",), len(model.layers), **kw)
-                parts.append(part)
-            else:
-                h = h.detach().requires_grad_()
-                part, h = _capture_part("layers", _Stack(model.layers), (h,), ("activation",), 1, **kw)
-                parts.append(part)
+        tokens = torch.zeros(local["tokens"], dtype=torch.long, device="meta")
+        labels = torch.zeros(local["labels"], dtype=torch.long, device="meta")
+        part, h = _capture_part("embed", model.embed, (tokens,), ("input",), 1, **kw)
+        parts.append(part)
+        if repeat:
             h = h.detach().requires_grad_()
-            part, _ = _capture_part("head", model.head, (h, labels), ("activation", "input"), 1, **kw)
+            part, h = _capture_part("block", model.layers[0], (h,), ("activation",), len(model.layers), **kw)
             parts.append(part)
         else:
-            args = tuple(torch.zeros(s, device="meta") for s in local.values())
-            part, _ = _capture_part("model", _Kwargs(model, tuple(local)), args, ("input",) * len(args), 1, **kw)
+            h = h.detach().requires_grad_()
+            part, h = _capture_part("layers", _Stack(model.layers), (h,), ("activation",), 1, **kw)
             parts.append(part)
+        h = h.detach().requires_grad_()
+        part, _ = _capture_part("head", model.head, (h, labels), ("activation", "input"), 1, **kw)
+        parts.append(part)
         axes = group_axes(dm)
         _check_groups(parts, axes)
         torch._dynamo.reset()
-    return CapturedStep(parts, mesh, plan_name, axes, param_dtype, local, global_params,
-                        None if custom else plan)
+    return CapturedStep(parts, mesh, plan_name, axes, param_dtype, local, global_params, plan)
 
 
 class _Stack(nn.Module):
@@ -641,16 +635,6 @@ class _Stack(nn.Module):
         for layer in self.layers:
             h = layer(h)
         return h
-
-
-class _Kwargs(nn.Module):
-    def __init__(self, model: nn.Module, names: tuple[str, ...]) -> None:
-        super().__init__()
-        self.model = model
-        self.names = names
-
-    def forward(self, *args: torch.Tensor) -> torch.Tensor:
-        return self.model(**dict(zip(self.names, args)))
 
 
 def _check_batch(batch_shapes: Mapping[str, Sequence[int]], needed: Sequence[str]) -> None:

@@ -50,10 +50,12 @@ def cases(models, plans, world_sizes):
 
 
 def hf_cases(models, plans, world_sizes):
-    """The Hugging Face cases: those of HF_CASES with default models, or HF models named in --models."""
+    """The Hugging Face cases of HF_CASES whose plan and world size are selected, with the default
+    models or when --models names them."""
     from flint.validate.compare import Case
 
-    return [Case(m, p, w) for m, p, w in HF_CASES if m in models or tuple(models) == DEFAULT_MODELS]
+    return [Case(m, p, w) for m, p, w in HF_CASES
+            if (m in models or tuple(models) == DEFAULT_MODELS) and p in plans and w in world_sizes]
 
 
 def build_parser() -> argparse.ArgumentParser:
