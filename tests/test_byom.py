@@ -174,6 +174,28 @@ def test_file_globals_resolve_and_missing_gradients_named(tmp_path):
         capture_step(fn, {"x": (2, 4)}, world_size=1, plan="dp")
 
 
+def test_dtype_mismatch_names_user_line_and_real_message(tmp_path):
+    path = _write(tmp_path, """\
+        import torch
+
+        class Net(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.conv = torch.nn.Conv2d(3, 4, 3)
+
+            def forward(self, x):
+                return self.conv(x.double()).sum()
+
+        def model_factory():
+            return Net()
+        """)
+    fn, _ = user_function(path, "--model", "model_factory", "a factory")
+    with pytest.raises(CaptureError, match="dtype") as err:
+        capture_step(fn, {"x": (2, 3, 8, 8)}, world_size=1, plan="dp")
+    assert "Input type (double) and bias type (float) should be the same" in str(err.value)
+    assert f"{os.path.realpath(path)}:9" in err.value.source
+
+
 @pytest.mark.parametrize("extra,message", [
     (["--parallelize", "{model}:nope"], "--parallelize: .* defines no function 'nope'"),
     (["--inputs", "input_ids=8x"], "--inputs: 'input_ids=8x': shape '8x' is not"),
