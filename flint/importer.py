@@ -223,14 +223,23 @@ class _GraphImporter:
                 args[sarg.name] = attr
         val = self._val(n)
         outs = [v for v in _flatten(val)] if isinstance(val, (list, tuple)) else [val]
-        result_types = [tensor_type(t, where) if isinstance(t, torch.Tensor) else None for t in outs]
-        if any(t is None for t in result_types):
-            raise ImportError_(f"{where}: result {val!r} is not a tensor")
+        # An op may skip some results (convolution_backward's grad_input when the input needs
+        # no gradient: None); the op keeps only the tensor results, and getitem maps to them.
+        if not any(isinstance(t, torch.Tensor) for t in outs):
+            raise ImportError_(f"{where}: result {val!r} has no tensor")
+        bad = [t for t in outs if t is not None and not isinstance(t, torch.Tensor)]
+        if bad:
+            raise ImportError_(f"{where}: result {bad[0]!r} is not a tensor")
+        result_types = [tensor_type(t, where) for t in outs if t is not None]
         op = AtenOp(f"{target.namespace}.{target._opname}.{target._overloadname}", operands, result_types,
                     args=args, phase=self.graph.phase, module=_module_path(n))
         op.location = _location(n)
         self.ops.append(op)
-        self.values[n] = list(op.outputs) if isinstance(val, (list, tuple)) else op.outputs[0]
+        if isinstance(val, (list, tuple)):
+            it = iter(op.outputs)
+            self.values[n] = [next(it) if t is not None else None for t in outs]
+        else:
+            self.values[n] = op.outputs[0]
 
     def collective(self, n: torch.fx.Node, target: torch._ops.OpOverload, where: str) -> None:
         name = target._opname

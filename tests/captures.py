@@ -38,3 +38,20 @@ def single_device(model: str, batch: int = 2):
 
     step = capture_step(factory(model), {"tokens": (batch, SEQ), "labels": (batch, SEQ)}, world_size=1, plan="dp")
     return step, import_step(step)
+
+
+BYOM = "tests/data/byom/hf_models.py"
+
+
+@cache
+def captured_byom(name: str, plan: str, world: int, tp: int = 1, inputs: str | None = None):
+    """A model of tests/data/byom/hf_models.py under recipe ``plan``; causal LMs: 2 x 32 tokens per DP rank."""
+    import os
+
+    from flint.capture.byom import parse_inputs, user_function
+
+    path = os.path.join(os.path.dirname(__file__), "data", "byom", "hf_models.py")
+    fn, _ = user_function(f"{path}:{name}", "--model", "model_factory", "a model factory")
+    dp = from_recipe(plan, world, tp).dp
+    shapes = parse_inputs(inputs) if inputs else {"input_ids": (2 * dp, 32), "labels": (2 * dp, 32)}
+    return capture_step(fn, shapes, world_size=world, plan=plan, tp=tp)

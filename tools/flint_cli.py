@@ -29,31 +29,55 @@ from flint.ir.parse import load_ir
 
 
 def _model_factory(spec: str, layers: int | None):
-    """A zoo preset name, or ``path/to/file.py[:function]`` defining a model factory."""
-    if spec.endswith(".py") or ".py:" in spec:
-        import importlib.util
+    """A zoo preset name, or ``path/to/file.py[:function]`` defining a model factory.
 
-        path, _, fn_name = spec.partition(":")
-        fn_name = fn_name or "model_factory"
-        if not os.path.isfile(path):
-            raise FlintError(f"--model: no such file {path}")
-        mod_spec = importlib.util.spec_from_file_location("flint_user_model", path)
-        module = importlib.util.module_from_spec(mod_spec)
-        try:
-            mod_spec.loader.exec_module(module)
-        except Exception as e:
-            raise FlintError(f"--model: {path} failed to import: {type(e).__name__}: {e}") from None
-        fn = getattr(module, fn_name, None)
-        if not callable(fn):
-            raise FlintError(f"--model: {path} defines no function '{fn_name}' (a zero-argument model factory)")
+    Returns (factory, zoo config or None, the user's module or None). The file is
+    imported as a registered module (``sys.modules``), so its globals resolve
+    under torch.compile.
+    """
+    if spec.endswith(".py") or ".py:" in spec:
+        from flint.capture.byom import load_user_module, user_function
+
+        fn, _ = user_function(spec, "--model", "model_factory", "a zero-argument model factory")
         if layers is not None:
             raise FlintError("--layers applies to zoo models only; set the depth in your factory")
-        return fn, None
+        return fn, None, load_user_module(spec.partition(":")[0], "--model")
     from flint.models import config, factory
 
     overrides = {"n_layers": layers} if layers is not None else {}
     cfg = config(spec, **overrides)
-    return factory(spec, **overrides), cfg
+    return factory(spec, **overrides), cfg, None
+
+
+def _user_inputs(args: argparse.Namespace, user_module, batch: int, seq: int):
+    """The batch of a model file: --inputs, else the file's example_inputs(), else None (defaults)."""
+    from flint.capture.byom import InputSpec, call_user, parse_inputs
+
+    if args.inputs:
+        return parse_inputs(args.inputs)
+    fn = getattr(user_module, "example_inputs", None) if user_module is not None else None
+    if not callable(fn):
+        return None
+    value = call_user(fn, (), "example_inputs", "the model file's example_inputs")
+    if not isinstance(value, dict) or not value:
+        raise FlintError(f"--model: example_inputs() must return a dict name -> shape, 'DIMxDIM:dtype' or "
+                         f"tensor, got {type(value).__name__}")
+    out = {}
+    for name, v in value.items():
+        import torch
+
+        if isinstance(v, torch.Tensor):
+            out[name] = InputSpec(tuple(v.shape), v.dtype)
+        elif isinstance(v, str):
+            out[name] = parse_inputs(f"{name}={v}")[name]
+        elif isinstance(v, InputSpec):
+            out[name] = v
+        elif isinstance(v, (tuple, list)) and all(isinstance(d, int) for d in v):
+            out[name] = InputSpec(tuple(v))
+        else:
+            raise FlintError(f"--model: example_inputs()['{name}'] is {v!r}: expected a shape, 'DIMxDIM:dtype' "
+                             "or a tensor")
+    return out
 
 
 def _fmt_count(x: float) -> str:
@@ -112,18 +136,33 @@ def cmd_capture(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     plan = _capture_plan(args)
-    model_factory, cfg = _model_factory(args.model, args.layers)
+    model_factory, cfg, user_module = _model_factory(args.model, args.layers)
+    parallelize = None
+    if args.parallelize:
+        from flint.capture.byom import user_function
+
+        parallelize, _ = user_function(args.parallelize, "--parallelize", "parallelize",
+                                       "a function parallelize(model, mesh)")
     for name in ("batch_size", "seq_len"):
         value = getattr(args, name)
         if value is not None and value < 1:
             raise FlintError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
     seq = args.seq_len or min(getattr(cfg, "max_seq_len", 2048), 2048)
     batch = args.batch_size or plan.dp
-    shapes = {"tokens": (batch, seq), "labels": (batch, seq)}
+    if cfg is not None:
+        if args.inputs:
+            raise FlintError("--inputs applies to model files; zoo models take tokens and labels "
+                             "(--batch-size, --seq-len)")
+        shapes = {"tokens": (batch, seq), "labels": (batch, seq)}
+    else:
+        shapes = _user_inputs(args, user_module, batch, seq)
     mesh = plan.mesh()
-    print(f"capturing {args.model} ({plan.describe()}; mesh {'x'.join(map(str, mesh.shape))} "
-          f"{tuple(mesh.axis_names)}, batch {batch}x{seq}, {args.dtype}) ...", file=sys.stderr)
-    step = capture_step(model_factory, shapes, plan=plan, dtype=args.dtype)
+    what = (", ".join(f"{k} {'x'.join(map(str, v.shape))}" for k, v in shapes.items())
+            if shapes and cfg is None else f"batch {batch}x{seq}")
+    print(f"capturing {args.model} ({parallelize.__name__ if parallelize else plan.describe()}; mesh "
+          f"{'x'.join(map(str, mesh.shape))} {tuple(mesh.axis_names)}, {what}, {args.dtype}) ...", file=sys.stderr)
+    step = capture_step(model_factory, shapes, plan=plan, dtype=args.dtype, loss=args.loss,
+                        default_batch=(batch, seq), parallelize=parallelize)
     t_capture = time.perf_counter() - t0
     module = import_step(step)
     text = StringIO()
@@ -272,6 +311,17 @@ def build_parser() -> argparse.ArgumentParser:
                      help="tensor-parallel degree of 2-D plans (dp+tp, fsdp+tp, fsdp+tp+sp; default: 1)")
     cap.add_argument("--plan-file", default=None,
                      help="a plan as TOML (dp_replicate, dp_shard, tp, sp, ...; see flint/plan.py) instead of --plan")
+    cap.add_argument("--parallelize", default=None,
+                     help="path/to/file.py[:function] (default function: parallelize): fn(model, mesh) applying "
+                          "fully_shard / replicate / parallelize_module / activation checkpointing as your training "
+                          "script does; the mesh is the plan's (--plan/--tp or --plan-file give its axes)")
+    cap.add_argument("--inputs", default=None,
+                     help="model files: the batch as forward takes it, global shapes, e.g. "
+                          "'input_ids=8x2048:int64,labels=8x2048:int64' (default: the file's example_inputs(), "
+                          "else input_ids + labels for causal LMs)")
+    cap.add_argument("--loss", default="auto",
+                     help="auto (the model's own loss, else cross_entropy/mse against an input forward does not "
+                          "take, else the output's sum), cross_entropy, mse or sum")
     cap.add_argument("--layers", type=int, default=None, help="override the model's depth (zoo models)")
     cap.add_argument("--batch-size", type=int, default=None, help="global batch size (default: one sequence per data-parallel rank)")
     cap.add_argument("--seq-len", type=int, default=None, help="sequence length (default: min(model max, 2048))")

@@ -134,9 +134,11 @@ def node_flops(node: torch.fx.Node) -> int:
         else:
             named[sarg.name] = val
     out = node.meta.get("val")
-    outs = [out] if isinstance(out, torch.Tensor) else [v for v in (out or ()) if isinstance(v, torch.Tensor)]
+    # keep the positions of skipped (None) outputs: convolution_backward's (None, grad_weight, grad_bias)
+    outs = [out] if isinstance(out, torch.Tensor) else [v if isinstance(v, torch.Tensor) else None
+                                                         for v in (out or ())]
     return op_flops(f"{target.namespace}.{target._opname}.{target._overloadname}", in_shapes,
-                    [tuple(v.shape) for v in outs], named)
+                    [None if v is None else tuple(v.shape) for v in outs], named)
 
 
 def tensor_bytes(val: Any) -> int:

@@ -189,7 +189,9 @@ class ParamGroup(nn.Module):
     """
 
     def __init__(self, module: nn.Module, dp_mesh: DeviceMesh, mode: str, prefix: str,
-                 infos: dict[int, ParamInfo], replicate_mesh: DeviceMesh | None = None) -> None:
+                 infos: dict[int, ParamInfo], replicate_mesh: DeviceMesh | None = None, *,
+                 exclude: set[int] | None = None, reshard_after_forward: bool = True,
+                 param_dtype: torch.dtype | None = None, only: set[int] | None = None) -> None:
         super().__init__()
         self.module = module
         self.mode = mode
@@ -198,11 +200,26 @@ class ParamGroup(nn.Module):
         self.replicate_group = replicate_mesh.get_group().group_name if replicate_mesh is not None else None
         shard_axis = (dp_mesh.mesh_dim_names or ("dp_shard",))[0]
         self.backward_unshard = False
+        self.reshard_after_forward = reshard_after_forward
+        self.param_dtype = param_dtype
         self.names: list[str] = []
         self.specs: list = []
         self.local_shapes: list[tuple[int, ...]] = []
         self.local = nn.ParameterDict()
-        for name, p in list(module.named_parameters()):
+        # tied parameters (one tensor under several names): one leaf, every name bound in forward
+        self.aliases: dict[str, list[str]] = {}
+        first: dict[int, str] = {}
+        owned = []
+        for name, p in module.named_parameters(remove_duplicate=False):
+            if (exclude is not None and id(p) in exclude) or (only is not None and id(p) not in only):
+                continue
+            if id(p) in first:
+                self.aliases[first[id(p)]].append(name)
+                continue
+            first[id(p)] = name
+            self.aliases[name] = []
+            owned.append((name, p))
+        for name, p in owned:
             local = p.to_local() if isinstance(p, DTensor) else p
             spec = (p.device_mesh, p.placements, p.shape, p.stride()) if isinstance(p, DTensor) else None
             old = infos.pop(id(p), None)
@@ -221,10 +238,13 @@ class ParamGroup(nn.Module):
             self.specs.append(spec)
             self.local_shapes.append(tuple(local.shape))
             infos[id(leaf)] = ParamInfo(full_name, tuple(p.shape), tuple(leaf.shape), p.dtype, sharding)
-            owner, _, leaf_name = name.rpartition(".")
-            del module.get_submodule(owner)._parameters[leaf_name]
+            for alias in (name, *self.aliases[name]):
+                owner, _, leaf_name = alias.rpartition(".")
+                del module.get_submodule(owner)._parameters[leaf_name]
 
     def _unshard(self, *shards: torch.Tensor) -> list[torch.Tensor]:
+        if self.param_dtype is not None:  # FSDP2 MixedPrecisionPolicy: gather in param_dtype
+            shards = tuple(s.to(self.param_dtype) for s in shards)
         flat = torch.cat([s.reshape(-1) for s in shards])
         full = funcol.all_gather_tensor_autograd(flat, 0, self.group_name).view(self.dp_size, -1)
         out, offset = [], 0
@@ -239,7 +259,10 @@ class ParamGroup(nn.Module):
         if self.mode == "fsdp":
             if self.replicate_group is not None:
                 leaves = list(_GradAllReduce.apply(self.replicate_group, *leaves))
-            values = checkpoint(self._unshard, *leaves, use_reentrant=False, context_fn=_RECOMPUTE)
+            if self.reshard_after_forward:
+                values = checkpoint(self._unshard, *leaves, use_reentrant=False, context_fn=_RECOMPUTE)
+            else:
+                values = self._unshard(*leaves)
         else:
             values = _GradAllReduce.apply(self.group_name, *leaves)
         params = {}
@@ -248,6 +271,8 @@ class ParamGroup(nn.Module):
                 mesh, placements, shape, stride = spec
                 value = DTensor.from_local(value, mesh, placements, run_check=False, shape=shape, stride=stride)
             params[name] = value
+            for alias in self.aliases.get(name, ()):
+                params[alias] = value
         out = torch.func.functional_call(self.module, params, args, kwargs)
         if self.mode == "fsdp" and self.backward_unshard:
             flat = torch.cat([leaf.detach().reshape(-1) for leaf in leaves])

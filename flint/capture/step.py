@@ -8,10 +8,11 @@ recompute tags) yields the forward and backward graphs with functional
 collectives; the AdamW update over the local parameter shards is traced with
 ``make_fx``.
 
-A :class:`~flint.models.StagedLM` is captured part by part: ``embed``, ONE
-block of ``layers`` (repeated ``len(layers)`` times) and ``head``; any other
-module is captured whole as a single part ``model`` called as
-``model(**batch)`` returning the loss.
+A :class:`~flint.models.StagedLM` under a plan is captured part by part:
+``embed``, ONE block of ``layers`` (repeated ``len(layers)`` times) and
+``head``; any other module, or any model under the user's own
+parallelisation function, goes through :mod:`flint.capture.generic` (its
+repeated blocks found, parts ``model`` and ``block``).
 """
 
 from __future__ import annotations
@@ -33,9 +34,10 @@ from torch.distributed.tensor import DTensor
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from flint.capture import opclass
+from flint.capture.composite import composite_autograd, no_rng_state_on_meta
 from flint.capture.errors import CaptureError
 from flint.capture.fake_dist import device_mesh, fake_world, group_axes
-from flint.capture.recipes import RECIPES, ParamGroup, ParamInfo, apply, data_parallel_mode
+from flint.capture.recipes import CAPTURE_FIELDS, RECIPES, ParamGroup, ParamInfo, apply, data_parallel_mode
 from flint.mesh import Mesh
 from flint.plan import Plan, from_recipe
 
@@ -158,6 +160,9 @@ def _user_source(exc: BaseException) -> str | None:
         frames = [(f.filename, f.lineno, f.name) for f in real]
     if not frames:
         frames = [(m.group(1), int(m.group(2)), m.group(3)) for m in _FRAME.finditer(str(exc))]
+    if not frames:
+        frames = [(f.filename, f.lineno, f.name) for f in traceback.extract_tb(exc.__traceback__)
+                  if "/site-packages/" not in f.filename and "/flint/" not in f.filename]
     user = [f for f in frames if "/torch/" not in f[0] and "/flint/capture/" not in f[0]]
     if not user:
         return None
@@ -166,8 +171,24 @@ def _user_source(exc: BaseException) -> str | None:
 
 
 def _reason(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
+    """The real message: dynamo wraps the user's error (e.g. a dtype mismatch in a fake-tensor call)."""
+    inner = exc
+    seen = set()
+    while (inner.__cause__ is not None or getattr(inner, "inner_exception", None) is not None) and id(inner) not in seen:
+        seen.add(id(inner))
+        inner = inner.__cause__ if inner.__cause__ is not None else inner.inner_exception
+    lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
+    first = lines[0] if lines else type(exc).__name__
+    explained = [ln.strip()[len("Explanation:"):].strip() for ln in lines if ln.strip().startswith("Explanation:")]
+    if explained and "fake tensor" in first:
+        return f"{first.rstrip(':')}: {explained[0]}"
+    if inner is not exc:
+        inner_lines = [ln for ln in str(inner).strip().splitlines() if ln.strip()]
+        if inner_lines:
+            return f"{first.rstrip(':')}: {type(inner).__name__}: {inner_lines[0]}"
+    if first.endswith(":") and len(lines) > 1:
+        return f"{first} {lines[1].strip()}"
+    return first
 
 
 @dataclass
@@ -180,20 +201,51 @@ class _Capture:
 _EAGER_SDPA = torch.nn.functional.scaled_dot_product_attention
 
 
-def _fused_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-    """``F.scaled_dot_product_attention`` as the fused kernel PyTorch runs on a real device.
+@torch._dynamo.assume_constant_result
+def _sdp_choice(q: tuple, k: tuple, v: tuple, dtype: torch.dtype, mask: tuple | None, dropout_p: float,
+                is_causal: bool, scale: float | None, enable_gqa: bool) -> int:
+    """PyTorch's SDPA backend choice for these shapes (stand-in CPU tensors: one row, broadcast)."""
+    def stand_in(shape: tuple, dt: torch.dtype) -> torch.Tensor:
+        return torch.empty(shape[-1], dtype=dt).expand(shape)
 
-    On meta tensors SDPA's dispatcher takes the math path (``bmm`` + softmax);
-    a real run executes one fused attention kernel (on CPU
-    ``_scaled_dot_product_flash_attention_for_cpu``, with its own backward),
-    so the captured graph calls that kernel directly. GQA without repeated
-    heads and masks other than causal keep PyTorch's own dispatch.
+    try:
+        return int(torch.ops.aten._fused_sdp_choice(
+            stand_in(q, dtype), stand_in(k, dtype), stand_in(v, dtype),
+            None if mask is None else stand_in(*mask), dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa))
+    except RuntimeError:
+        return -1
+
+
+def _fused_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    """``F.scaled_dot_product_attention`` as the kernel PyTorch runs on a real device.
+
+    On meta tensors SDPA's dispatcher takes the math path (``bmm`` + softmax).
+    PyTorch's own backend choice (``torch._fused_sdp_choice``, asked with
+    stand-in CPU tensors of the same shapes, strides and dtypes) decides what
+    a real run executes: flash attention
+    (``_scaled_dot_product_flash_attention_for_cpu``, with its own backward;
+    it takes GQA key/value heads, masks, dropout and a scale as they are; the
+    CPU kernel refuses dropout, so dropout is asked as a GPU's flash kernel
+    takes it) or, when PyTorch itself would, the math path.
     """
-    if enable_gqa or attn_mask is not None or query.dim() != 4:
+    if query.dim() != 4 or not all(isinstance(t, torch.Tensor) and t.device.type == "meta"
+                                   for t in (query, key, value)):
+        return _EAGER_SDPA(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                           scale=scale, enable_gqa=enable_gqa)
+
+    mask = None if attn_mask is None else (tuple(attn_mask.shape), attn_mask.dtype)
+    choice = _sdp_choice(tuple(query.shape), tuple(key.shape), tuple(value.shape), query.dtype, mask,
+                         float(dropout_p), bool(is_causal), scale, bool(enable_gqa))
+    flash = getattr(torch.nn.attention.SDPBackend, "FLASH_ATTENTION").value
+    if choice != flash and dropout_p > 0:
+        # the CPU flash kernel refuses dropout; the GPU flash kernels a training run uses take it
+        choice = _sdp_choice(tuple(query.shape), tuple(key.shape), tuple(value.shape), query.dtype, mask,
+                             0.0, bool(is_causal), scale, bool(enable_gqa))
+    if choice != flash:
         return _EAGER_SDPA(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
                            scale=scale, enable_gqa=enable_gqa)
     return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-        query, key, value, dropout_p, is_causal, scale=scale)[0]
+        query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)[0]
 
 
 def _compile_part(module: nn.Module, args: Sequence[torch.Tensor], part: str) -> tuple[_Capture, torch.Tensor]:
@@ -226,18 +278,24 @@ def _compile_part(module: nn.Module, args: Sequence[torch.Tensor], part: str) ->
     compiled = torch.compile(module, backend=backend, fullgraph=True, dynamic=False)
     try:
         torch.nn.functional.scaled_dot_product_attention = _fused_sdpa
-        out = compiled(*args)
-        if out.requires_grad:
-            if out.ndim == 0:
-                out.backward()
-            else:
-                out.backward(torch.empty_like(out))
+        with composite_autograd(), no_rng_state_on_meta():
+            out = compiled(*args)
+            if not isinstance(out, torch.Tensor):
+                raise CaptureError("model", f"part '{part}' returned {type(out).__name__}, not a tensor")
+            if out.requires_grad:
+                if out.ndim == 0:
+                    out.backward()
+                else:
+                    out.backward(torch.empty_like(out))
     except CaptureError:
         raise
     except (torch._dynamo.exc.Unsupported, torch._dynamo.exc.UserError) as exc:
         raise CaptureError("model", f"graph break in part '{part}': {_reason(exc)}", _user_source(exc)) from exc
     except torch._dynamo.exc.TorchDynamoException as exc:
         raise CaptureError("model", f"cannot capture part '{part}': {_reason(exc)}", _user_source(exc)) from exc
+    except (RuntimeError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        raise CaptureError("model", f"cannot capture part '{part}': {type(exc).__name__}: {_reason(exc)}",
+                           _user_source(exc)) from exc
     finally:
         torch.nn.functional.scaled_dot_product_attention = _EAGER_SDPA
     return cap, out
@@ -405,6 +463,9 @@ def capture_step(
     repeat: bool = True,
     optimizer: str | None = "adamw",
     dtype: str | torch.dtype | None = None,
+    loss: str = "auto",
+    default_batch: tuple[int, int] = (1, 2048),
+    parallelize: Callable[[nn.Module, Any], nn.Module | None] | None = None,
 ) -> CapturedStep:
     """Capture one training step of ``model_factory()`` as rank 0 of the plan's world.
 
@@ -419,14 +480,42 @@ def capture_step(
       :mod:`flint.capture.recipes`), with ``world_size`` and, for 2-D recipes,
       the TP degree ``tp`` (:func:`flint.plan.from_recipe`);
     - a function ``plan(model, device_mesh)`` that parallelises the model with
-      PyTorch APIs; its mesh is ``mesh_shape`` / ``mesh_axis_names``
+      PyTorch APIs (captured by :mod:`flint.capture.generic`, ``fully_shard``
+      and ``replicate`` intercepted); its mesh is ``mesh_shape`` / ``mesh_axis_names``
       (default ``(world_size,)`` named ``dp_replicate``), and mesh axes named
       ``dp_replicate`` or ``dp_shard`` split the batch.
     ``repeat=True`` captures one block of a StagedLM and repeats it;
     ``repeat=False`` captures the whole stack as one part (for checks).
     ``optimizer`` is ``"adamw"`` or ``None``. ``dtype`` casts the model
     (default: as built, float32).
+
+    A model that is not a StagedLM (a Hugging Face model, any ``nn.Module``)
+    is captured by :mod:`flint.capture.generic`: ``batch_shapes`` values may
+    be :class:`flint.capture.byom.InputSpec` (shape and dtype; a bare shape
+    is int64 for names like ``input_ids`` / ``labels``, else the model's
+    dtype); ``loss`` is ``auto`` (the model's own loss, or cross-entropy /
+    MSE against an input ``forward`` does not take, or the output's sum) or
+    one of :data:`flint.capture.byom.LOSSES`; ``batch_shapes=None`` takes a
+    causal LM's default inputs (``input_ids`` and ``labels`` of
+    ``default_batch`` = (global batch, sequence)); ``parallelize(model, mesh)``
+    (instead of a plan, with the plan's mesh) applies the user's own
+    ``fully_shard`` / ``replicate`` / ``parallelize_module`` calls
+    (:func:`flint.capture.byom.intercept`).
     """
+    from flint.capture.byom import LOSSES, InputSpec
+
+    if loss not in LOSSES:
+        raise CaptureError("loss", f"unknown loss '{loss}'; known: {', '.join(LOSSES)}")
+    if parallelize is not None:
+        if callable(plan) and not isinstance(plan, Plan):
+            raise CaptureError("parallelize", "give either a plan function or parallelize=, not both")
+        if isinstance(plan, str) and world_size is None and mesh_shape is not None:
+            pass
+    specs = None
+    if batch_shapes is not None:
+        specs = {k: v if isinstance(v, InputSpec) else InputSpec(tuple(int(d) for d in v))
+                 for k, v in batch_shapes.items()}
+        batch_shapes = {k: v.shape for k, v in specs.items()}
     if world_size is not None and world_size < 1:
         raise CaptureError("world_size", f"must be a positive integer, got {world_size}")
     custom = callable(plan) and not isinstance(plan, Plan)
@@ -468,59 +557,71 @@ def capture_step(
         dm = device_mesh(mesh.shape, mesh.axis_names)
         torch._dynamo.reset()
         with torch.device("meta"):
-            model = model_factory()
+            from flint.capture.byom import call_user, default_inputs, where_defined
+
+            model = call_user(model_factory, (), "model", "the model factory")
+        if not isinstance(model, nn.Module):
+            raise CaptureError("model", f"the model factory returned {type(model).__name__}, not a torch.nn.Module",
+                               where_defined(model_factory))
+        if specs is None:
+            specs = default_inputs(model, *default_batch)
+            batch_shapes = {k: v.shape for k, v in specs.items()}
         if torch_dtype is not None:
             model.to(torch_dtype)
         param_dtype = next(model.parameters()).dtype
         global_params = {n: tuple(p.shape) for n, p in model.named_parameters()}
         buffers = {id(b): n for n, b in model.named_buffers()}
         staged = all(hasattr(model, a) for a in ("embed", "layers", "head"))
-        if staged and repeat:
+        if not staged or custom or parallelize is not None:
+            # any module, or the user's own parallelisation (fully_shard intercepted): the generic path
+            from flint.capture.generic import capture_generic
+
+            data_axes = [a for a in mesh.axis_names if a in ("dp_replicate", "dp_shard")]
+            fn = plan if custom else parallelize
+            if not custom and parallelize is None:
+                plan.require(CAPTURE_FIELDS, "capture")
+            parts, local = capture_generic(
+                model, dm, mesh, specs, parallelize=fn, plan=None if custom else plan, loss=loss, repeat=repeat,
+                capture_part=_capture_part, param_dtype=param_dtype, data_axes=data_axes,
+                local_batch=_local_batch, optimizer=optimizer, buffers=buffers)
+            axes = group_axes(dm)
+            _check_groups(parts, axes)
+            torch._dynamo.reset()
+            if parallelize is not None and not custom:
+                plan_name = getattr(parallelize, "__name__", plan_name)
+            return CapturedStep(parts, mesh, plan_name, axes, param_dtype, local, global_params,
+                                None if custom or parallelize is not None else plan)
+        if repeat:
             _check_layers(model.layers)
-        if staged:
-            _check_batch(batch_shapes, ("tokens", "labels"))
-        if custom:
-            result = plan(model, dm)
-            model = result if isinstance(result, nn.Module) else model
-            infos = {id(p): ParamInfo(n, tuple(p.shape), tuple(_local(p).shape), p.dtype)
-                     for n, p in model.named_parameters()}
-            data_axes = [a for a in mesh.axis_names if a in ("dp_replicate", "dp_shard")]
-            dp_group = None
-        else:
-            cfg = getattr(model, "config", None)
-            plan.check_model(n_layers=getattr(cfg, "n_layers", None))
-            infos, model = apply(plan, model, dm)
-            data_axes = [a for a in mesh.axis_names if a in ("dp_replicate", "dp_shard")]
-            dp_group = dm["dp_shard"].get_group().group_name if data_parallel_mode(plan) == "fsdp" else None
+        _check_batch(batch_shapes, ("tokens", "labels"))
+        cfg = getattr(model, "config", None)
+        plan.check_model(n_layers=getattr(cfg, "n_layers", None))
+        infos, model = apply(plan, model, dm)
+        data_axes = [a for a in mesh.axis_names if a in ("dp_replicate", "dp_shard")]
+        dp_group = dm["dp_shard"].get_group().group_name if data_parallel_mode(plan) == "fsdp" else None
         dp = mesh.group_size(data_axes) if data_axes else 1
         local = _local_batch(batch_shapes, dp)
         kw = dict(infos=infos, buffers=buffers, optimizer=optimizer, dp_group=dp_group)
         parts: list[CapturedPart] = []
-        if staged:
-            tokens = torch.zeros(local["tokens"], dtype=torch.long, device="meta")
-            labels = torch.zeros(local["labels"], dtype=torch.long, device="meta")
-            part, h = _capture_part("embed", model.embed, (tokens,), ("input",), 1, **kw)
-            parts.append(part)
-            if repeat:
-                h = h.detach().requires_grad_()
-                part, h = _capture_part("block", model.layers[0], (h,), ("activation",), len(model.layers), **kw)
-                parts.append(part)
-            else:
-                h = h.detach().requires_grad_()
-                part, h = _capture_part("layers", _Stack(model.layers), (h,), ("activation",), 1, **kw)
-                parts.append(part)
+        tokens = torch.zeros(local["tokens"], dtype=torch.long, device="meta")
+        labels = torch.zeros(local["labels"], dtype=torch.long, device="meta")
+        part, h = _capture_part("embed", model.embed, (tokens,), ("input",), 1, **kw)
+        parts.append(part)
+        if repeat:
             h = h.detach().requires_grad_()
-            part, _ = _capture_part("head", model.head, (h, labels), ("activation", "input"), 1, **kw)
+            part, h = _capture_part("block", model.layers[0], (h,), ("activation",), len(model.layers), **kw)
             parts.append(part)
         else:
-            args = tuple(torch.zeros(s, device="meta") for s in local.values())
-            part, _ = _capture_part("model", _Kwargs(model, tuple(local)), args, ("input",) * len(args), 1, **kw)
+            h = h.detach().requires_grad_()
+            part, h = _capture_part("layers", _Stack(model.layers), (h,), ("activation",), 1, **kw)
             parts.append(part)
+        h = h.detach().requires_grad_()
+        part, _ = _capture_part("head", model.head, (h, labels), ("activation", "input"), 1, **kw)
+        parts.append(part)
         axes = group_axes(dm)
         _check_groups(parts, axes)
         torch._dynamo.reset()
-    return CapturedStep(parts, mesh, plan_name, axes, param_dtype, local, global_params,
-                        None if custom else plan)
+    return CapturedStep(parts, mesh, plan_name, axes, param_dtype, local, global_params, plan)
 
 
 class _Stack(nn.Module):
@@ -534,16 +635,6 @@ class _Stack(nn.Module):
         for layer in self.layers:
             h = layer(h)
         return h
-
-
-class _Kwargs(nn.Module):
-    def __init__(self, model: nn.Module, names: tuple[str, ...]) -> None:
-        super().__init__()
-        self.model = model
-        self.names = names
-
-    def forward(self, *args: torch.Tensor) -> torch.Tensor:
-        return self.model(**dict(zip(self.names, args)))
 
 
 def _check_batch(batch_shapes: Mapping[str, Sequence[int]], needed: Sequence[str]) -> None:

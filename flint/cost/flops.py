@@ -144,7 +144,7 @@ def op_flops(target: str, in_shapes: Sequence[Any], out_shapes: Sequence[Shape] 
     packet, schema = _schema(ns, name, overload)
     if packet is not None and packet in _fc.flop_registry and schema is not None:
         full, kwargs = _registry_args(schema, in_shapes, args)
-        outs = [_shape(s) for s in out_shapes]
+        outs = [None if s is None else _shape(s) for s in out_shapes]  # None: an output the op skipped
         out_val = outs[0] if len(outs) == 1 else tuple(outs)
         return int(_fc.flop_registry[packet](*full, out_val=out_val, **kwargs))
     return _extra_flops(name, [None if s is None else _shape(s) for s in in_shapes if not isinstance(s, list)],

@@ -23,6 +23,8 @@ from flint.errors import FlintError
 DEFAULT_MODELS = ("llama-tiny", "gpt2-tiny")
 DEFAULT_PLANS = ("dp", "fsdp", "tp", "tp+sp", "fsdp+tp")
 DEFAULT_WORLD_SIZES = (2, 4)
+# A Hugging Face model (flint.models.hf), captured by the generic path, run with the same preset function.
+HF_CASES = (("hf-llama-tiny", "fsdp", 2),)
 DEFAULT_OUT = "docs/validation.md"
 DEFAULT_CHART = "docs/validation_ratios.png"
 COMMAND = "flint validate"
@@ -45,6 +47,15 @@ def cases(models, plans, world_sizes):
                     continue
                 out.append(Case(model, plan, w))
     return out
+
+
+def hf_cases(models, plans, world_sizes):
+    """The Hugging Face cases of HF_CASES whose plan and world size are selected, with the default
+    models or when --models names them."""
+    from flint.validate.compare import Case
+
+    return [Case(m, p, w) for m, p, w in HF_CASES
+            if (m in models or tuple(models) == DEFAULT_MODELS) and p in plans and w in world_sizes]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -72,8 +83,11 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         models, plans = _csv(args.models), _csv(args.plans)
+        from flint.models.hf import is_hf
+
         for m in models:
-            config(m)
+            if not is_hf(m):
+                config(m)
         for p in plans:
             if p not in RECIPES:
                 raise FlintError(f"--plans: unknown recipe '{p}'; known: {', '.join(RECIPES)}")
@@ -86,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     except (FlintError, CaptureError) as e:
         print(f"flint validate: error: {e}", file=sys.stderr)
         return 2
-    todo = cases(models, plans, world_sizes)
+    todo = cases([m for m in models if not is_hf(m)], plans, world_sizes) + hf_cases(models, plans, world_sizes)
     if not todo:
         print("flint validate: error: no case to run (2-D recipes need world size 4)", file=sys.stderr)
         return 2

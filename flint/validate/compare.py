@@ -69,8 +69,15 @@ def flint_counts(case: Case) -> FlintCounts:
     from flint.capture import capture_step
     from flint.models import factory
 
-    batch = {"tokens": case.batch, "labels": case.batch}
-    step = capture_step(factory(case.model), batch, world_size=case.world_size, plan=case.plan, tp=case.tp,
+    from flint.models.hf import hf_factory, is_hf
+
+    if is_hf(case.model):  # a Hugging Face model: its own inputs and loss (flint.capture.generic)
+        batch = {"input_ids": case.batch, "labels": case.batch}
+        model_factory = hf_factory(case.model)
+    else:
+        batch = {"tokens": case.batch, "labels": case.batch}
+        model_factory = factory(case.model)
+    step = capture_step(model_factory, batch, world_size=case.world_size, plan=case.plan, tp=case.tp,
                         repeat=False)
     summary = step.summary()
     colls, coll_bytes = Counter(), Counter()

@@ -78,8 +78,21 @@ def run(spec: dict, rank: int) -> None:
         fmesh = plan.mesh()
         mesh = init_device_mesh("cpu", fmesh.shape, mesh_dim_names=fmesh.axis_names)
         torch.manual_seed(0)
-        model = build(spec["model"], **spec.get("overrides", {}))
-        parallelize(model, plan, mesh)
+        from flint.models.hf import build_hf, is_hf
+
+        hf = is_hf(spec["model"])
+        if hf:
+            # a Hugging Face model, parallelized by the same preset function Flint captures it with
+            # (flint.capture.byom.preset_parallelize), here calling the real fully_shard / replicate
+            from flint.capture.byom import find_blocks, preset_parallelize
+
+            model = build_hf(spec["model"])
+            model.config.use_cache = False  # training: no KV cache (as in Flint's capture)
+            found = find_blocks(model)
+            preset_parallelize(plan, model, found[0] if found else None)(model, mesh)
+        else:
+            model = build(spec["model"], **spec.get("overrides", {}))
+            parallelize(model, plan, mesh)
         dp = plan.dp
         batch, seq = spec["batch"]
         data_axes = plan.axes("dp")
@@ -92,7 +105,7 @@ def run(spec: dict, rank: int) -> None:
                                 foreach=False)
 
         def step() -> None:
-            loss = model(tokens, labels)
+            loss = model(input_ids=tokens, labels=labels).loss if hf else model(tokens, labels)
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)

@@ -1,0 +1,509 @@
+"""Bring your own model: any ``nn.Module``, its inputs, its repeated blocks, the user's parallelisation.
+
+- :func:`find_blocks` finds the stack of structurally identical blocks (any
+  ``nn.ModuleList`` / ``nn.Sequential``, whatever its attribute name), which
+  capture then runs once and repeats;
+- :func:`parse_inputs` / :func:`default_inputs` give the batch as the model's
+  ``forward`` takes it (``input_ids=8x2048:int64,labels=8x2048:int64``);
+- :func:`intercept` runs a user's ``parallelize(model, mesh)`` as their
+  training script would, recording ``fully_shard`` and ``replicate`` calls
+  (see its docstring for why and how), while ``parallelize_module`` and
+  activation checkpointing run for real;
+- :data:`TP_PRESETS` are tensor-parallel plans as data (module-path pattern ->
+  ``ColwiseParallel`` / ``RowwiseParallel`` / ``SequenceParallel``) for
+  torchtitan's and Hugging Face's Llama naming, and :func:`preset_parallelize`
+  writes Flint's named plans as such a function.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import importlib.util
+import inspect
+import os
+import re
+import sys
+import traceback
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import torch
+from torch import nn
+
+from flint.capture.errors import CaptureError
+
+# ------------------------------------------------------------------ user files
+
+
+def _user_frame(tb, path: str) -> str | None:
+    """'file:line in fn' of the innermost frame of ``tb`` inside ``path`` (or any non-library frame)."""
+    frames = traceback.extract_tb(tb)
+    real = os.path.realpath(path) if path else None
+    mine = [f for f in frames if real and os.path.realpath(f.filename) == real]
+    if not mine:
+        mine = [f for f in frames if "/site-packages/" not in f.filename and "/flint/" not in f.filename]
+    if not mine:
+        return None
+    f = mine[-1]
+    return f"{f.filename}:{f.lineno} in {f.name}"
+
+
+def load_user_module(path: str, field_name: str):
+    """Import ``path`` as a registered module (``sys.modules``), so its globals resolve under torch.compile."""
+    if not os.path.isfile(path):
+        raise CaptureError(field_name, f"no such file {path}")
+    real = os.path.realpath(path)
+    name = "flint_user_" + re.sub(r"\W", "_", os.path.splitext(os.path.basename(real))[0]) + \
+        f"_{abs(hash(real)) % 10**8}"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, real)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    sys.path.insert(0, os.path.dirname(real))
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:  # noqa: BLE001 - reported with the user's line
+        del sys.modules[name]
+        raise CaptureError(field_name, f"{path} failed to import: {type(e).__name__}: {e}",
+                           _user_frame(e.__traceback__, real)) from None
+    finally:
+        sys.path.remove(os.path.dirname(real))
+    return module
+
+
+def user_function(spec: str, field_name: str, default: str, what: str) -> tuple[Callable, str]:
+    """``path/to/file.py[:fn]`` -> (the function, its file)."""
+    path, _, fn_name = spec.partition(":")
+    fn_name = fn_name or default
+    module = load_user_module(path, field_name)
+    fn = getattr(module, fn_name, None)
+    if not callable(fn):
+        names = sorted(n for n, v in vars(module).items() if inspect.isfunction(v) and v.__module__ == module.__name__)
+        raise CaptureError(field_name, f"{path} defines no function '{fn_name}' ({what}); "
+                           f"functions it defines: {', '.join(names) or 'none'}")
+    return fn, os.path.realpath(path)
+
+
+def call_user(fn: Callable, args: Sequence[Any], field_name: str, what: str) -> Any:
+    """Call a user function; an exception becomes a CaptureError at the user's line."""
+    try:
+        return fn(*args)
+    except CaptureError:
+        raise
+    except Exception as e:  # noqa: BLE001
+        file = inspect.getsourcefile(fn) or ""
+        raise CaptureError(field_name, f"{what} '{getattr(fn, '__name__', fn)}' raised {type(e).__name__}: {e}",
+                           _user_frame(e.__traceback__, file)) from None
+
+
+def where_defined(obj: Any) -> str | None:
+    try:
+        fn = obj if inspect.isfunction(obj) else type(obj)
+        return f"{inspect.getsourcefile(fn)}:{inspect.getsourcelines(fn)[1]}"
+    except (TypeError, OSError):
+        return None
+
+
+# ------------------------------------------------------------------ blocks
+
+
+def _signature(module: nn.Module) -> tuple:
+    return (type(module), tuple((n, tuple(p.shape), p.dtype) for n, p in module.named_parameters()),
+            tuple(type(m).__name__ for _, m in module.named_modules()))
+
+
+def find_blocks(model: nn.Module) -> tuple[str, nn.Module] | None:
+    """The largest ``ModuleList`` / ``Sequential`` / ``ModuleDict`` of >= 2 structurally identical modules with parameters.
+
+    Structure: same class, same parameter names, shapes and dtypes, same
+    submodule classes. Returns ``(path, container)`` or None (capture whole).
+    """
+    best: tuple[int, int, str, nn.Module] | None = None
+    for path, mod in model.named_modules():
+        if not isinstance(mod, (nn.ModuleList, nn.Sequential, nn.ModuleDict)) or len(mod) < 2:
+            continue
+        children = list(mod.children())
+        sig = _signature(children[0])
+        if not sig[1] or any(_signature(c) != sig for c in children[1:]):
+            continue
+        size = sum(p.numel() for p in mod.parameters())
+        key = (size, -path.count("."), path, mod)
+        if best is None or key[:2] > best[:2]:
+            best = key
+    return (best[2], best[3]) if best else None
+
+
+# ------------------------------------------------------------------ inputs
+
+
+_DTYPE_NAMES = {"int64": torch.int64, "long": torch.int64, "int32": torch.int32, "int": torch.int32,
+                "float32": torch.float32, "float": torch.float32, "fp32": torch.float32,
+                "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
+                "bool": torch.bool}
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """One model input: global shape (dim 0 is the batch) and dtype (None: the model's dtype)."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype | None = None
+
+
+def parse_inputs(text: str) -> dict[str, InputSpec]:
+    """``'input_ids=8x2048:int64,labels=8x2048:int64'`` -> {name: InputSpec}."""
+    out: dict[str, InputSpec] = {}
+    for item in [s.strip() for s in text.split(",") if s.strip()]:
+        name, eq, rest = item.partition("=")
+        name = name.strip()
+        if not eq or not name.isidentifier():
+            raise CaptureError("--inputs", f"'{item}': expected name=DIMxDIM[:dtype], e.g. input_ids=8x2048:int64")
+        dims, _, dt = rest.partition(":")
+        try:
+            shape = tuple(int(d) for d in dims.lower().split("x"))
+        except ValueError:
+            raise CaptureError("--inputs", f"'{item}': shape '{dims}' is not DIMxDIM... of integers") from None
+        if not shape or any(d < 1 for d in shape):
+            raise CaptureError("--inputs", f"'{item}': every dimension must be at least 1")
+        if dt and dt not in _DTYPE_NAMES:
+            raise CaptureError("--inputs", f"'{item}': unknown dtype '{dt}'; known: {', '.join(_DTYPE_NAMES)}")
+        if name in out:
+            raise CaptureError("--inputs", f"'{name}' given twice")
+        out[name] = InputSpec(shape, _DTYPE_NAMES[dt] if dt else None)
+    if not out:
+        raise CaptureError("--inputs", "no inputs given")
+    return out
+
+
+_INT_NAMES = re.compile(r"(^|_)(ids|labels|tokens|targets|target|label|idx|positions)$")
+
+
+def input_dtype(name: str, spec: InputSpec, model_dtype: torch.dtype) -> torch.dtype:
+    if spec.dtype is not None:
+        return spec.dtype
+    return torch.int64 if _INT_NAMES.search(name) else model_dtype
+
+
+def forward_parameters(model: nn.Module) -> tuple[list[str], bool]:
+    """Names ``model.forward`` takes (without self), and whether it takes ``**kwargs``."""
+    sig = inspect.signature(model.forward)
+    names, var_kw = [], False
+    for p in sig.parameters.values():
+        if p.kind is p.VAR_KEYWORD:
+            var_kw = True
+        elif p.kind is not p.VAR_POSITIONAL:
+            names.append(p.name)
+    return names, var_kw
+
+
+def is_causal_lm(model: nn.Module) -> bool:
+    names, _ = forward_parameters(model)
+    return "input_ids" in names and "labels" in names
+
+
+def default_inputs(model: nn.Module, batch: int, seq: int) -> dict[str, InputSpec]:
+    """Causal LMs (``forward(input_ids, ..., labels)``): int64 ids and labels, the model's own loss."""
+    if is_causal_lm(model):
+        return {"input_ids": InputSpec((batch, seq), torch.int64), "labels": InputSpec((batch, seq), torch.int64)}
+    names, _ = forward_parameters(model)
+    raise CaptureError("inputs", f"cannot guess the inputs of {type(model).__name__}.forward({', '.join(names)}); "
+                       "give them with --inputs 'name=DIMxDIM:dtype,...' or an example_inputs() function "
+                       "in the model file", where_defined(model))
+
+
+def check_inputs(model: nn.Module, names: Sequence[str], loss_targets: Sequence[str] = ()) -> None:
+    """Every input must be a parameter of ``forward`` (or a loss target); every required one given."""
+    params, var_kw = forward_parameters(model)
+    sig = inspect.signature(model.forward)
+    extra = [n for n in names if n not in params and n not in loss_targets]
+    if extra and not var_kw:
+        raise CaptureError("inputs", f"{type(model).__name__}.forward takes ({', '.join(params)}), "
+                           f"not {', '.join(repr(e) for e in extra)}", where_defined(model))
+    missing = [p.name for p in sig.parameters.values() if p.default is p.empty
+               and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in names]
+    if missing:
+        raise CaptureError("inputs", f"{type(model).__name__}.forward({', '.join(params)}) needs "
+                           f"{', '.join(repr(m) for m in missing)}, which the inputs do not give",
+                           where_defined(model))
+
+
+LOSSES = ("auto", "cross_entropy", "mse", "sum")
+
+
+def loss_of(out: Any, targets: Mapping[str, torch.Tensor], loss: str) -> torch.Tensor:
+    """The scalar to differentiate: the model's own loss, or ``loss`` of its logits / output."""
+    own = getattr(out, "loss", None) if not isinstance(out, torch.Tensor) else None
+    if isinstance(out, dict) and "loss" in out:
+        own = out["loss"]
+    if loss == "auto" and own is not None:
+        return own
+    if isinstance(out, torch.Tensor):
+        value = out
+    elif isinstance(out, dict) or hasattr(out, "logits"):
+        value = out["logits"] if isinstance(out, dict) else out.logits
+    elif isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
+        value = out[0]
+    else:
+        raise CaptureError("loss", f"the model returned {type(out).__name__}: expected a loss tensor, a tensor "
+                           "of logits or an output with .loss / .logits")
+    if loss == "auto":
+        if value.ndim == 0:
+            return value
+        loss = "cross_entropy" if targets and next(iter(targets.values())).dtype == torch.int64 else \
+            "mse" if targets else "sum"
+    if loss == "sum":
+        return value.float().sum()
+    if not targets:
+        raise CaptureError("loss", f"loss '{loss}' needs a target input the model does not take "
+                           "(e.g. --inputs '...,target=8:int64')")
+    target = next(iter(targets.values()))
+    if loss == "cross_entropy":
+        return nn.functional.cross_entropy(value.float().flatten(0, -2), target.flatten())
+    return nn.functional.mse_loss(value.float(), target.float())
+
+
+# ------------------------------------------------------------------ parallelisation
+
+
+@dataclass
+class GroupCall:
+    """One recorded ``fully_shard`` / ``replicate`` call: what FSDP2 would make a parameter group."""
+
+    modules: list[nn.Module]
+    mesh: Any
+    mode: str  # "fsdp" or "dp"
+    reshard_after_forward: bool = True
+    param_dtype: torch.dtype | None = None
+    source: str | None = None
+
+
+@dataclass
+class Recorded:
+    groups: list[GroupCall] = field(default_factory=list)
+
+
+def _caller() -> str | None:
+    for f in reversed(traceback.extract_stack()[:-2]):
+        if "/flint/" not in f.filename and "/torch/" not in f.filename:
+            return f"{f.filename}:{f.lineno}"
+    return None
+
+
+@contextmanager
+def intercept(user_globals: dict | None = None) -> Iterator[Recorded]:
+    """Record ``fully_shard`` and ``replicate`` calls made inside the block.
+
+    Real FSDP2 (``fully_shard``) cannot be captured by ``torch.compile`` with
+    fullgraph on fake tensors: its parameter management lives in forward
+    hooks and autograd hooks on a Python state machine that dynamo skips
+    (``torch._dynamo.config.skip_fsdp_hooks``), so a captured graph would
+    show no collectives. Flint intercepts the calls instead and applies what
+    they mean, with PyTorch's own APIs, SimpleFSDP-style
+    (:class:`flint.capture.recipes.ParamGroup`): every call is one parameter
+    group of the modules' parameters not already in a group (as FSDP2 does:
+    a later call on an ancestor takes what is left); its parameters become
+    dim-0 shards over the call's mesh, all-gathered in one flat
+    ``all_gather_tensor_autograd`` before the group's forward (the backward
+    of which is the gradient ``reduce_scatter``), gathered again in backward
+    when ``reshard_after_forward`` (selective-checkpoint ``MUST_RECOMPUTE``),
+    in ``mp_policy.param_dtype`` when given. A 2-D mesh is HSDP (replicate x
+    shard). ``replicate`` is one gradient all-reduce (avg) per group. A list
+    of modules (``fully_shard([norm, output])``) becomes one group per module
+    (the same bytes, one collective per module instead of one for the list).
+    ``reduce_dtype``, offloading and prefetch settings are not modelled.
+    """
+    import torch.distributed.fsdp as fsdp_mod
+
+    rec = Recorded()
+
+    def fully_shard(module, *, mesh=None, reshard_after_forward=True, shard_placement_fn=None,
+                    mp_policy=None, offload_policy=None, ignored_params=None):
+        modules = list(module) if isinstance(module, (list, tuple)) else [module]
+        if mesh is None:
+            raise CaptureError("parallelize", "fully_shard without mesh=: pass the data-parallel DeviceMesh",
+                               _caller())
+        param_dtype = getattr(mp_policy, "param_dtype", None)
+        ras = reshard_after_forward if isinstance(reshard_after_forward, bool) else True
+        rec.groups.append(GroupCall(modules, mesh, "fsdp", ras, param_dtype, _caller()))
+        return module
+
+    def replicate(module, *args, device_mesh=None, mesh=None, **kwargs):
+        mesh = mesh if mesh is not None else device_mesh
+        if mesh is None:
+            raise CaptureError("parallelize", "replicate without a mesh: pass device_mesh= / mesh=", _caller())
+        modules = list(module) if isinstance(module, (list, tuple)) else [module]
+        rec.groups.append(GroupCall(modules, mesh, "dp", True, None, _caller()))
+        return module
+
+    targets: list[tuple[Any, str, Any]] = []
+    mods = [fsdp_mod]
+    for name in ("torch.distributed._composable.fsdp", "torch.distributed._composable.fsdp.fully_shard",
+                 "torch.distributed._composable.replicate", "torch.distributed._composable.replicate_with_fsdp",
+                 "torch.distributed._composable"):
+        try:
+            mods.append(importlib.import_module(name))
+        except ImportError:
+            pass
+    originals = {}
+    for m in mods:
+        for attr, repl in (("fully_shard", fully_shard), ("replicate", replicate)):
+            orig = getattr(m, attr, None)
+            if orig is not None and not inspect.ismodule(orig):
+                originals[id(orig)] = repl
+                targets.append((m.__dict__, attr, orig))
+    if user_globals is not None:
+        for k, v in list(user_globals.items()):
+            if id(v) in originals:
+                targets.append((user_globals, k, v))
+    seen = set()
+    for ns, attr, orig in targets:
+        if (id(ns), attr) in seen:
+            continue
+        seen.add((id(ns), attr))
+        ns[attr] = originals[id(orig)]
+    try:
+        yield rec
+    finally:
+        for ns, attr, orig in targets:
+            ns[attr] = orig
+
+
+# ------------------------------------------------------------------ TP plans as data
+
+
+# (module-path pattern relative to the model root, style); styles: colwise, rowwise,
+# colwise_rep (colwise with a replicated output: the LM head), embed (rowwise embedding),
+# sp_norm (SequenceParallel), prepare (block input from Shard(1) to Replicate).
+TP_PRESETS: dict[str, dict[str, Any]] = {
+    "torchtitan": {
+        "blocks": "layers",
+        "embed": "tok_embeddings", "norm": "norm", "head": "output",
+        "block": {"attention.wq": "colwise", "attention.wk": "colwise", "attention.wv": "colwise",
+                  "attention.wo": "rowwise", "feed_forward.w1": "colwise", "feed_forward.w3": "colwise",
+                  "feed_forward.w2": "rowwise", "attention_norm": "sp_norm", "ffn_norm": "sp_norm",
+                  "attention": "prepare", "feed_forward": "prepare"},
+        "heads": ("n_heads", "n_kv_heads"),
+    },
+    "hf-llama": {
+        "blocks": "model.layers",
+        "embed": "model.embed_tokens", "norm": "model.norm", "head": "lm_head",
+        "block": {"self_attn.q_proj": "colwise", "self_attn.k_proj": "colwise", "self_attn.v_proj": "colwise",
+                  "self_attn.o_proj": "rowwise", "mlp.gate_proj": "colwise", "mlp.up_proj": "colwise",
+                  "mlp.down_proj": "rowwise", "input_layernorm": "sp_norm", "post_attention_layernorm": "sp_norm",
+                  "self_attn": "prepare", "mlp": "prepare"},
+        "heads": ("num_attention_heads", "num_key_value_heads"),
+    },
+}
+
+
+def detect_tp_preset(model: nn.Module) -> str | None:
+    """The preset whose block pattern names exist in ``model`` (or None)."""
+    names = {n for n, _ in model.named_modules()}
+    for preset, table in TP_PRESETS.items():
+        blocks = table["blocks"]
+        if all(f"{blocks}.0.{sub}" in names for sub, style in table["block"].items() if style != "prepare"):
+            return preset
+    return None
+
+
+def tp_plan(preset: str, sp: bool, model: nn.Module) -> dict[str, Any]:
+    """The ``parallelize_module`` plan (module-path patterns -> ParallelStyle) of ``preset``."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
+                                                   SequenceParallel)
+
+    table = TP_PRESETS[preset]
+    out_layout = Shard(1) if sp else Replicate()
+    plan: dict[str, Any] = {table["embed"]: RowwiseParallel(input_layouts=Replicate(), output_layouts=out_layout),
+                            table["head"]: ColwiseParallel(input_layouts=out_layout, output_layouts=Replicate())}
+    if sp:
+        plan[table["norm"]] = SequenceParallel()
+    names = {n for n, _ in model.named_modules()}
+    for sub, style in table["block"].items():
+        if f"{table['blocks']}.0.{sub}" not in names and style != "prepare":
+            continue
+        key = f"{table['blocks']}.*.{sub}"
+        if style == "colwise":
+            plan[key] = ColwiseParallel()
+        elif style == "rowwise":
+            plan[key] = RowwiseParallel(output_layouts=out_layout)
+        elif sp and style == "sp_norm":
+            plan[key] = SequenceParallel()
+        elif sp and style == "prepare":
+            plan[key] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+    return plan
+
+
+def _cfg_get(model: nn.Module, key: str) -> Any:
+    cfg = getattr(model, "config", None)
+    if cfg is None:
+        return None
+    return cfg.get(key) if isinstance(cfg, dict) else getattr(cfg, key, None)
+
+
+def preset_parallelize(plan, model: nn.Module, blocks_path: str | None) -> Callable[[nn.Module, Any], None]:
+    """Flint's named plan as a parallelize function, written as a training script would.
+
+    TP (``plan.tp > 1``): the TP preset matching the model's module names
+    (:data:`TP_PRESETS`). Data parallelism: ``fully_shard`` (``dp_shard``,
+    HSDP with ``dp_replicate``) or ``replicate`` on the input embedding (if
+    untied from the output), every block, ``[final norm, output]`` as one
+    group when a preset names them, and the root, as torchtitan does.
+    """
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    def parallelize(model: nn.Module, mesh) -> None:
+        import torch.distributed.fsdp as fsdp_mod
+        from torch.distributed._composable import replicate
+
+        if plan.tp > 1:
+            preset = detect_tp_preset(model)
+            if preset is None:
+                raise CaptureError("plan", f"tensor parallelism of {type(model).__name__}: its module names match "
+                                   f"no TP preset ({', '.join(TP_PRESETS)}); pass --parallelize with your own "
+                                   "parallelize_module plan", where_defined(model))
+            for key in TP_PRESETS[preset]["heads"]:
+                value = _cfg_get(model, key)
+                if value is not None and value % plan.tp:
+                    raise CaptureError(key, f"{value} heads are not divisible by the tensor-parallel degree {plan.tp}")
+            if _cfg_get(model, "num_local_experts") or _cfg_get(model, "n_experts"):
+                raise CaptureError("plan", "tensor parallelism of mixture-of-experts layers is not implemented; "
+                                   "use 'dp' or 'fsdp' for MoE models")
+            parallelize_module(model, mesh["tp"], tp_plan(preset, plan.sp, model))
+        if plan.dp_shard > 1:
+            dp_mesh = mesh["dp_replicate", "dp_shard"] if plan.dp_replicate > 1 else mesh["dp_shard"]
+            wrap = lambda m: fsdp_mod.fully_shard(m, mesh=dp_mesh)  # noqa: E731
+        elif plan.dp_replicate > 1:
+            wrap = lambda m: replicate(m, device_mesh=mesh["dp_replicate"])  # noqa: E731
+        else:
+            return
+        emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+        out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        if emb is not None and not (out is not None and out.weight is emb.weight):
+            wrap(emb)
+        if blocks_path is not None:
+            for block in model.get_submodule(blocks_path).children():
+                wrap(block)
+        preset = detect_tp_preset(model)
+        if preset is not None:  # final norm and output as one group, as torchtitan does
+            table = TP_PRESETS[preset]
+            wrap([model.get_submodule(table["norm"]), model.get_submodule(table["head"])])
+        wrap(model)
+
+    parallelize.__name__ = plan.describe()
+    return parallelize
+
+
+def group_params(group_modules: Sequence[nn.Module], taken: set[int]) -> list[tuple[nn.Module, list[str]]]:
+    """Per module of a recorded call: the parameter names not already in an earlier group."""
+    out = []
+    for m in group_modules:
+        names = [n for n, p in m.named_parameters() if id(p) not in taken]
+        out.append((m, names))
+    return out
+
+
+def fnmatch_any(name: str, patterns: Sequence[str]) -> bool:
+    return any(fnmatch.fnmatch(name, p) for p in patterns)

@@ -1,0 +1,338 @@
+"""Capture any ``nn.Module`` (Hugging Face models, plain MLPs and CNNs) under a parallelize function.
+
+The model is parallelized as a training script would (``parallelize(model,
+mesh)``: :mod:`flint.capture.byom`), its repeated blocks are found
+(:func:`flint.capture.byom.find_blocks`), and the step is captured as two
+parts: ``block`` (block 0 alone, on the inputs it receives in the model's own
+forward, repeated ``len(blocks)`` times) and ``model`` (the model's forward
+and loss with every block replaced by a pass-through, so it holds exactly the
+work outside the blocks). A model without such a stack is captured whole as
+one part ``model``. After the backward, every parameter must have a gradient.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor, Shard
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
+
+from flint.capture import opclass
+from flint.capture.byom import (GroupCall, InputSpec, call_user, check_inputs, find_blocks, forward_parameters,
+                                input_dtype, intercept, loss_of, preset_parallelize, where_defined)
+from flint.capture.errors import CaptureError
+from flint.capture.recipes import ParamGroup, ParamInfo
+
+
+class _Stop(Exception):
+    pass
+
+
+class CallModel(nn.Module):
+    """``model(**forward_inputs)`` reduced to the scalar loss (:func:`flint.capture.byom.loss_of`)."""
+
+    def __init__(self, model: nn.Module, names: Sequence[str], targets: Sequence[str], loss: str) -> None:
+        super().__init__()
+        self.model = model
+        self.names = tuple(names)
+        self.targets = tuple(targets)
+        self.loss = loss
+
+    def forward(self, *args: torch.Tensor) -> torch.Tensor:
+        kw = dict(zip(self.names, args))
+        targets = {k: kw.pop(k) for k in self.targets}
+        return loss_of(self.model(**kw), targets, self.loss)
+
+
+class _BlockCall(nn.Module):
+    """One block called on the (flattened) arguments it received in the model's forward."""
+
+    def __init__(self, block: nn.Module, spec: Any, consts: list[Any]) -> None:
+        super().__init__()
+        self.block = block
+        self.spec = spec
+        self.consts = consts  # non-tensor leaves, None where a tensor goes
+
+    def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
+        it = iter(tensors)
+        leaves = [next(it) if c is _TENSOR else c for c in self.consts]
+        args, kwargs = tree_unflatten(leaves, self.spec)
+        out = self.block(*args, **kwargs)
+        return _first_tensor(out)
+
+
+_TENSOR = object()
+
+
+def _first_tensor(out: Any) -> torch.Tensor:
+    leaves, _ = tree_flatten(out)
+    for leaf in leaves:
+        if isinstance(leaf, torch.Tensor):
+            return leaf
+    raise CaptureError("model", f"a block returned no tensor ({type(out).__name__})")
+
+
+class _Skip(nn.Module):
+    """A block replaced by a pass-through: returns its hidden-state input in the block's output structure."""
+
+    def __init__(self, out_spec: Any, n_leaves: int, first: int) -> None:
+        super().__init__()
+        self.out_spec, self.n_leaves, self.first = out_spec, n_leaves, first
+
+    def forward(self, hidden: Any, *args: Any, **kwargs: Any) -> Any:
+        leaves = [None] * self.n_leaves
+        leaves[self.first] = hidden
+        return tree_unflatten(leaves, self.out_spec)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def _infos_after_tp(model: nn.Module, before: dict[str, ParamInfo]) -> dict[int, ParamInfo]:
+    infos = {}
+    for name, p in model.named_parameters():
+        local = _local(p)
+        sharding = {}
+        if isinstance(p, DTensor):
+            names = p.device_mesh.mesh_dim_names or ()
+            for dim, pl in enumerate(p.placements):
+                if isinstance(pl, Shard):
+                    sharding[names[dim] if dim < len(names) else str(dim)] = pl.dim
+        old = before.get(name)
+        infos[id(p)] = ParamInfo(name, tuple(p.shape) if old is None else old.global_shape, tuple(local.shape),
+                                 p.dtype, sharding)
+    return infos
+
+
+def _apply_groups(root: nn.Module, calls: Sequence[GroupCall], infos: dict[int, ParamInfo]) -> nn.Module:
+    """Turn recorded fully_shard / replicate calls into ParamGroups (bottom-up, as FSDP2 assigns parameters)."""
+    taken: set[int] = set()
+    for call in calls:
+        mesh = call.mesh
+        names = mesh.mesh_dim_names or ()
+        if mesh.ndim == 2 and call.mode == "fsdp":
+            dp_mesh, rep_mesh = mesh[names[1]], mesh[names[0]]
+        elif mesh.ndim == 1:
+            dp_mesh, rep_mesh = mesh, None
+        else:
+            raise CaptureError("parallelize", f"{'fully_shard' if call.mode == 'fsdp' else 'replicate'} on a "
+                               f"{mesh.ndim}-D mesh {names}: expected 1-D (or 2-D for HSDP)", call.source)
+        names_of = {id(m): n for n, m in root.named_modules(remove_duplicate=False)}
+        for m in call.modules:
+            if id(m) not in names_of:
+                raise CaptureError("parallelize", f"{type(m).__name__} given to "
+                                   f"{'fully_shard' if call.mode == 'fsdp' else 'replicate'} is not part of the model",
+                                   call.source)
+        only = None
+        module = call.modules[0]
+        if len(call.modules) > 1:
+            # fully_shard([norm, output]): one group (one collective) of several modules' parameters,
+            # held by their lowest common ancestor and gathered when it runs
+            paths = [names_of[id(m)].split(".") if names_of[id(m)] else [] for m in call.modules]
+            common = []
+            for parts in zip(*paths):
+                if len(set(parts)) != 1:
+                    break
+                common.append(parts[0])
+            module = root.get_submodule(".".join(common)) if common else root
+            only = {id(p) for m in call.modules for p in m.parameters()}
+        is_root = module is root or names_of.get(id(module)) in ("", "module")
+        params = [p for p in module.parameters() if id(p) not in taken and (only is None or id(p) in only)]
+        if not params:
+            continue  # FSDP2: a group with no parameters left moves nothing
+        parents = {id(c): (p, n) for p in root.modules() for n, c in p.named_children()}
+        # FSDP2 never reshards the root group after forward (its parameters are used first in backward)
+        reshard = call.reshard_after_forward and not (is_root and only is None)
+        group = ParamGroup(module, dp_mesh, call.mode, "", infos, rep_mesh, exclude=taken,
+                           reshard_after_forward=reshard, param_dtype=call.param_dtype, only=only)
+        taken.update(id(p) for p in group.local.values())
+        if module is root:
+            root = group
+        else:
+            parent, attr = parents[id(module)]
+            parent._modules[attr] = group
+    return root
+
+
+def _record_block_inputs(call: nn.Module, args: Sequence[torch.Tensor], block: nn.Module):
+    """Run the model eagerly (meta tensors) up to block 0: its args, kwargs and output structure."""
+    seen: dict[str, Any] = {}
+
+    def hook(mod, a, kw):
+        seen["args"], seen["kwargs"] = a, kw
+        handle.remove()
+        with torch.no_grad():
+            seen["out"] = mod(*a, **kw)
+        raise _Stop
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    handle = block.register_forward_pre_hook(hook, with_kwargs=True)
+    # on fake tensors, as dynamo will see the model: code that branches on "am I traced?" (Hugging Face's
+    # is_tracing checks for FakeTensor) takes the traced branch, and nothing data-dependent runs
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    try:
+        with torch.no_grad(), mode:
+            call(*[mode.from_tensor(a) for a in args])
+    except _Stop:
+        pass
+    except CaptureError:
+        raise
+    except Exception as e:  # noqa: BLE001
+        from flint.capture.byom import _user_frame
+        raise CaptureError("model", f"running the model on the inputs failed: {type(e).__name__}: "
+                           f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}",
+                           _user_frame(e.__traceback__, "")) from None
+    finally:
+        handle.remove()
+    if "args" not in seen:
+        raise CaptureError("model", f"the forward never called its repeated block ({type(block).__name__})",
+                           where_defined(call.model if hasattr(call, "model") else call))
+    return tree_map(_fresh, seen["args"]), tree_map(_fresh, seen["kwargs"]), tree_map(_fresh, seen["out"])
+
+
+def _fresh(t: Any) -> Any:
+    """A meta tensor (or DTensor) like ``t``, outside the recording's fake mode."""
+    if isinstance(t, DTensor):
+        local = t.to_local()
+        fresh = torch.empty_strided(local.shape, local.stride(), dtype=local.dtype, device="meta")
+        return DTensor.from_local(fresh, t.device_mesh, t.placements, run_check=False, shape=t.shape,
+                                  stride=t.stride())
+    if isinstance(t, torch.Tensor):
+        return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+    return t
+
+
+def _gather_numels(gm: torch.fx.GraphModule | None, groups: set[str]) -> list[int]:
+    if gm is None:
+        return []
+    out = []
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and opclass.classify_aten(n.target) == opclass.ALL_GATHER \
+                and opclass.collective_group(n) in groups:
+            val = n.args[0].meta.get("val")
+            out.append(int(val.numel()) if val is not None else -1)
+    return out
+
+
+def _capture(capture_part, name: str, module: nn.Module, args, kinds, repeat: int, kw: dict):
+    """capture_part, then again with FSDP2's pre-backward unshard for groups AOTAutograd left ungathered."""
+    part, out = capture_part(name, module, args, kinds, repeat, **kw)
+    groups = [g for g in module.modules() if isinstance(g, ParamGroup) and g.mode == "fsdp" and g.reshard_after_forward]
+    if part.bwd is None or not groups:
+        return part, out
+    names = {g.group_name for g in groups}
+    bwd = _gather_numels(part.bwd.gm, names)
+    missing = []
+    for g in groups:
+        numel = sum(p.numel() for p in g.local.values())
+        if numel in bwd:
+            bwd.remove(numel)
+        else:
+            missing.append(g)
+    if not missing:
+        return part, out
+    for g in missing:
+        g.backward_unshard = True
+    torch._dynamo.reset()
+    for p in module.parameters():
+        p.grad = None
+    return capture_part(name, module, args, kinds, repeat, **kw)
+
+
+def _check_gradients(module: nn.Module, infos: dict[int, ParamInfo], part: str) -> None:
+    lacking = [infos[id(p)].name if id(p) in infos else "?" for p in module.parameters()
+               if p.requires_grad and p.grad is None]
+    if lacking:
+        shown = ", ".join(lacking[:8]) + (f" and {len(lacking) - 8} more" if len(lacking) > 8 else "")
+        raise CaptureError("model", f"the captured backward of part '{part}' gives no gradient to "
+                           f"{len(lacking)} parameter(s): {shown} (the loss does not depend on them, or an op "
+                           "on the way has no derivative)")
+
+
+def _resolve_hf_loss(model: nn.Module) -> None:
+    """Hugging Face's ``loss_function`` property logs a warning (untraceable) when ``loss_type`` is unset.
+
+    Resolve it once eagerly, as the first eager call would, and keep it where
+    the property looks first (``_loss_function``); the traced loss is the same.
+    """
+    cfg = getattr(model, "config", None)
+    if getattr(cfg, "use_cache", None):
+        cfg.use_cache = False  # training keeps no KV cache (as HF's Trainer and torchtitan do)
+    prop = getattr(type(model), "loss_function", None)
+    if isinstance(prop, property) and not hasattr(model, "_loss_function"):
+        try:
+            model._loss_function = model.loss_function
+        except Exception:  # noqa: BLE001 - not an HF model after all
+            pass
+
+
+def capture_generic(model: nn.Module, dm, mesh, inputs: Mapping[str, InputSpec], *, parallelize: Callable | None,
+                    plan, loss: str, repeat: bool, capture_part: Callable, param_dtype: torch.dtype,
+                    data_axes: Sequence[str], local_batch: Callable, optimizer: str | None,
+                    buffers: dict[int, str]):
+    """(parts, local batch shapes) of ``model`` (see the module docstring)."""
+    _resolve_hf_loss(model)
+    names, var_kw = forward_parameters(model)
+    targets = [n for n in inputs if n not in names and not var_kw]
+    check_inputs(model, list(inputs), targets if loss != "auto" or targets else ())
+    stack = find_blocks(model)  # the preset's parameter groups, repeated or not
+    found = stack if repeat else None
+    blocks = found[1] if found else None
+    first_block = next(iter(blocks.children())) if blocks is not None else None
+    before = {n: ParamInfo(n, tuple(p.shape), tuple(p.shape), p.dtype) for n, p in model.named_parameters()}
+    if parallelize is None and plan is not None:
+        parallelize = preset_parallelize(plan, model, stack[0] if stack else None)
+    calls: list[GroupCall] = []
+    if parallelize is not None:
+        globs = getattr(parallelize, "__globals__", None)
+        with intercept(globs) as rec:
+            result = call_user(parallelize, (model, dm), "parallelize", "the parallelize function")
+        calls = rec.groups
+        if isinstance(result, nn.Module):
+            model = result
+    infos = _infos_after_tp(model, before)
+    dp = mesh.group_size(data_axes) if data_axes else 1
+    local = local_batch({k: v.shape for k, v in inputs.items()}, dp)
+    args = tuple(torch.zeros(local[k], dtype=input_dtype(k, spec, param_dtype), device="meta")
+                 for k, spec in inputs.items())
+    call = CallModel(model, list(inputs), targets, loss)
+    recorded = _record_block_inputs(call, args, first_block) if blocks is not None else None
+    root = _apply_groups(model, calls, infos)
+    call.model = root
+    kw = dict(infos=infos, buffers=buffers, optimizer=optimizer, dp_group=None)
+    parts = []
+    if blocks is not None:
+        b_args, b_kwargs, b_out = recorded
+        leaves, spec = tree_flatten((tuple(b_args), dict(b_kwargs)))
+        tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
+        consts = [_TENSOR if isinstance(t, torch.Tensor) else t for t in leaves]
+        tensors = [t.detach() for t in tensors]
+        if not tensors or not tensors[0].is_floating_point():
+            raise CaptureError("model", f"block {type(blocks._modules[next(iter(blocks._modules))]).__name__} takes no floating-point hidden state "
+                               "as its first argument", where_defined(blocks._modules[next(iter(blocks._modules))]))
+        tensors[0].requires_grad_()
+        kinds = ("activation",) + ("input",) * (len(tensors) - 1)
+        block_call = _BlockCall(blocks._modules[next(iter(blocks._modules))], spec, consts)
+        part, _ = _capture(capture_part, "block", block_call, tuple(tensors), kinds, len(blocks), kw)
+        _check_gradients(block_call, infos, "block")
+        out_leaves, out_spec = tree_flatten(b_out)
+        first = next(i for i, t in enumerate(out_leaves) if isinstance(t, torch.Tensor))
+        saved = list(blocks._modules.items())
+        for key, _ in saved:
+            blocks._modules[key] = _Skip(out_spec, len(out_leaves), first)
+        try:
+            mpart, _ = _capture(capture_part, "model", call, args, ("input",) * len(args), 1, kw)
+            _check_gradients(call, infos, "model")
+        finally:
+            for key, mod in saved:
+                blocks._modules[key] = mod
+        parts = [mpart, part]
+    else:
+        mpart, _ = _capture(capture_part, "model", call, args, ("input",) * len(args), 1, kw)
+        _check_gradients(call, infos, "model")
+        parts = [mpart]
+    return parts, local

@@ -1,0 +1,84 @@
+"""Tiny Hugging Face models built from configs (no download), a plain MLP and a small CNN.
+
+Each function is a zero-argument model factory for ``flint capture --model
+hf_models.py:<name>`` and for ``flint.capture.capture_step``.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def llama(n_layers: int = 2, dim: int = 64, ffn: int = 128, heads: int = 4, kv_heads: int = 2, vocab: int = 256):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    return LlamaForCausalLM(LlamaConfig(vocab_size=vocab, hidden_size=dim, intermediate_size=ffn,
+                                        num_hidden_layers=n_layers, num_attention_heads=heads,
+                                        num_key_value_heads=kv_heads, max_position_embeddings=128,
+                                        rope_theta=500000.0))
+
+
+def qwen2():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    return Qwen2ForCausalLM(Qwen2Config(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                                        tie_word_embeddings=False))
+
+
+def gpt2():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    return GPT2LMHeadModel(GPT2Config(vocab_size=256, n_positions=128, n_embd=64, n_layer=2, n_head=4))
+
+
+def mixtral():
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    cfg = MixtralConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
+                        max_position_embeddings=128)
+    # grouped_mm: static shapes (what a real run uses; the eager loop routes with nonzero()),
+    # and in bfloat16, the dtype torch._grouped_mm takes off-GPU
+    cfg._experts_implementation = "grouped_mm"
+    return MixtralForCausalLM(cfg).to(torch.bfloat16)
+
+
+class MLP(nn.Module):
+    """A plain MLP: no repeated blocks, logits out (loss: cross-entropy against ``target``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.GELU(), nn.Linear(64, 10))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+def mlp():
+    return MLP()
+
+
+class CNN(nn.Module):
+    """A small CNN with its own loss (conv, batch norm, pooling, cross-entropy)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.conv2 = nn.Conv2d(8, 8, 3, padding=1)
+        self.fc = nn.Linear(8 * 8 * 8, 10)
+
+    def forward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        h = F.relu(self.bn(self.conv1(x)))
+        h = F.max_pool2d(F.relu(self.conv2(h)), 2)
+        return F.cross_entropy(self.fc(h.flatten(1)), target)
+
+
+def cnn():
+    return CNN()
+
+
+def example_inputs():
+    """Inputs of the CNN (``--model hf_models.py:cnn`` takes them from here)."""
+    return {"x": "8x3x16x16:float32", "target": "8:int64"}
