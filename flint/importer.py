@@ -308,5 +308,14 @@ def import_step(step: CapturedStep) -> ModuleOp:
     set_schedule(module, schedule_of(step))
     if step.plan is not None:
         attach(module, step.plan)
+        plan = step.plan
+        if plan.pp > 1 or plan.microbatches > 1:  # the captured microbatch, scheduled (flint/pipeline)
+            from xdsl.context import Context
+
+            from flint.passes.pipeline_split import PipelineSplitPass
+
+            PipelineSplitPass(stages=plan.pp, schedule=plan.pp_schedule, microbatches=plan.microbatches,
+                              virtual=plan.pp_virtual_stages, grad_sync=plan.grad_sync,
+                              layers=",".join(map(str, plan.pp_layers or ()))).apply(Context(), module)
     module.verify()
     return module

@@ -77,6 +77,10 @@ class Mesh:
             raise FlintError(f"rank {rank} out of range for world size {self.world_size}")
         return tuple(int(c) for c in np.unravel_index(rank, self.shape))
 
+    def coordinate(self, axis: int | str) -> np.ndarray:
+        """Every rank's coordinate along ``axis``: int array ``[world]``."""
+        return np.unravel_index(np.arange(self.world_size), self.shape)[self.axis_index(axis)].astype(np.int64)
+
     def rank(self, coords: Sequence[int]) -> int:
         """The rank at ``coords``."""
         return int(np.ravel_multi_index(tuple(coords), self.shape))

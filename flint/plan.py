@@ -227,6 +227,10 @@ class Plan:
         if self.pp > 1 and self.pp_schedule.startswith("interleaved") and self.microbatches % self.pp:
             raise PlanError("microbatches", f"schedule '{self.pp_schedule}' needs a multiple of pp = {self.pp} "
                             f"microbatches, got {self.microbatches}", src)
+        if self.pp > 1:  # what torch.distributed.pipelining's schedule classes accept
+            from flint.pipeline.schedules import check
+
+            check(self.pp_schedule, self.pp, self.microbatches, v, src)
         if self.pp_layers is not None:
             layers = tuple(self.pp_layers)
             if len(layers) != self.pp * v:

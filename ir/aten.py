@@ -113,6 +113,13 @@ Aten = Dialect("aten", [AtenOp], [])
 # step starts and every other argument as produced by the previous part.
 
 SCHEDULE_ATTR = "flint.schedule"
+# After `pipeline-split`: one schedule per pipeline rank (the distinct rank roles along
+# the pipeline axis), entries ``[function, count]`` or ``[function, count, {tag, nosync}]``
+# (``tag``: added to the function's send/recv tags; ``nosync``: data-parallel axes whose
+# gradient reduce-scatters / all-reduces this run skips, gradient accumulation), and
+# the pipeline's description (axis, ranks, stages, schedule, microbatches, ...).
+STAGE_SCHEDULES_ATTR = "flint.stage_schedules"
+PIPELINE_ATTR = "flint.pipeline"
 
 
 def set_schedule(module, parts: Sequence[tuple[str, int]]) -> None:
@@ -124,15 +131,36 @@ def set_schedule(module, parts: Sequence[tuple[str, int]]) -> None:
     )
 
 
-def get_schedule(module) -> list[tuple[str, int]]:
-    """The run order of ``module``'s functions (see :func:`set_schedule`)."""
+def get_schedule(module, role: int = 0) -> list[tuple[str, int]]:
+    """The run order of ``module``'s functions (see :func:`set_schedule`).
+
+    A pipelined module (``flint.stage_schedules``) has one per pipeline rank:
+    ``role`` picks it (default the first).
+    """
+    return [(name, count) for name, count, _ in get_schedule_entries(module, role)]
+
+
+def stage_roles(module) -> int:
+    """How many distinct schedules (pipeline ranks) the module has: 1 unless pipelined."""
+    attr = module.attributes.get(STAGE_SCHEDULES_ATTR)
+    return 1 if attr is None else len(attr.data)
+
+
+def get_schedule_entries(module, role: int = 0) -> list[tuple[str, int, dict]]:
+    """:func:`get_schedule` with each entry's options (``tag``: int, ``nosync``: tuple of axis names)."""
     from xdsl.dialects import func
+    from xdsl.dialects.builtin import DictionaryAttr
     from xdsl.utils.exceptions import VerifyException
 
     funcs = [op.sym_name.data for op in module.ops if isinstance(op, func.FuncOp)]
     attr = module.attributes.get(SCHEDULE_ATTR)
+    staged = module.attributes.get(STAGE_SCHEDULES_ATTR)
+    if staged is not None:
+        if not 0 <= role < len(staged.data):
+            raise VerifyException(f"module attribute {STAGE_SCHEDULES_ATTR} has {len(staged.data)} roles, not {role + 1}")
+        attr = staged.data[role]
     if attr is None:
-        return [(name, 1) for name in funcs]
+        return [(name, 1, {}) for name in funcs]
     parts = []
     for entry in attr.data:
         try:
@@ -143,5 +171,9 @@ def get_schedule(module) -> list[tuple[str, int]]:
             raise VerifyException(f"module attribute {SCHEDULE_ATTR} names function @{name}, which the module lacks")
         if count < 1:
             raise VerifyException(f"module attribute {SCHEDULE_ATTR} repeats @{name} {count} times; need at least 1")
-        parts.append((name, count))
+        options = {}
+        if len(entry.data) > 2 and isinstance(entry.data[2], DictionaryAttr):
+            for key, value in entry.data[2].data.items():
+                options[key] = value.value.data if key == "tag" else tuple(a.data for a in value.data)
+        parts.append((name, count, options))
     return parts

@@ -13,7 +13,7 @@ from xdsl.utils.exceptions import VerifyException
 
 from flint.cost import Device, load_device, tensor_bytes
 from flint.ir import chakra, dist
-from flint.ir.aten import AtenOp, get_schedule
+from flint.ir.aten import AtenOp, get_schedule_entries, stage_roles
 from flint.passes.annotate_cost import aten_op_cost
 
 # Function-argument roles (arg attribute `flint.role`) whose values exist
@@ -69,8 +69,12 @@ class _Streams:
 class _FunctionLowering:
     """Lowers one `func.func` body into chakra nodes appended to ``block``."""
 
-    def __init__(self, fn: func.FuncOp, block: Block, device: Device, streams: _Streams, merge: bool = False):
+    def __init__(self, fn: func.FuncOp, block: Block, device: Device, streams: _Streams, merge: bool = False,
+                 tag_offset: int = 0, nosync_axes: frozenset[int] = frozenset()):
         self.fn, self.block, self.device, self.s, self.merge = fn, block, device, streams, merge
+        # From the schedule entry (pipeline-split): added to send/recv tags; data-parallel
+        # axes whose gradient reduce-scatters / all-reduces this run skips (accumulation).
+        self.tag_offset, self.nosync_axes = tag_offset, nosync_axes
         self.producer: dict[SSAValue, tuple[SSAValue, ...]] = {}
         self.comm_nodes: set[SSAValue] = set()
         # Sends and recvs are ordered among themselves, not with each other or with
@@ -178,7 +182,9 @@ class _FunctionLowering:
 
     def lower_collective(self, op: dist.CollectiveOp) -> None:
         data = self.deps_of([op.input])
-        if op.group_size() == 1:  # nothing moves
+        skip = (self.nosync_axes and isinstance(op, dist.ReduceScatterOp | dist.AllReduceOp)
+                and set(op.axes()) <= self.nosync_axes)
+        if op.group_size() == 1 or skip:  # nothing moves (or: gradient accumulation without sync)
             self.producer[op.result] = tuple(data)
             return
         kind = _COLL_KIND[type(op)]
@@ -211,7 +217,8 @@ class _FunctionLowering:
         node = cls.build(
             operands=[data, self._order(data, self.last_p2p.get(cls))], result_types=[chakra.NODE],
             properties={"node_name": StringAttr(op.name), "bytes": IntegerAttr(nbytes, i64),
-                        "tag": op.tag, "offset": op.offset, **self._spmd(op),
+                        "tag": IntegerAttr(op.tag.value.data + self.tag_offset, op.tag.type) if self.tag_offset
+                        else op.tag, "offset": op.offset, **self._spmd(op),
                         **({"peers": op.peers} if op.peers is not None else {})},
         )
         result = op.token if is_send else op.result
@@ -270,28 +277,49 @@ class LowerToChakraPass(ModulePass):
         funcs = {f.sym_name.data: f for f in op.ops if isinstance(f, func.FuncOp)}
         if not funcs:
             raise VerifyException("lower-to-chakra: the module has no func.func to lower")
-        schedule = get_schedule(op)
-        graph_block = Block()
-        s = _Streams(compute=None, comm=None, boundary=None)
-        for name, count in schedule:
-            fn = funcs[name]
-            if s.compute is None and s.comm is None:
-                # Nothing to carry yet: run one iteration flat, the rest as a repeat.
-                _FunctionLowering(fn, graph_block, device, s, self.merge_compute).lower()
-                s.boundary = s.compute
-                count -= 1
-                if count == 0:
-                    continue
-            self._repeat(fn, count, graph_block, device, s, self.merge_compute)
+        roles = stage_roles(op)
+        pipelined = "flint.pipeline" in op.attributes
+        axis_index = {}
+        if roles > 1 or "flint.stage_schedules" in op.attributes:
+            from flint.chakra.from_ir import mesh_of
+
+            names = mesh_of(op).axis_names
+            axis_index = {n: i for i, n in enumerate(names)}
+        graphs = []
+        for role in range(roles):
+            graph_block = Block()
+            s = _Streams(compute=None, comm=None, boundary=None)
+            for name, count, options in get_schedule_entries(op, role):
+                fn = funcs[name]
+                extra = {"tag_offset": options.get("tag", 0),
+                         "nosync_axes": frozenset(axis_index[a] for a in options.get("nosync", ()) if a in axis_index)}
+                if s.compute is None and s.comm is None or pipelined and count == 1:
+                    # Nothing to carry yet (or a pipeline's single run): one iteration flat, the rest as a repeat.
+                    _FunctionLowering(fn, graph_block, device, s, self.merge_compute, **extra).lower()
+                    s.boundary = s.compute
+                    count -= 1
+                    if count == 0:
+                        continue
+                self._repeat(fn, count, graph_block, device, s, self.merge_compute, pipelined, **extra)
+            graphs.append(graph_block)
         for f in funcs.values():
             op.body.block.erase_op(f)
         op.attributes.pop("flint.schedule", None)
-        op.body.block.add_op(chakra.GraphOp.create(properties={"sym_name": StringAttr("step")},
-                                                   regions=[Region(graph_block)]))
+        op.attributes.pop("flint.stage_schedules", None)
+        for role, graph_block in enumerate(graphs):
+            # A pipelined step: one graph per pipeline rank (its role), named step_pp<rank>.
+            name = "step" if "flint.pipeline" not in op.attributes else f"step_pp{role}"
+            op.body.block.add_op(chakra.GraphOp.create(properties={"sym_name": StringAttr(name)},
+                                                       regions=[Region(graph_block)]))
 
     @staticmethod
-    def _repeat(fn: func.FuncOp, count: int, outer: Block, device: Device, s: _Streams, merge: bool) -> None:
+    def _repeat(fn: func.FuncOp, count: int, outer: Block, device: Device, s: _Streams, merge: bool,
+                pipelined: bool = False, **extra) -> None:
         carried = [v for v in (s.compute, s.comm) if v is not None]
+        # In a pipeline, a synchronous recv before the repeat gates its first compute node:
+        # carry it in (passed through unchanged).
+        pending = list(s.blocking) if pipelined else []
+        carried += pending
         body = Block(arg_types=[chakra.NODE] * len(carried))
         args = iter(body.args)
         inner = _Streams(
@@ -300,8 +328,11 @@ class LowerToChakraPass(ModulePass):
             boundary=None,
         )
         inner.boundary = inner.compute
-        _FunctionLowering(fn, body, device, inner, merge).lower()
+        passthrough = list(args)
+        inner.blocking = list(passthrough)
+        _FunctionLowering(fn, body, device, inner, merge, **extra).lower()
         yielded = [v for v, was in ((inner.compute, s.compute), (inner.comm, s.comm)) if was is not None]
+        yielded += passthrough
         # A stream the body never touched passes its node through.
         body.add_op(chakra.YieldOp.build(operands=[yielded]))
         rep = chakra.RepeatOp(count, carried, Region(body))

@@ -51,7 +51,9 @@ from flint.plan import Plan
 
 RECIPES = ("dp", "fsdp", "tp", "tp+sp", "dp+tp", "fsdp+tp", "fsdp+tp+sp")
 # Plan fields the capture recipes implement; others are refused by Plan.require.
-CAPTURE_FIELDS = ("dp_replicate", "dp_shard", "tp", "sp")
+CAPTURE_FIELDS = ("dp_replicate", "dp_shard", "tp", "sp",
+                  # pipeline and microbatches: one microbatch is captured, pipeline-split schedules it
+                  "pp", "microbatches", "grad_sync", "pp_schedule", "pp_virtual_stages", "pp_layers")
 
 
 @dataclass

@@ -601,6 +601,9 @@ def capture_step(
         dp_group = dm["dp_shard"].get_group().group_name if data_parallel_mode(plan) == "fsdp" else None
         dp = mesh.group_size(data_axes) if data_axes else 1
         local = _local_batch(batch_shapes, dp)
+        if not custom and plan.microbatches > 1:  # capture ONE microbatch; pipeline-split runs it M times
+            plan.check_model(local_batch=next(iter(local.values()))[0])
+            local = {k: (v[0] // plan.microbatches, *v[1:]) for k, v in local.items()}
         kw = dict(infos=infos, buffers=buffers, optimizer=optimizer, dp_group=dp_group)
         parts: list[CapturedPart] = []
         tokens = torch.zeros(local["tokens"], dtype=torch.long, device="meta")

@@ -226,46 +226,78 @@ def _table_peers(mesh: Mesh, axis: int, table: tuple[int, ...]) -> np.ndarray:
     return out
 
 
-def trace_from_ir(module: ModuleOp, graph: str = "step", *, fast_repeat: bool = True) -> Trace:
-    """Expand ``chakra.graph @graph`` of ``module`` into a per-rank :class:`Trace`.
-
-    ``fast_repeat=False`` unrolls every repeat node by node in Python (the
-    reference the numpy replication is tested against).
-    """
-    mesh = mesh_of(module)
+def _role_table(module: ModuleOp, graph: str, fast_repeat: bool):
     u = _Unroller(fast_repeat)
     u.block(_graph(module, graph).body.block.ops, {})
     if len(u.b) == 0:
         raise FlintError(f"chakra.graph @{graph} has no nodes: every rank file would be empty")
     table, src = _replicate(u.b.build(), u.loops)
-    axes_sets = list(u.group_slots)
+    return table, src, u
+
+
+def pipeline_roles(module: ModuleOp, mesh: Mesh) -> tuple[list[str], np.ndarray] | None:
+    """A pipelined module's graphs (``step_pp<r>``) and every rank's index into them (its ``pp`` coordinate)."""
+    from flint.ir.aten import PIPELINE_ATTR
+
+    info = module.attributes.get(PIPELINE_ATTR)
+    if info is None:
+        return None
+    axis = info.data["axis"].data
+    n = info.data["ranks"].value.data
+    if n == 1:
+        return ["step_pp0"], np.zeros(mesh.world_size, np.int64)
+    return [f"step_pp{r}" for r in range(n)], mesh.coordinate(axis)
+
+
+def trace_from_ir(module: ModuleOp, graph: str = "step", *, fast_repeat: bool = True) -> Trace:
+    """Expand ``chakra.graph @graph`` of ``module`` into a per-rank :class:`Trace`.
+
+    A pipelined module (``flint.pipeline``) has one graph per pipeline rank,
+    ``@step_pp<r>``: every rank gets the table of its coordinate along the
+    pipeline axis (one table per role, shared by the role's ranks).
+    ``fast_repeat=False`` unrolls every repeat node by node in Python (the
+    reference the numpy replication is tested against).
+    """
+    mesh = mesh_of(module)
+    roles = pipeline_roles(module, mesh) if graph == "step" else None
+    names, role_of = roles if roles is not None else ([graph], np.zeros(mesh.world_size, np.int64))
+    built = [_role_table(module, name, fast_repeat) for name in names]
+    axes_sets: list[tuple[int, ...]] = []
+    for _, _, u in built:
+        axes_sets += [a for a in u.group_slots if a not in axes_sets]
     groups, lookup = assign_group_ids(mesh, axes_sets)
     world = mesh.world_size
-    # [world, slots] binding arrays, built column by column with numpy.
-    gid = np.stack([lookup[tuple(sorted(a))] for a in axes_sets], axis=1) if axes_sets else np.zeros((world, 0), np.int64)
-    peers = (np.stack([mesh.peers(a, k) if tb is None else _table_peers(mesh, a, tb) for a, k, tb in u.peer_slots],
-                      axis=1) if u.peer_slots else np.zeros((world, 0), np.int64))
-    if not u.row_mask and not any(tb is not None for _, _, tb in u.peer_slots):
-        return Trace(world, [RankProgram(table, gid[r], peers[r]) for r in range(world)], groups)
-    # Nodes that run on some coordinates only: one table per distinct set of skipped rows.
-    mask_of_row = np.full(len(u.b), -1, np.int64)
-    for row, slot in u.row_mask.items():
-        mask_of_row[row] = slot
-    row_mask = mask_of_row[src]
-    masks = list(u.mask_slots)
     coords = np.indices(mesh.shape).reshape(mesh.ndim, -1)
-    p2p = (table.kind == NodeKind.SEND) | (table.kind == NodeKind.RECV)
-    tables: dict[bytes, NodeTable] = {}
-    ranks = []
-    for r in range(world):
-        drop = np.zeros(len(table), bool)
-        drop[p2p] = peers[r][table.comm_peer[p2p]] < 0
-        for slot, (axis, mask) in enumerate(masks):
-            if not mask[coords[axis, r]]:
-                drop |= row_mask == slot
-        key = np.packbits(drop).tobytes()
-        t = tables.get(key)
-        if t is None:
-            t = tables[key] = _drop_rows(table, drop) if drop.any() else table
-        ranks.append(RankProgram(t, gid[r], peers[r]))
+    ranks: list[RankProgram | None] = [None] * world
+    for role, (table, src, u) in enumerate(built):
+        members = np.nonzero(role_of == role)[0].tolist()
+        # [world, slots] binding arrays, built column by column with numpy.
+        slots = list(u.group_slots)
+        gid = (np.stack([lookup[tuple(sorted(a))] for a in slots], axis=1) if slots
+               else np.zeros((world, 0), np.int64))
+        peers = (np.stack([mesh.peers(a, k) if tb is None else _table_peers(mesh, a, tb) for a, k, tb in u.peer_slots],
+                          axis=1) if u.peer_slots else np.zeros((world, 0), np.int64))
+        if not u.row_mask and not any(tb is not None for _, _, tb in u.peer_slots):
+            for r in members:
+                ranks[r] = RankProgram(table, gid[r], peers[r])
+            continue
+        # Nodes that run on some coordinates only: one table per distinct set of skipped rows.
+        mask_of_row = np.full(len(u.b), -1, np.int64)
+        for row, slot in u.row_mask.items():
+            mask_of_row[row] = slot
+        row_mask = mask_of_row[src]
+        masks = list(u.mask_slots)
+        p2p = (table.kind == NodeKind.SEND) | (table.kind == NodeKind.RECV)
+        tables: dict[bytes, NodeTable] = {}
+        for r in members:
+            drop = np.zeros(len(table), bool)
+            drop[p2p] = peers[r][table.comm_peer[p2p]] < 0
+            for slot, (axis, mask) in enumerate(masks):
+                if not mask[coords[axis, r]]:
+                    drop |= row_mask == slot
+            key = np.packbits(drop).tobytes()
+            t = tables.get(key)
+            if t is None:
+                t = tables[key] = _drop_rows(table, drop) if drop.any() else table
+            ranks[r] = RankProgram(t, gid[r], peers[r])
     return Trace(world, ranks, groups)

@@ -55,23 +55,23 @@ class Action(NamedTuple):
         return f"{self.stage}{self.kind}{self.microbatch}"
 
 
-def check(schedule: str, pp: int, microbatches: int, virtual: int) -> None:
+def check(schedule: str, pp: int, microbatches: int, virtual: int, source: str | None = None) -> None:
     """Refuse combinations torch's schedule classes do not run, naming the plan field."""
     from flint.plan import PP_SCHEDULES, PlanError
 
     if schedule not in SCHEDULES:
-        raise PlanError("pp_schedule", f"unknown schedule '{schedule}'; known: {', '.join(PP_SCHEDULES)}")
+        raise PlanError("pp_schedule", f"unknown schedule '{schedule}'; known: {', '.join(PP_SCHEDULES)}", source)
     if schedule in ("gpipe", "1f1b") and virtual != 1:
-        raise PlanError("pp_virtual_stages", f"schedule '{schedule}' runs one stage per rank, got {virtual}")
+        raise PlanError("pp_virtual_stages", f"schedule '{schedule}' runs one stage per rank, got {virtual}", source)
     if schedule == "zbv-zero-bubble" and virtual != 2:
-        raise PlanError("pp_virtual_stages", f"schedule 'zbv-zero-bubble' runs exactly 2 stages per rank, got {virtual}")
+        raise PlanError("pp_virtual_stages", f"schedule 'zbv-zero-bubble' runs exactly 2 stages per rank, got {virtual}", source)
     if schedule.startswith("interleaved") and virtual < 2:
-        raise PlanError("pp_virtual_stages", f"schedule '{schedule}' needs at least 2 stages per rank, got {virtual}")
+        raise PlanError("pp_virtual_stages", f"schedule '{schedule}' needs at least 2 stages per rank, got {virtual}", source)
     if schedule == "1f1b" and microbatches < pp:
-        raise PlanError("microbatches", f"schedule '1f1b' needs at least pp = {pp} microbatches, got {microbatches}")
+        raise PlanError("microbatches", f"schedule '1f1b' needs at least pp = {pp} microbatches, got {microbatches}", source)
     if schedule.startswith("interleaved") and microbatches % pp:
         raise PlanError("microbatches", f"schedule '{schedule}' needs a multiple of pp = {pp} microbatches, "
-                        f"got {microbatches}")
+                        f"got {microbatches}", source)
 
 
 def stage_ranks(schedule: str, pp: int, virtual: int) -> list[int]:

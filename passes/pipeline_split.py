@@ -1,0 +1,247 @@
+"""`pipeline-split`: pipeline stages, microbatches and a PyTorch schedule on a captured step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xdsl.context import Context
+from xdsl.dialects import func
+from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, IntegerAttr, ModuleOp, StringAttr, TensorType, i64
+from xdsl.passes import ModulePass
+from xdsl.utils.exceptions import VerifyException
+
+from flint.errors import FlintError
+from flint.ir.aten import SCHEDULE_ATTR, STAGE_SCHEDULES_ATTR, PIPELINE_ATTR, get_schedule
+from flint.passes.lower_to_chakra import ROLE_ATTR
+from flint.pipeline.schedules import rank_actions, stage_ranks
+from flint.plan import PlanError
+
+_PHASES = ("fwd", "bwd", "optim")
+
+
+def _phase(name: str) -> str:
+    for p in _PHASES:
+        if name.endswith("_" + p):
+            return p
+    raise VerifyException(f"pipeline-split: schedule entry @{name} is not a _fwd, _bwd or _optim function "
+                          "(the captured step's part functions)")
+
+
+def even_split(n_layers: int, n_stages: int) -> list[int]:
+    """Layers per stage: as even as possible, the first stages take the remainder."""
+    base, extra = divmod(n_layers, n_stages)
+    return [base + (1 if s < extra else 0) for s in range(n_stages)]
+
+
+def _entry(name: str, count: int, tag: int | None = None, nosync: tuple[str, ...] = ()) -> ArrayAttr:
+    extra = {}
+    if tag is not None:
+        extra["tag"] = IntegerAttr(tag, i64)
+    if nosync:
+        extra["nosync"] = ArrayAttr([StringAttr(a) for a in nosync])
+    items = [StringAttr(name), IntegerAttr(count, i64)]
+    return ArrayAttr(items + ([DictionaryAttr(extra)] if extra else []))
+
+
+@dataclass(frozen=True)
+class PipelineSplitPass(ModulePass):
+    """Split a captured step into pipeline stages run by a PyTorch schedule over microbatches.
+
+    Input: the step as captured (one function per part and phase, e.g.
+    ``embed_fwd``, ``block_fwd`` repeated L times, ``head_fwd``, the matching
+    ``_bwd`` and ``_optim``; ``flint.schedule`` in that order), captured for
+    ONE microbatch. The repeated block is the forward entry with the largest
+    count; parts before it go to the first stage, parts after it to the last.
+
+    Stages: ``stages * virtual`` pipeline stages over the ``stages`` ranks of
+    grid axis ``axis``; ``layers`` lists the blocks per stage (comma
+    separated, e.g. ``layers=3,3,2,2``), else an even split (the first stages
+    take the remainder). Stage ``s`` runs on pipeline rank
+    :func:`flint.pipeline.stage_ranks` (round robin, or a V for
+    ``zbv-zero-bubble``).
+
+    Order: every pipeline rank's actions come from
+    ``torch.distributed.pipelining``'s schedule class for ``schedule``
+    (``gpipe``, ``1f1b``, ``interleaved-1f1b``; see :mod:`flint.pipeline`),
+    ``microbatches`` per step. A forward action runs its stage's part
+    functions, a backward action their backward in reverse; ``SEND_F`` /
+    ``RECV_F`` / ``SEND_B`` / ``RECV_B`` run new functions
+    ``pp_{send,recv}_{fwd,bwd}_{offset}`` holding one ``dist.send`` /
+    ``dist.recv`` of the stage-boundary tensor (the block's activation type)
+    to or from the rank at that offset along ``axis``; each schedule entry
+    gives the tag (unique per boundary, direction and microbatch). The
+    optimizer functions run once per step for the layers the rank holds.
+
+    Gradient accumulation: with ``grad-sync=step`` (PyTorch's
+    ``no_sync`` / FSDP2 ``set_requires_gradient_sync(False)`` for all but the
+    last microbatch) the backward entries of every microbatch but the last
+    are marked ``nosync`` with the data-parallel axes: lowering drops their
+    reduce-scatters and all-reduces over those axes; ``grad-sync=microbatch``
+    reduces every microbatch.
+
+    Result: ``flint.stage_schedules`` (one schedule per pipeline rank, the
+    ranks' distinct roles; entries ``[function, count, {tag, nosync}]``) and
+    ``flint.pipeline`` (axis, ranks, stages, schedule, microbatches, the
+    stage-to-rank map and layers per stage); ``flint.schedule`` is removed.
+    With ``stages=1`` the step is plain microbatching / gradient accumulation.
+    The function bodies are untouched: one body per repeated block, one
+    schedule per pipeline rank, nothing unrolled.
+    """
+
+    name = "pipeline-split"
+
+    stages: int = 1
+    schedule: str = "1f1b"
+    microbatches: int = 1
+    virtual: int = 1
+    layers: str = ""
+    grad_sync: str = "step"
+    axis: str = "pp"
+    dp_axes: str = ""  # comma-separated data-parallel axes for grad-sync=step; default: the plan's
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        from flint.chakra.from_ir import mesh_of
+        from flint.plan import GRAD_SYNC, plan_of
+
+        if STAGE_SCHEDULES_ATTR in op.attributes:
+            raise VerifyException("pipeline-split: the module is already split (flint.stage_schedules is set)")
+        P, V, M = self.stages, self.virtual, self.microbatches
+        for field_name, value in (("stages", P), ("microbatches", M), ("virtual", V)):
+            if value < 1:
+                raise PlanError(field_name, f"must be at least 1, got {value}")
+        if self.grad_sync not in GRAD_SYNC:
+            raise PlanError("grad_sync", f"unknown value '{self.grad_sync}'; known: {', '.join(GRAD_SYNC)}")
+        if self.schedule in ("interleaved-zero-bubble", "zbv-zero-bubble"):
+            raise PlanError("pp_schedule", f"'{self.schedule}' runs separate input- and weight-gradient backward "
+                            "steps (I/W); pipeline-split does not split a captured backward into them yet; use gpipe, "
+                            "1f1b or interleaved-1f1b")
+        mesh = mesh_of(op)
+        if P > 1:
+            if self.axis not in mesh.axis_names:
+                raise PlanError("pp", f"the grid has no axis '{self.axis}' (axes: {', '.join(mesh.axis_names)}); "
+                                "capture with pp in the plan")
+            if mesh.shape[mesh.axis_index(self.axis)] != P:
+                raise PlanError("pp", f"stages={P} but grid axis '{self.axis}' has "
+                                f"{mesh.shape[mesh.axis_index(self.axis)]} ranks")
+        sched = get_schedule(op)
+        parts = {p: [(n, c) for n, c in sched if _phase(n) == p] for p in _PHASES}
+        fwd = parts["fwd"]
+        if not fwd:
+            raise VerifyException("pipeline-split: the schedule has no _fwd function")
+        b = max(range(len(fwd)), key=lambda i: (fwd[i][1], -abs(i - len(fwd) // 2)))
+        block, n_layers = fwd[b]
+        stem = block[: -len("_fwd")]
+        pre = [n[: -len("_fwd")] for n, _ in fwd[:b]]
+        post = [n[: -len("_fwd")] for n, _ in fwd[b + 1:]]
+        funcs = {f.sym_name.data: f for f in op.ops if isinstance(f, func.FuncOp)}
+        n_stages = P * V
+        if n_stages > n_layers:
+            raise PlanError("pp", f"{n_stages} pipeline stages (stages * virtual) for a model of {n_layers} layers")
+        if self.layers:
+            try:
+                layers = [int(x) for x in self.layers.split(",")]
+            except ValueError:
+                raise PlanError("pp_layers", f"expected comma-separated integers, got '{self.layers}'") from None
+            if len(layers) != n_stages or any(n < 1 for n in layers) or sum(layers) != n_layers:
+                raise PlanError("pp_layers", f"{layers}: need {n_stages} stages of at least one layer summing to "
+                                f"the model's {n_layers}")
+        else:
+            layers = even_split(n_layers, n_stages)
+        actions = rank_actions(self.schedule, P, M, V)
+        owner = stage_ranks(self.schedule, P, V)
+        dp_axes = tuple(a for a in self.dp_axes.split(",") if a)
+        if not dp_axes:
+            plan = plan_of(op)
+            dp_axes = plan.axes("loss") if plan is not None else ()
+        nosync = dp_axes if self.grad_sync == "step" else ()
+
+        # The stage-boundary tensor: the block's activation argument.
+        act_type = self._boundary_type(funcs[block])
+        axis_index = mesh.axis_index(self.axis) if P > 1 else 0
+        grid = next(o for o in op.ops if o.name == "shard.grid").sym_name.data
+        p2p_funcs: dict[str, func.FuncOp] = {}
+
+        def p2p(kind: str, offset: int) -> str:
+            name = f"pp_{kind.lower()}_{'m' if offset < 0 else 'p'}{abs(offset)}"
+            if name not in p2p_funcs:
+                p2p_funcs[name] = _p2p_func(name, kind, act_type, grid, axis_index, offset)
+            return name
+
+        def tag(boundary: int, backward: bool, mb: int) -> int:
+            return (2 * boundary + int(backward)) * M + mb
+
+        schedules = []
+        for rank in range(P):
+            entries: list[ArrayAttr] = []
+            for a in actions[rank]:
+                s, k = a.stage, a.microbatch
+                if a.kind == "F":
+                    if s == 0:
+                        entries += [_entry(f"{p}_fwd", 1) for p in pre]
+                    entries.append(_entry(block, layers[s]))
+                    if s == n_stages - 1:
+                        entries += [_entry(f"{p}_fwd", 1) for p in post]
+                elif a.kind == "B":
+                    ns = nosync if k != M - 1 else ()
+                    if s == n_stages - 1:
+                        entries += [_entry(f"{p}_bwd", 1, nosync=ns) for p in reversed(post)]
+                    entries.append(_entry(f"{stem}_bwd", layers[s], nosync=ns))
+                    if s == 0:
+                        entries += [_entry(f"{p}_bwd", 1, nosync=ns) for p in reversed(pre)]
+                else:
+                    send = a.kind.startswith("SEND")
+                    bwd = a.kind.endswith("_B")
+                    peer_stage = s + (1 if (send != bwd) else -1)
+                    offset = owner[peer_stage] - owner[s]
+                    boundary = min(s, peer_stage)
+                    entries.append(_entry(p2p(a.kind, offset), 1, tag=tag(boundary, bwd, k)))
+            held = [s for s in range(n_stages) if owner[s] == rank]
+            optim = {n: c for n, c in parts["optim"]}
+            for p in pre:
+                if 0 in held and f"{p}_optim" in optim:
+                    entries.append(_entry(f"{p}_optim", 1))
+            if f"{stem}_optim" in optim:
+                entries.append(_entry(f"{stem}_optim", sum(layers[s] for s in held)))
+            for p in post:
+                if n_stages - 1 in held and f"{p}_optim" in optim:
+                    entries.append(_entry(f"{p}_optim", 1))
+            schedules.append(ArrayAttr(entries))
+        for f in p2p_funcs.values():
+            op.body.block.add_op(f)
+        op.attributes.pop(SCHEDULE_ATTR, None)
+        op.attributes[STAGE_SCHEDULES_ATTR] = ArrayAttr(schedules)
+        op.attributes[PIPELINE_ATTR] = DictionaryAttr({
+            "axis": StringAttr(self.axis), "ranks": IntegerAttr(P, i64), "stages": IntegerAttr(n_stages, i64),
+            "schedule": StringAttr(self.schedule), "microbatches": IntegerAttr(M, i64),
+            "stage_ranks": ArrayAttr([IntegerAttr(r, i64) for r in owner]),
+            "layers": ArrayAttr([IntegerAttr(n, i64) for n in layers]),
+            "grad_sync": StringAttr(self.grad_sync),
+        })
+
+    @staticmethod
+    def _boundary_type(fn: func.FuncOp) -> TensorType:
+        attrs = fn.arg_attrs.data if fn.arg_attrs is not None else ()
+        for arg, a in zip(fn.body.block.args, attrs):
+            role = a.data.get(ROLE_ATTR)
+            if isinstance(role, StringAttr) and role.data == "activation":
+                return arg.type
+        raise VerifyException(f"pipeline-split: @{fn.sym_name.data} has no argument with flint.role = "
+                              "\"activation\" (the stage-boundary tensor)")
+
+
+def _p2p_func(name: str, kind: str, t: TensorType, grid: str, axis: int, offset: int) -> func.FuncOp:
+    """``func.func @name`` holding one ``dist.send`` (of an argument) or ``dist.recv`` (returned)."""
+    from xdsl.parser import Parser
+
+    from flint.ir import flint_context
+
+    role = "tangent" if kind.endswith("_B") else "activation"
+    if kind.startswith("SEND"):
+        text = (f'func.func @{name}(%x: {t} {{flint.role = "{role}"}}) {{\n'
+                f"  dist.send %x to @{grid} grid_axes = [{axis}] offset = {offset} tag = 0 : {t}\n"
+                f"  func.return\n}}")
+    else:
+        text = (f"func.func @{name}() -> {t} {{\n"
+                f"  %x = dist.recv from @{grid} grid_axes = [{axis}] offset = {offset} tag = 0 : {t}\n"
+                f"  func.return %x : {t}\n}}")
+    return Parser(flint_context(), text).parse_op()
