@@ -50,6 +50,7 @@ class Loaded:
     durations: str
     kind: str  # "ir" or "trace"
     trace_dir: Path | None = None
+    pipeline: dict | None = None  # a pipelined IR: schedule, stages, microbatches, peak memory per pipeline rank
 
 
 def _device_toml(device) -> str:
@@ -113,7 +114,7 @@ def _load_ir_input(path: str, device_name: str, calibration: str | None, want_me
         return Loaded(trace_from_concrete_ir(module), None, None,
                       "the IR holds imported per-rank Chakra graphs, no tensors",
                       "from the imported graphs (device roofline where missing)", "ir")
-    memory, note = None, None
+    memory, note, stage_peaks = None, None, None
     lowered = any(op.name == "chakra.graph" for op in module.ops)
     if lowered:
         note = "the IR is already lowered to chakra.graph; give the aten + dist IR for memory"
@@ -122,7 +123,12 @@ def _load_ir_input(path: str, device_name: str, calibration: str | None, want_me
         if want_memory:
             from flint.sim.lifetimes import step_memory
 
-            memory = step_memory(module, load_device(device_name, calibration).hbm_capacity_bytes)
+            from flint.ir.aten import stage_roles
+
+            cap = load_device(device_name, calibration).hbm_capacity_bytes
+            per_role = [step_memory(module, cap, role) for role in range(stage_roles(module))]
+            memory = max(per_role, key=lambda m: m.report.peak_bytes)  # the pipeline rank that needs most
+            stage_peaks = [m.report.peak_bytes for m in per_role]
         device_arg = device_name
         tmp = None
         if calibration is not None:
@@ -141,7 +147,29 @@ def _load_ir_input(path: str, device_name: str, calibration: str | None, want_me
                 os.unlink(tmp)
         durations = f"roofline on {device_name}" + (" (calibrated)" if calibration else "")
     mesh = mesh_of(module)
-    return Loaded(trace_from_ir(module), mesh, memory, note, durations, "ir")
+    return Loaded(trace_from_ir(module), mesh, memory, note, durations, "ir", pipeline=_pipeline_info(module, stage_peaks))
+
+
+def _pipeline_info(module, stage_peaks: list[int] | None) -> dict | None:
+    """The ``flint.pipeline`` attribute of a pipelined IR as a dict (plus peak memory per pipeline rank)."""
+    from flint.ir.aten import PIPELINE_ATTR
+
+    attr = module.attributes.get(PIPELINE_ATTR)
+    if attr is None:
+        return None
+    from xdsl.dialects.builtin import ArrayAttr, StringAttr
+
+    info = {}
+    for k, v in attr.data.items():
+        if isinstance(v, StringAttr):
+            info[k] = v.data
+        elif isinstance(v, ArrayAttr):
+            info[k] = [x.value.data for x in v.data]
+        else:
+            info[k] = v.value.data
+    if stage_peaks is not None:
+        info["peak_memory_bytes_per_pp_rank"] = stage_peaks
+    return info
 
 
 def _common_args(ap: argparse.ArgumentParser) -> None:
@@ -178,7 +206,7 @@ def _native(args, want_memory: bool) -> tuple[dict, object]:
     result = simulate(loaded.trace, device, network, loaded.mesh, algorithm=algorithm, dtype=args.dtype)
     rep = estimate_report(result, source=args.input, device=device.name, network=network.name, algorithm=algorithm,
                           dtype=args.dtype, memory=loaded.memory, memory_note=loaded.memory_note,
-                          durations=loaded.durations)
+                          durations=loaded.durations, pipeline=loaded.pipeline)
     if getattr(args, "timeline", None):
         from flint.sim.chrome import write_chrome_trace
 

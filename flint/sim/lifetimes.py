@@ -323,14 +323,18 @@ class _Groups:
         self.parent[self.find(a)] = self.find(b)
 
 
-def step_memory(module: ModuleOp, capacity_bytes: int | None = None) -> StepMemory:
-    """Peak memory per rank of the step in ``module`` (module docstring for the rules)."""
+def step_memory(module: ModuleOp, capacity_bytes: int | None = None, role: int = 0) -> StepMemory:
+    """Peak memory per rank of the step in ``module`` (module docstring for the rules).
+
+    A pipelined module has one schedule per pipeline rank: ``role`` picks it
+    (the answer holds for the ranks at that ``pp`` coordinate).
+    """
     funcs = {f.sym_name.data: f for f in module.ops if isinstance(f, func.FuncOp)}
     if not funcs:
         raise FlintError("memory estimate needs the step's func.func functions (aten + dist IR); "
                          "an already lowered chakra.graph has no tensors left")
     try:
-        schedule = get_schedule(module)
+        schedule = get_schedule(module, role)
     except Exception as e:  # VerifyException from a malformed schedule attribute
         raise FlintError(str(e)) from None
     profiles = {name: _profile(fn) for name, fn in funcs.items()}

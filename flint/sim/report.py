@@ -66,7 +66,7 @@ def _trace_notes(result: SimResult) -> list[str]:
 
 def estimate_report(result: SimResult, *, source: str, device: str | None, network: str, algorithm: Any,
                     dtype: str, memory=None, memory_note: str | None = None,
-                    durations: str = "") -> dict:
+                    durations: str = "", pipeline: dict | None = None) -> dict:
     """The numbers of one estimate as a JSON-able dict (module docstring)."""
     def stats(a: np.ndarray) -> dict:
         return {"mean": float(a.mean()) if a.size else 0.0, "max": float(a.max()) if a.size else 0.0}
@@ -93,6 +93,8 @@ def estimate_report(result: SimResult, *, source: str, device: str | None, netwo
         "nodes": result.nodes,
         "notes": _trace_notes(result),
     }
+    if pipeline is not None:
+        rep["pipeline"] = pipeline_report(result, pipeline)
     if memory is not None:
         r = memory.report
         rep["peak_memory"] = {
@@ -110,6 +112,24 @@ def estimate_report(result: SimResult, *, source: str, device: str | None, netwo
         rep["peak_memory"] = None
         rep["peak_memory_note"] = memory_note
     return rep
+
+
+BUBBLE_DEFINITION = ("1 - compute busy / iteration time, per rank, mean over ranks (includes exposed "
+                     "communication and the optimizer; with negligible communication it is the schedule's bubble)")
+
+
+def pipeline_report(result: SimResult, pipeline: dict) -> dict:
+    """Bubble fraction of a pipelined step and the textbook figure for its schedule."""
+    it = result.iteration_time_us
+    idle = 1.0 - result.compute_busy_us / it if it > 0 else np.zeros_like(result.compute_busy_us)
+    p, m = pipeline["ranks"], pipeline["microbatches"]
+    v = pipeline["stages"] // p
+    out = dict(pipeline)
+    out["bubble_fraction"] = float(idle.mean()) if idle.size else 0.0
+    out["bubble_fraction_max"] = float(idle.max()) if idle.size else 0.0
+    out["bubble_fraction_definition"] = BUBBLE_DEFINITION
+    out["ideal_bubble_fraction"] = (p - 1) / (v * m + p - 1)
+    return out
 
 
 def _time_unit(us: float) -> tuple[str, float]:
@@ -150,6 +170,18 @@ def format_report(rep: dict) -> str:
                  f"[{rep['model_flops_definition']}; peak {rep['peak_flops_per_s'] / 1e12:,.1f} TFLOP/s {rep['dtype']}]")
     for n in rep.get("notes", []):
         lines.append(f"note: {n}")
+    pp = rep.get("pipeline")
+    if pp is not None:
+        lines.append("")
+        lines.append(f"pipeline                {pp['schedule']}: {pp['ranks']} ranks, {pp['stages']} stages, "
+                     f"{pp['microbatches']} microbatches, layers per stage {pp['layers']}")
+        lines.append(f"bubble fraction (%)     {100 * pp['bubble_fraction']:.2f} mean, "
+                     f"{100 * pp['bubble_fraction_max']:.2f} max   [ideal (p-1)/(v*m+p-1) = "
+                     f"{100 * pp['ideal_bubble_fraction']:.2f}]")
+        if "peak_memory_bytes_per_pp_rank" in pp:
+            mu, ms = _mem_unit(max(pp["peak_memory_bytes_per_pp_rank"]))
+            lines.append(f"peak memory per pp rank ({mu})  "
+                         + ", ".join(f"{b / ms:,.1f}" for b in pp["peak_memory_bytes_per_pp_rank"]))
     lines.append("")
     mem = rep.get("peak_memory")
     if mem is None:
