@@ -173,7 +173,7 @@ class PipelineSplitPass(ModulePass):
         schedules = []
         for rank in range(P):
             entries: list[ArrayAttr] = []
-            for a in actions[rank]:
+            for a in _wait_at_use(actions[rank]):
                 s, k = a.stage, a.microbatch
                 if a.kind == "F":
                     if s == 0:
@@ -227,6 +227,28 @@ class PipelineSplitPass(ModulePass):
                 return arg.type
         raise VerifyException(f"pipeline-split: @{fn.sym_name.data} has no argument with flint.role = "
                               "\"activation\" (the stage-boundary tensor)")
+
+
+def _wait_at_use(actions: list) -> list:
+    """Torch's order with each RECV moved right before the compute action that consumes it.
+
+    torch's runtime posts a recv early (``irecv``) and waits for it at the
+    consuming F / B. A ``dist.recv`` here blocks the next compute node, so it is
+    placed where torch waits; the simulator still posts it as soon as the
+    rank's previous recv completed (recvs depend only on each other), so the
+    early posting is kept.
+    """
+    out, held = [], {}
+    for a in actions:
+        if a.kind in ("RECV_F", "RECV_B"):
+            held[("F" if a.kind == "RECV_F" else "B", a.stage, a.microbatch)] = a
+            continue
+        key = ("B" if a.kind == "I" else a.kind, a.stage, a.microbatch)
+        if key in held:
+            out.append(held.pop(key))
+        out.append(a)
+    assert not held, f"recvs without a consumer: {list(held.values())}"
+    return out
 
 
 def _p2p_func(name: str, kind: str, t: TensorType, grid: str, axis: int, offset: int) -> func.FuncOp:

@@ -1,0 +1,210 @@
+"""Pipeline parallelism and microbatching: torch's schedule order, bubble, memory, send/recv, bad input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from xdsl.context import Context
+from xdsl.parser import Parser
+
+from flint.chakra.from_ir import trace_from_ir
+from flint.errors import FlintError
+from flint.ir import flint_context
+from flint.ir.aten import get_schedule, get_schedule_entries
+from flint.passes.lower_to_chakra import LowerToChakraPass
+from flint.passes.pipeline_split import PipelineSplitPass
+from flint.pipeline import rank_actions
+from flint.plan import Plan, PlanError
+from flint.trace import NodeKind
+
+# A step of uniform stages: the block is one 4096^3 GEMM on its weight forward and two backward;
+# the stage-boundary tensor and embed / head are tiny (negligible communication and edge work).
+A = "tensor<4096x4096xbf16>"
+T = "tensor<4x4xbf16>"
+
+
+def _module(pp: int, layers: int, dp: int = 1) -> str:
+    shape = "x".join(str(n) for n in (pp, dp) if n > 1) or "1"
+    names = ", ".join(f'"{n}"' for n, s in (("pp", pp), ("dp_shard", dp)) if s > 1) or '"dp_shard"'
+    sched = ", ".join(f'["{n}", {c}]' for n, c in (("embed_fwd", 1), ("block_fwd", layers), ("head_fwd", 1),
+                                                   ("head_bwd", 1), ("block_bwd", layers), ("embed_bwd", 1),
+                                                   ("block_optim", layers)))
+    act = '{flint.role = "activation"}'
+    par = '{flint.role = "parameter"}'
+    relu = f'aten.op "aten.relu.default"'
+    return f"""builtin.module attributes {{flint.schedule = [{sched}]}} {{
+  shard.grid @mesh(shape = {shape}) {{flint.axis_names = [{names}]}}
+  func.func @embed_fwd(%t: {T} {{flint.role = "input"}}) -> {T} {{
+    %y = {relu}(%t) : ({T}) -> {T}
+    func.return %y : {T}
+  }}
+  func.func @block_fwd(%x: {T} {act}, %w: {A} {par}) -> ({T}, {A}, {A}) {{
+    %y = aten.op "aten.mm.default"(%w, %w) : ({A}, {A}) -> {A}
+    %o = {relu}(%x) : ({T}) -> {T}
+    func.return %o, %w, %y : {T}, {A}, {A}
+  }}
+  func.func @head_fwd(%x: {T} {act}, %t: {T} {{flint.role = "input"}}) -> {T} {{
+    %y = {relu}(%x) : ({T}) -> {T}
+    func.return %y : {T}
+  }}
+  func.func @head_bwd(%t: {T} {{flint.role = "tangent"}}) -> {T} {{
+    %y = {relu}(%t) : ({T}) -> {T}
+    func.return %y : {T}
+  }}
+  func.func @block_bwd(%w: {A} {par}, %y: {A} {{flint.role = "saved"}}, %g: {T} {{flint.role = "tangent"}}) -> ({T}, {A}) {{
+    %a = aten.op "aten.mm.default"(%y, %w) : ({A}, {A}) -> {A}
+    %dw = aten.op "aten.mm.default"(%w, %a) : ({A}, {A}) -> {A}
+    %dx = {relu}(%g) : ({T}) -> {T}
+    func.return %dx, %dw : {T}, {A}
+  }}
+  func.func @embed_bwd(%g: {T} {{flint.role = "tangent"}}) {{
+    %y = {relu}(%g) : ({T}) -> {T}
+    func.return
+  }}
+  func.func @block_optim(%w: {A} {par}, %g: {A} {{flint.role = "gradient"}}) {{
+    func.return
+  }}
+}}"""
+
+
+def _split(pp: int, layers: int, **options):
+    module = Parser(flint_context(), _module(pp, layers)).parse_module()
+    PipelineSplitPass(stages=pp, **options).apply(Context(), module)
+    module.verify()
+    return module
+
+
+def _simulate(module):
+    from flint.cost import load_device
+    from flint.cost.network import load_network
+    from flint.sim import simulate
+
+    LowerToChakraPass(device="h100-sxm").apply(Context(), module)
+    module.verify()
+    trace = trace_from_ir(module)
+    return trace, simulate(trace, load_device("h100-sxm"), load_network("dgx-h100"), None)
+
+
+def _bubble(result) -> float:
+    return float(np.mean(1.0 - result.compute_busy_us / result.iteration_time_us))
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("pp,m", [(2, 4), (4, 4), (4, 8), (8, 16)])
+def test_bubble_fraction_matches_theory(schedule, pp, m):
+    _, result = _simulate(_split(pp, 2 * pp, schedule=schedule, microbatches=m))
+    ideal = (pp - 1) / (m + pp - 1)
+    assert _bubble(result) == pytest.approx(ideal, abs=0.01)
+
+
+@pytest.mark.parametrize("pp,m,v", [(2, 4, 2), (4, 8, 2), (4, 8, 4)])
+def test_interleaving_shrinks_the_bubble_by_v(pp, m, v):
+    _, flat = _simulate(_split(pp, 4 * pp, schedule="1f1b", microbatches=m))
+    _, inter = _simulate(_split(pp, 4 * pp, schedule="interleaved-1f1b", microbatches=m, virtual=v))
+    ideal = (pp - 1) / (v * m + pp - 1)
+    assert _bubble(inter) == pytest.approx(ideal, abs=0.01)
+    assert _bubble(inter) < _bubble(flat)
+
+
+def _torch_compute_order(schedule: str, pp: int, m: int, v: int) -> list[list[str]]:
+    """The compute order straight from torch: the visualizer's entry point for multi-stage schedules,
+    pipeline_order for GPipe (1F1B's pipeline_order is broken in torch 2.13, see flint.pipeline)."""
+    from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops
+
+    name = {"gpipe": "GPipe", "interleaved-1f1b": "Interleaved1F1B"}[schedule]
+    ops = get_schedule_ops(name, pp, m, v if v > 1 else None)
+    return [[str(a) for a in rank if a is not None and a.computation_type.value in ("F", "B", "I", "W")]
+            for rank in ops]
+
+
+@pytest.mark.parametrize("schedule,pp,m,v", [("gpipe", 2, 3, 1), ("gpipe", 4, 8, 1), ("interleaved-1f1b", 2, 4, 2),
+                                             ("interleaved-1f1b", 4, 8, 2), ("interleaved-1f1b", 2, 6, 3)])
+def test_action_order_equals_torch(schedule, pp, m, v):
+    ours = [[str(a) for a in acts if a.kind in ("F", "B", "I", "W")] for acts in rank_actions(schedule, pp, m, v)]
+    assert ours == _torch_compute_order(schedule, pp, m, v)
+
+
+@pytest.mark.parametrize("schedule,pp,m,v", [("gpipe", 2, 4, 1), ("1f1b", 4, 6, 1), ("interleaved-1f1b", 2, 4, 2)])
+def test_ir_schedule_follows_the_actions(schedule, pp, m, v):
+    """Each rank's IR schedule runs block_fwd / block_bwd exactly in the order of torch's F / B actions."""
+    module = _split(pp, 2 * pp * v, schedule=schedule, microbatches=m, virtual=v)
+    for rank, acts in enumerate(rank_actions(schedule, pp, m, v)):
+        kinds = [n.split("_")[1][0].upper() for n, _ in get_schedule(module, rank) if n.startswith("block_") and
+                 not n.endswith("optim")]
+        assert kinds == [a.kind for a in acts if a.kind in ("F", "B")]
+
+
+@pytest.mark.parametrize("schedule,pp,m,v", [("gpipe", 4, 4, 1), ("1f1b", 4, 8, 1), ("interleaved-1f1b", 4, 8, 2)])
+def test_every_send_has_one_recv_and_every_rank_finishes(schedule, pp, m, v):
+    trace, result = _simulate(_split(pp, 2 * pp * v, schedule=schedule, microbatches=m, virtual=v))
+    sends, recvs = [], []
+    for r, prog in enumerate(trace.ranks):
+        t, peers = prog.table, prog.peers()
+        for row in np.nonzero((t.kind == NodeKind.SEND) | (t.kind == NodeKind.RECV))[0]:
+            key = (int(t.comm_tag[row]), int(t.comm_bytes[row]))
+            if t.kind[row] == NodeKind.SEND:
+                sends.append((r, int(peers[row]), *key))
+            else:
+                recvs.append((int(peers[row]), r, *key))
+    assert sends and sorted(sends) == sorted(recvs)
+    assert len(set(sends)) == len(sends)  # tags unique per microbatch
+    assert np.all(np.isfinite(result.finish_us)) and len(result.finish_us) == pp
+    roles = {id(p.table) for p in trace.ranks}
+    assert len(roles) == pp  # one program per pipeline rank
+
+
+def test_first_stage_memory_1f1b_vs_gpipe():
+    from flint.sim.lifetimes import step_memory
+
+    pp, m = 4, 16
+    mem = {s: step_memory(_split(pp, pp, schedule=s, microbatches=m), None, 0).report.category_peak_bytes["activations"]
+           for s in ("gpipe", "1f1b")}
+    saved = 4096 * 4096 * 2  # one microbatch's saved GEMM result
+    # the first stage holds p (1F1B) or m (GPipe) microbatches' saved activations, plus one
+    # backward's transient GEMM output
+    assert mem["1f1b"] == (pp + 1) * saved
+    assert mem["gpipe"] == (m + 1) * saved
+    assert (mem["gpipe"] - saved) / (mem["1f1b"] - saved) == m / pp
+
+
+def test_gradient_sync_once_per_step():
+    module = Parser(flint_context(), _module(1, 2)).parse_module()
+    PipelineSplitPass(stages=1, microbatches=4, dp_axes="dp_shard").apply(Context(), module)
+    entries = [e for e in get_schedule_entries(module) if e[0] == "block_bwd"]
+    assert [bool(o.get("nosync")) for _, _, o in entries] == [True, True, True, False]
+    module = Parser(flint_context(), _module(1, 2)).parse_module()
+    PipelineSplitPass(stages=1, microbatches=4, grad_sync="microbatch", dp_axes="dp_shard").apply(Context(), module)
+    assert not any(o.get("nosync") for n, _, o in get_schedule_entries(module))
+
+
+@pytest.mark.parametrize("fields,field", [
+    ({"pp": 4, "microbatches": 8, "pp_schedule": "pipedream"}, "pp_schedule"),
+    ({"pp": 4, "microbatches": 6, "pp_schedule": "interleaved-1f1b", "pp_virtual_stages": 2}, "microbatches"),
+    ({"pp": 4, "microbatches": 8, "pp_schedule": "interleaved-1f1b"}, "pp_virtual_stages"),
+    ({"pp": 4, "microbatches": 8, "pp_schedule": "zbv-zero-bubble", "pp_virtual_stages": 3}, "pp_virtual_stages"),
+    ({"pp": 4, "microbatches": 2, "pp_schedule": "1f1b"}, "microbatches"),
+])
+def test_plan_rejects_bad_pipelines(fields, field):
+    with pytest.raises(PlanError) as e:
+        Plan.from_dict(fields)
+    assert e.value.field == field
+    if field == "pp_schedule":
+        assert "gpipe" in str(e.value) and "interleaved-1f1b" in str(e.value)
+
+
+def test_model_checks_name_the_field():
+    plan = Plan.from_dict({"pp": 4, "microbatches": 4})
+    with pytest.raises(PlanError, match="pp"):
+        plan.check_model(n_layers=2)
+    with pytest.raises(PlanError, match="microbatches"):
+        plan.check_model(local_batch=6)
+    with pytest.raises(PlanError) as e:
+        _split(4, 2, microbatches=4)
+    assert e.value.field == "pp"
+
+
+def test_zero_bubble_refused_with_reason():
+    with pytest.raises(PlanError, match="weight-gradient"):
+        _split(2, 4, schedule="zbv-zero-bubble", microbatches=4, virtual=2)
+    # torch's own order for it is available all the same
+    assert any(a.kind == "W" for a in rank_actions("zbv-zero-bubble", 2, 4, 2)[0])
