@@ -230,7 +230,7 @@ class Plan:
         if self.pp > 1:  # what torch.distributed.pipelining's schedule classes accept
             from flint.pipeline.schedules import check
 
-            check(self.pp_schedule, self.pp, self.microbatches, v, src)
+            check(self.pp_schedule, self.pp, self.microbatches, v, src, counts=False)
         if self.pp_layers is not None:
             layers = tuple(self.pp_layers)
             if len(layers) != self.pp * v:

@@ -185,8 +185,11 @@ def test_gradient_sync_once_per_step():
     ({"pp": 4, "microbatches": 2, "pp_schedule": "1f1b"}, "microbatches"),
 ])
 def test_plan_rejects_bad_pipelines(fields, field):
+    from flint.pipeline.schedules import check
+
     with pytest.raises(PlanError) as e:
-        Plan.from_dict(fields)
+        p = Plan.from_dict(fields)
+        check(p.pp_schedule, p.pp, p.microbatches, p.pp_virtual_stages)
     assert e.value.field == field
     if field == "pp_schedule":
         assert "gpipe" in str(e.value) and "interleaved-1f1b" in str(e.value)

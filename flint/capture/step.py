@@ -547,6 +547,10 @@ def capture_step(
             raise CaptureError("mesh_shape", "the mesh of a plan or recipe comes from the plan "
                                "(flint.plan.Plan.mesh); give mesh_shape only with a parallelisation function")
         mesh = plan.mesh()
+    if not custom and plan.pp > 1:  # before any work: the schedule must be one torch runs
+        from flint.pipeline.schedules import check
+
+        check(plan.pp_schedule, plan.pp, plan.microbatches, plan.pp_virtual_stages, plan.source)
     if optimizer not in (None, "adamw"):
         raise CaptureError("optimizer", f"unknown optimizer '{optimizer}'; supported: 'adamw' or None")
     torch_dtype = _DTYPES.get(dtype, dtype) if isinstance(dtype, str) else dtype

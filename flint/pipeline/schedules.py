@@ -55,8 +55,13 @@ class Action(NamedTuple):
         return f"{self.stage}{self.kind}{self.microbatch}"
 
 
-def check(schedule: str, pp: int, microbatches: int, virtual: int, source: str | None = None) -> None:
-    """Refuse combinations torch's schedule classes do not run, naming the plan field."""
+def check(schedule: str, pp: int, microbatches: int, virtual: int, source: str | None = None,
+          counts: bool = True) -> None:
+    """Refuse combinations torch's schedule classes do not run, naming the plan field.
+
+    ``counts=False`` skips "1f1b needs at least pp microbatches" (a plan may
+    name pp before its microbatches; capture and pipeline-split check it).
+    """
     from flint.plan import PP_SCHEDULES, PlanError
 
     if schedule not in SCHEDULES:
@@ -67,7 +72,7 @@ def check(schedule: str, pp: int, microbatches: int, virtual: int, source: str |
         raise PlanError("pp_virtual_stages", f"schedule 'zbv-zero-bubble' runs exactly 2 stages per rank, got {virtual}", source)
     if schedule.startswith("interleaved") and virtual < 2:
         raise PlanError("pp_virtual_stages", f"schedule '{schedule}' needs at least 2 stages per rank, got {virtual}", source)
-    if schedule == "1f1b" and microbatches < pp:
+    if counts and schedule == "1f1b" and microbatches < pp:
         raise PlanError("microbatches", f"schedule '1f1b' needs at least pp = {pp} microbatches, got {microbatches}", source)
     if schedule.startswith("interleaved") and microbatches % pp:
         raise PlanError("microbatches", f"schedule '{schedule}' needs a multiple of pp = {pp} microbatches, "
