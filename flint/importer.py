@@ -316,6 +316,6 @@ def import_step(step: CapturedStep) -> ModuleOp:
 
             PipelineSplitPass(stages=plan.pp, schedule=plan.pp_schedule, microbatches=plan.microbatches,
                               virtual=plan.pp_virtual_stages, grad_sync=plan.grad_sync,
-                              layers=",".join(map(str, plan.pp_layers or ()))).apply(Context(), module)
+                              layers=tuple(plan.pp_layers or ())).apply(Context(), module)
     module.verify()
     return module

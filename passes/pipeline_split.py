@@ -54,8 +54,8 @@ class PipelineSplitPass(ModulePass):
     count; parts before it go to the first stage, parts after it to the last.
 
     Stages: ``stages * virtual`` pipeline stages over the ``stages`` ranks of
-    grid axis ``axis``; ``layers`` lists the blocks per stage (comma
-    separated, e.g. ``layers=3,3,2,2``), else an even split (the first stages
+    grid axis ``axis``; ``layers`` lists the blocks per stage (e.g.
+    ``layers=3,3,2,2``), else an even split (the first stages
     take the remainder). Stage ``s`` runs on pipeline rank
     :func:`flint.pipeline.stage_ranks` (round robin, or a V for
     ``zbv-zero-bubble``).
@@ -94,7 +94,7 @@ class PipelineSplitPass(ModulePass):
     schedule: str = "1f1b"
     microbatches: int = 1
     virtual: int = 1
-    layers: str = ""
+    layers: tuple[int, ...] = ()
     grad_sync: str = "step"
     axis: str = "pp"
     dp_axes: str = ""  # comma-separated data-parallel axes for grad-sync=step; default: the plan's
@@ -138,10 +138,7 @@ class PipelineSplitPass(ModulePass):
         if n_stages > n_layers:
             raise PlanError("pp", f"{n_stages} pipeline stages (stages * virtual) for a model of {n_layers} layers")
         if self.layers:
-            try:
-                layers = [int(x) for x in self.layers.split(",")]
-            except ValueError:
-                raise PlanError("pp_layers", f"expected comma-separated integers, got '{self.layers}'") from None
+            layers = [int(x) for x in self.layers]
             if len(layers) != n_stages or any(n < 1 for n in layers) or sum(layers) != n_layers:
                 raise PlanError("pp_layers", f"{layers}: need {n_stages} stages of at least one layer summing to "
                                 f"the model's {n_layers}")
