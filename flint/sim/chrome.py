@@ -22,8 +22,11 @@ from flint.sim.result import SimResult
 from flint.trace import CollKind, NodeKind
 
 
-def chrome_trace_events(result: SimResult, ranks: Sequence[int] | None = None, max_ranks: int = 16) -> list[dict]:
+def chrome_trace_events(result: SimResult, ranks: Sequence[int] | None = None, max_ranks: int = 16,
+                        labels: dict[int, str] | None = None) -> list[dict]:
     """The trace events for ``ranks`` (default: the simulated representatives, at most ``max_ranks``).
+
+    ``labels`` adds a note to a rank's process name (e.g. its pipeline stage).
 
     A rank that was not simulated itself is shown with its representative's
     timeline (they are identical, see :mod:`flint.sim.engine`).
@@ -42,7 +45,8 @@ def chrome_trace_events(result: SimResult, ranks: Sequence[int] | None = None, m
         t = plan.table
         same = len(raw.classes[s])
         events.append({"ph": "M", "name": "process_name", "pid": int(r),
-                       "args": {"name": f"rank {r}" + (f" (x{same} identical ranks)" if same > 1 else "")}})
+                       "args": {"name": f"rank {r}" + (f" {labels[int(r)]}" if labels and int(r) in labels else "")
+                                + (f" (x{same} identical ranks)" if same > 1 else "")}})
         for k, name in enumerate(STREAM_NAMES):
             events.append({"ph": "M", "name": "thread_name", "pid": int(r), "tid": k, "args": {"name": name}})
         st, en, iss = raw.start_us[s], raw.finish_us[s], raw.issue_us[s]
@@ -68,10 +72,10 @@ def chrome_trace_events(result: SimResult, ranks: Sequence[int] | None = None, m
 
 
 def write_chrome_trace(result: SimResult, path: str | os.PathLike, ranks: Sequence[int] | None = None,
-                       max_ranks: int = 16) -> Path:
+                       max_ranks: int = 16, labels: dict[int, str] | None = None) -> Path:
     """Write the timeline JSON to ``path`` atomically (temp file + rename); returns the path."""
     path = Path(path)
-    doc = {"traceEvents": chrome_trace_events(result, ranks, max_ranks), "displayTimeUnit": "ms",
+    doc = {"traceEvents": chrome_trace_events(result, ranks, max_ranks, labels), "displayTimeUnit": "ms",
            "otherData": {"iteration_time_us": result.iteration_time_us, "world_size": result.world_size,
                          "mfu": result.mfu}}
     with atomic_text_file(path) as f:

@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+import numpy as np
+
 from flint.errors import FlintError, run_cli
 
 DEFAULT_DEVICE = "h100-sxm"
@@ -211,7 +213,18 @@ def _native(args, want_memory: bool) -> tuple[dict, object]:
         from flint.sim.chrome import write_chrome_trace
 
         ranks = _rank_list(args.timeline_ranks, result.world_size) if args.timeline_ranks else None
-        write_chrome_trace(result, args.timeline, ranks)
+        labels = None
+        if loaded.pipeline is not None and loaded.mesh is not None:
+            # The pipeline per stage: by default one rank per pipeline rank (other coordinates 0).
+            pp = loaded.pipeline
+            coord = (loaded.mesh.coordinate(pp["axis"]) if pp["axis"] in loaded.mesh.axis_names
+                     else np.zeros(result.world_size, np.int64))
+            stages = {r: [s for s, o in enumerate(pp["stage_ranks"]) if o == r] for r in range(pp["ranks"])}
+            labels = {r: f"[pp {int(coord[r])}: stage{'s' if len(stages[int(coord[r])]) > 1 else ''} "
+                         f"{', '.join(map(str, stages[int(coord[r])]))}]" for r in range(result.world_size)}
+            if ranks is None:
+                ranks = [int(np.nonzero(coord == r)[0][0]) for r in range(pp["ranks"])][:16]
+        write_chrome_trace(result, args.timeline, ranks, labels=labels)
         rep["timeline"] = str(args.timeline)
     return rep, result
 
