@@ -35,6 +35,16 @@ under ``[plan]``::
     microbatches = 16
     activation_checkpoint = "selective-op"
 
+Pipelines and microbatches: capture takes ONE microbatch (the batch per
+data-parallel rank over ``microbatches``) and ``pipeline-split`` runs it
+``microbatches`` times in the order of ``torch.distributed.pipelining``'s
+schedule for ``pp_schedule`` (:mod:`flint.pipeline`): ``gpipe``, ``1f1b``,
+``interleaved-1f1b`` (``pp_virtual_stages`` >= 2, microbatches a multiple
+of ``pp``); the zero-bubble names validate but ``pipeline-split`` refuses
+them yet. ``pp_layers`` lists blocks per stage (``pp * pp_virtual_stages``
+entries), else an even split. ``grad_sync = "step"`` reduces data-parallel
+gradients once per step (the last microbatch), ``"microbatch"`` every time.
+
 Validation happens once, in :meth:`Plan.validate` (called by every
 constructor here) and :meth:`Plan.check_model` (against a model's shape),
 before any work; errors are :class:`PlanError` naming the field and the

@@ -70,11 +70,13 @@ class _FunctionLowering:
     """Lowers one `func.func` body into chakra nodes appended to ``block``."""
 
     def __init__(self, fn: func.FuncOp, block: Block, device: Device, streams: _Streams, merge: bool = False,
-                 tag_offset: int = 0, nosync_axes: frozenset[int] = frozenset()):
+                 tag_offset: int = 0, nosync_axes: frozenset[int] = frozenset(), costs: dict | None = None):
         self.fn, self.block, self.device, self.s, self.merge = fn, block, device, streams, merge
         # From the schedule entry (pipeline-split): added to send/recv tags; data-parallel
         # axes whose gradient reduce-scatters / all-reduces this run skips (accumulation).
         self.tag_offset, self.nosync_axes = tag_offset, nosync_axes
+        # op -> (flops, bytes, duration): a function run from many schedule entries is costed once.
+        self.costs = costs if costs is not None else {}
         self.producer: dict[SSAValue, tuple[SSAValue, ...]] = {}
         self.comm_nodes: set[SSAValue] = set()
         # Sends and recvs are ordered among themselves, not with each other or with
@@ -134,7 +136,10 @@ class _FunctionLowering:
         raise LoweringError(op, f"'{op.name}' op cannot be lowered to Chakra (lower-to-chakra knows aten and dist ops)")
 
     def lower_aten(self, op: AtenOp) -> None:
-        flops, nbytes, duration = aten_op_cost(op, self.device)
+        cost = self.costs.get(op)
+        if cost is None:
+            cost = self.costs[op] = aten_op_cost(op, self.device)
+        flops, nbytes, duration = cost
         data = self.deps_of(op.inputs)
         if flops == 0 and nbytes == 0:  # a view: no kernel, results alias the inputs
             for r in op.outputs:
@@ -286,12 +291,13 @@ class LowerToChakraPass(ModulePass):
             names = mesh_of(op).axis_names
             axis_index = {n: i for i, n in enumerate(names)}
         graphs = []
+        costs: dict = {}
         for role in range(roles):
             graph_block = Block()
             s = _Streams(compute=None, comm=None, boundary=None)
             for name, count, options in get_schedule_entries(op, role):
                 fn = funcs[name]
-                extra = {"tag_offset": options.get("tag", 0),
+                extra = {"tag_offset": options.get("tag", 0), "costs": costs,
                          "nosync_axes": frozenset(axis_index[a] for a in options.get("nosync", ()) if a in axis_index)}
                 if s.compute is None and s.comm is None or pipelined and count == 1:
                     # Nothing to carry yet (or a pipeline's single run): one iteration flat, the rest as a repeat.
