@@ -136,6 +136,12 @@ def cmd_capture(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     plan = _capture_plan(args)
+    if args.microbatches is not None:  # gradient accumulation / pipeline microbatches (flint/pipeline)
+        from flint.plan import PlanError
+
+        if args.microbatches < 1:
+            raise PlanError("microbatches", f"--microbatches must be at least 1, got {args.microbatches}")
+        plan = plan.replace(microbatches=args.microbatches)
     model_factory, cfg, user_module = _model_factory(args.model, args.layers)
     parallelize = None
     if args.parallelize:
@@ -148,7 +154,7 @@ def cmd_capture(args: argparse.Namespace) -> int:
         if value is not None and value < 1:
             raise FlintError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
     seq = args.seq_len or min(getattr(cfg, "max_seq_len", 2048), 2048)
-    batch = args.batch_size or plan.dp
+    batch = args.batch_size or plan.dp * plan.microbatches
     if cfg is not None:
         if args.inputs:
             raise FlintError("--inputs applies to model files; zoo models take tokens and labels "
@@ -322,8 +328,11 @@ def build_parser() -> argparse.ArgumentParser:
     cap.add_argument("--loss", default="auto",
                      help="auto (the model's own loss, else cross_entropy/mse against an input forward does not "
                           "take, else the output's sum), cross_entropy, mse or sum")
+    cap.add_argument("--microbatches", type=int, default=None,
+                     help="microbatches per step (gradient accumulation; pipeline microbatches with pp); "
+                          "overrides the plan's")
     cap.add_argument("--layers", type=int, default=None, help="override the model's depth (zoo models)")
-    cap.add_argument("--batch-size", type=int, default=None, help="global batch size (default: one sequence per data-parallel rank)")
+    cap.add_argument("--batch-size", type=int, default=None, help="global batch size (default: one sequence per data-parallel rank and microbatch)")
     cap.add_argument("--seq-len", type=int, default=None, help="sequence length (default: min(model max, 2048))")
     cap.add_argument("--dtype", default="bfloat16", help="model dtype (default: bfloat16)")
     cap.add_argument("-o", "--output", required=True, help="output .mlir file (written atomically)")
