@@ -88,10 +88,10 @@ def test_capture_plan_file_errors_name_the_file_and_field(tmp_path, capsys):
     rc, _, err = _run(capsys, "capture", "--model", "llama-tiny", "--plan-file", str(plan), "--world-size", "8",
                       "-o", str(tmp_path / "s.mlir"))
     assert rc == 1 and f"{plan}: plan field 'world_size'" in err and "= 6, not the world size 8" in err
-    plan.write_text("dp_shard = 2\npp = 2\n")
+    plan.write_text("dp_shard = 2\ncp = 2\n")
     rc, _, err = _run(capsys, "capture", "--model", "llama-tiny", "--plan-file", str(plan),
                       "-o", str(tmp_path / "s.mlir"))
-    assert rc == 1 and "plan field 'pp': capture does not support it yet" in err
+    assert rc == 1 and "plan field 'cp': capture does not support it yet" in err
     assert not (tmp_path / "s.mlir").exists()
 
 
