@@ -292,16 +292,18 @@ class LowerToChakraPass(ModulePass):
             axis_index = {n: i for i, n in enumerate(names)}
         graphs = []
         costs: dict = {}
+        bodies: dict | None = {} if pipelined else None
         for role in range(roles):
             graph_block = Block()
             s = _Streams(compute=None, comm=None, boundary=None)
             for name, count, options in get_schedule_entries(op, role):
                 fn = funcs[name]
-                extra = {"tag_offset": options.get("tag", 0), "costs": costs,
+                extra = {"tag_offset": options.get("tag", 0), "costs": costs, "bodies": bodies,
                          "nosync_axes": frozenset(axis_index[a] for a in options.get("nosync", ()) if a in axis_index)}
                 if s.compute is None and s.comm is None or pipelined and count == 1:
                     # Nothing to carry yet (or a pipeline's single run): one iteration flat, the rest as a repeat.
-                    _FunctionLowering(fn, graph_block, device, s, self.merge_compute, **extra).lower()
+                    flat = {k: v for k, v in extra.items() if k != "bodies"}
+                    _FunctionLowering(fn, graph_block, device, s, self.merge_compute, **flat).lower()
                     s.boundary = s.compute
                     count -= 1
                     if count == 0:
@@ -326,6 +328,16 @@ class LowerToChakraPass(ModulePass):
         # carry it in (passed through unchanged).
         pending = list(s.blocking) if pipelined else []
         carried += pending
+        # A function repeated from many schedule entries (a pipeline's microbatches) lowers to the
+        # same body each time: build it once, clone it after.
+        bodies = extra.pop("bodies", None)
+        key = (fn.sym_name.data, extra.get("tag_offset", 0), extra.get("nosync_axes", frozenset()),
+               s.compute is not None, s.comm is not None, len(pending))
+        if bodies is not None and key in bodies:
+            rep = chakra.RepeatOp(count, carried, bodies[key].clone())
+            outer.add_op(rep)
+            LowerToChakraPass._after_repeat(rep, s)
+            return
         body = Block(arg_types=[chakra.NODE] * len(carried))
         args = iter(body.args)
         inner = _Streams(
@@ -341,8 +353,15 @@ class LowerToChakraPass(ModulePass):
         yielded += passthrough
         # A stream the body never touched passes its node through.
         body.add_op(chakra.YieldOp.build(operands=[yielded]))
-        rep = chakra.RepeatOp(count, carried, Region(body))
+        region = Region(body)
+        if bodies is not None:
+            bodies[key] = region.clone()
+        rep = chakra.RepeatOp(count, carried, region)
         outer.add_op(rep)
+        LowerToChakraPass._after_repeat(rep, s)
+
+    @staticmethod
+    def _after_repeat(rep: chakra.RepeatOp, s: _Streams) -> None:
         results = iter(rep.outs)
         s.compute = next(results) if s.compute is not None else None
         s.comm = next(results) if s.comm is not None else None
