@@ -104,7 +104,7 @@ def test_unknown_axis_on_the_command_line(tmp_path, capsys):
 @pytest.mark.parametrize("edit, constraint", [
     (("[system]", "[constraints]\nmax_gpus = 4\n[system]"), "max_gpus"),
     (("dp_shard = -1", "dp_shard = -1\ntp = 3"), "degrees_divide"),
-    (("dp_shard = -1", "dp_shard = -1\npp = 2"), "supported"),
+    (("dp_shard = -1", "dp_shard = -1\ncp = 2"), "supported"),
     (('model = "llama-tiny"', 'model = "llama3-405b"'), "memory_fits"),
 ])
 def test_constraints_excluding_every_point(tmp_path, capsys, edit, constraint):
