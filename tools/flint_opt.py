@@ -23,7 +23,7 @@ from xdsl.xdsl_opt_main import xDSLOptMain
 
 from flint.errors import FlintError, run_cli
 from flint.fileio import write_text_atomic
-from flint.ir.parse import RecordingParser, failing_op, parse_error_message
+from flint.ir.parse import RecordingParser, check_nesting, decode_source, failing_op, parse_error_message
 from flint.ir import FLINT_DIALECTS
 from flint.passes.registry import FLINT_PASSES, all_passes, summary
 
@@ -78,8 +78,11 @@ class FlintOptMain(xDSLOptMain):
     def parse_chunk(self, chunk: IO[bytes], file_extension: str, start_offset: int = 0) -> ModuleOp | None:
         if self.args.frontend or file_extension != "mlir":
             return super().parse_chunk(chunk, file_extension, start_offset)
+        name = self.get_input_name()
+        text = decode_source(chunk.read(), name)
+        check_nesting(text, name)
         parser = RecordingParser(
-            self.ctx, chunk.read(), self.get_input_name(), positions=self._positions, line_offset=start_offset
+            self.ctx, text, name, positions=self._positions, line_offset=start_offset
         )
         return parser.parse_module(not self.args.no_implicit_module)
 

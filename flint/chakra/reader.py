@@ -513,9 +513,27 @@ def read_trace(dir_or_prefix: str | Path, *, comm_groups: Mapping[int, Sequence[
     else:
         groups = {int(k): tuple(int(r) for r in v) for k, v in comm_groups.items()}
         groups_source = "the comm_groups argument"
+    _check_group_ranks(groups, len(files), groups_source, directory, prefix)
     reader = _FileReader()
     ranks: list[RankProgram] = []
     return _read_all(reader, files, groups, groups_source, prefix, ranks)
+
+
+def _check_group_ranks(groups: Mapping[int, Sequence[int]], world: int, source: str | None, directory: Path,
+                       prefix: str) -> None:
+    """Every member of every comm group is a rank with a file; no group lists a rank twice."""
+    for gid, members in groups.items():
+        if not members:
+            raise TraceError(f"{source}: comm group {gid} has no members")
+        if len(members) > world:
+            raise TraceError(f"{source}: comm group {gid} lists {len(members):,} members, more than the "
+                             f"{world} rank files of {directory / prefix}")
+        hi = max(members)
+        if hi >= world:
+            raise TraceError(f"{source}: comm group {gid} names rank {hi}, but the trace has rank files for ranks "
+                             f"0..{world - 1} only (is {directory / f'{prefix}.{hi}.et'} missing?)")
+        if len(set(members)) != len(members):
+            raise TraceError(f"{source}: comm group {gid} lists a rank twice")
 
 
 def _read_all(reader, files, groups, groups_source, prefix, ranks) -> Trace:

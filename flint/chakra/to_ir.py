@@ -41,7 +41,7 @@ from typing import Sequence
 from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, FloatAttr, IntegerAttr, ModuleOp, StringAttr, f64, i64
 from xdsl.ir import Block, Region, SSAValue
 
-from flint.errors import FlintError
+from flint.errors import FlintError, run_cli
 from flint.ir import chakra
 from flint.trace import CollKind, NodeKind, NodeTableBuilder, RankProgram, Trace
 
@@ -219,7 +219,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("-o", "--output", required=True, help="output .mlir (written atomically; '-' for stdout)")
     ap.add_argument("--max-ops", type=int, default=MAX_OPS, help=f"refuse bigger modules (default {MAX_OPS:,})")
     args = ap.parse_args(argv)
+    return run_cli("flint import-trace", _import, args)
+
+
+def _import(args) -> int:
+    from flint.chakra.reader import read_trace
+    from flint.fileio import check_writable
+
     try:
+        if args.output != "-":
+            check_writable(args.output)
         trace = read_trace(args.trace, comm_groups=args.comm_groups)
         module = trace_to_ir(trace, args.ranks, max_ops=args.max_ops)
         module.verify()
