@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import struct
+
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Operation
 from xdsl.parser import Parser
@@ -19,8 +21,18 @@ class RecordingParser(Parser):
         self._line_offset = line_offset
 
     def parse_operation(self) -> Operation:
-        loc = self._current_token.span.get_location()
-        op = super().parse_operation()
+        span = self._current_token.span
+        loc = span.get_location()
+        try:
+            op = super().parse_operation()
+        except (VerifyException, struct.error, OverflowError) as e:
+            # An attribute or type constructor refused a value while the op was
+            # parsed (an integer beyond its type, an unranked tensor where a
+            # ranked one is required, ...): report it at the op.
+            msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            if isinstance(e, struct.error):
+                msg = f"integer out of range for its attribute ({msg}; grid axes are i16)"
+            raise ParseError(span, msg) from None
         self._positions[op] = (loc.line + self._line_offset, loc.col)
         return op
 
@@ -111,6 +123,9 @@ def load_ir(path: str) -> ModuleOp:
         raise FlintError(parse_error_message(e)) from None
     try:
         module.verify()
+        from flint.ir.module import verify_module
+
+        verify_module(module)
     except VerifyException as e:
         op = failing_op(module, e)
         where = f"{path}:{positions[op][0]}:{positions[op][1]}" if op in positions else path

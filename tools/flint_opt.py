@@ -25,6 +25,7 @@ from flint.errors import FlintError, run_cli
 from flint.fileio import write_text_atomic
 from flint.ir.parse import RecordingParser, check_nesting, decode_source, failing_op, parse_error_message
 from flint.ir import FLINT_DIALECTS
+from flint.ir.module import verify_module
 from flint.passes.registry import FLINT_PASSES, all_passes, summary
 
 # Generic xDSL passes that are useful on Flint IR too.
@@ -86,6 +87,10 @@ class FlintOptMain(xDSLOptMain):
         )
         return parser.parse_module(not self.args.no_implicit_module)
 
+    def apply_passes(self, prog: ModuleOp) -> None:
+        super().apply_passes(prog)
+        verify_module(prog)
+
     # -- errors --------------------------------------------------------------
     def _locate(self, op: Operation | None) -> str:
         name = self.get_input_name()
@@ -114,6 +119,8 @@ class FlintOptMain(xDSLOptMain):
             try:
                 module = self.parse_chunk(chunk, file_extension, offset)
                 if module is not None:
+                    module.verify()
+                    verify_module(module)
                     self.apply_passes(module)
                     output.write(self.output_resulting_program(module))
             except ParseError as e:
