@@ -127,6 +127,20 @@ def trace_to_ir(trace: Trace, ranks: Sequence[int] | None = None, *, max_ops: in
             f"xDSL parses about 650 ops/s); choose ranks with --rank"
             + (f" (about {fit} rank(s) of this trace fit)" if fit else
                " (a single rank of this trace is already too big; raise the limit with --max-ops at your own risk)"))
+    from flint.chakra.check import cycle_rows
+
+    checked: set[int] = set()
+    for r in chosen:
+        t = trace.ranks[r].table
+        if id(t) in checked:
+            continue
+        checked.add(id(t))
+        cyc = cycle_rows(t)
+        if len(cyc):
+            row = int(cyc[0])
+            where = getattr(t, "source", "") or f"rank {r}"
+            raise FlintError(f"{where}: node {int(t.node_ids[row])} ('{t.names[row]}') is on a dependency cycle "
+                             f"({len(cyc)} node(s) can never run); the chakra dialect cannot express cycles")
     graphs = [_graph_of(trace.ranks[r], r) for r in chosen]
     module = ModuleOp(graphs)
     module.attributes[WORLD_ATTR] = IntegerAttr(trace.world_size, i64)

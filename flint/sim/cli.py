@@ -93,6 +93,7 @@ def load_input(path: str, device_name: str, calibration: str | None, *, want_mem
 
     directory, prefix, _ = find_rank_files(path)
     trace = read_trace(path, comm_groups=comm_groups)
+    refuse_unsound(trace, str(directory / prefix), f"`flint inspect {path}` lists them")
     return Loaded(trace, None, None, "needs the step IR (tensor types and lifetimes); a trace has none",
                   "from the trace's duration_micros (device roofline where missing)", "trace", directory / prefix)
 
@@ -110,7 +111,9 @@ def _load_ir_input(path: str, device_name: str, calibration: str | None, want_me
 
     module = load_ir(path)
     if WORLD_ATTR in module.attributes:  # concrete per-rank graphs from `flint import-trace`
-        return Loaded(trace_from_concrete_ir(module), None, None,
+        trace = trace_from_concrete_ir(module)
+        refuse_unsound(trace, path, "`flint inspect` lists them")
+        return Loaded(trace, None, None,
                       "the IR holds imported per-rank Chakra graphs, no tensors",
                       "from the imported graphs (device roofline where missing)", "ir")
     memory, note = None, None
@@ -141,7 +144,20 @@ def _load_ir_input(path: str, device_name: str, calibration: str | None, want_me
                 os.unlink(tmp)
         durations = f"roofline on {device_name}" + (" (calibrated)" if calibration else "")
     mesh = mesh_of(module)
-    return Loaded(trace_from_ir(module), mesh, memory, note, durations, "ir")
+    trace = trace_from_ir(module)
+    refuse_unsound(trace, path, "emit the step and run `flint inspect` for the full list")
+    return Loaded(trace, mesh, memory, note, durations, "ir")
+
+
+def refuse_unsound(trace, where: str, hint: str) -> None:
+    """Refuse a trace a simulator would abort or deadlock on (:func:`flint.chakra.check_trace`)."""
+    from flint.chakra.check import check_trace
+
+    problems = check_trace(trace)
+    if problems:
+        shown = "; ".join(str(p) for p in problems[:3])
+        raise FlintError(f"{where}: {len(problems)} problem(s) that would make the simulation abort or deadlock: "
+                         f"{shown}{' ...' if len(problems) > 3 else ''} ({hint})")
 
 
 def _common_args(ap: argparse.ArgumentParser) -> None:
