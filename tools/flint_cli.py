@@ -193,6 +193,7 @@ def cmd_emit(args: argparse.Namespace) -> int:
     from xdsl.context import Context
 
     from flint.chakra import write_trace
+    from flint.chakra.check import require_sound
     from flint.chakra.from_ir import trace_from_ir
     from flint.passes.canonicalize_dist import CanonicalizeDistPass
     from flint.passes.lower_to_chakra import LowerToChakraPass
@@ -204,7 +205,8 @@ def cmd_emit(args: argparse.Namespace) -> int:
         LowerToChakraPass(device=args.device).apply(Context(), module)
         module.verify()
     trace = trace_from_ir(module)
-    stats = write_trace(trace, args.output, args.prefix)
+    require_sound(trace, args.input, "nothing was written")
+    stats = write_trace(trace, args.output, args.prefix, force=args.force)
     print(f"wrote {stats.ranks} rank files + {args.prefix}.comm_groups.json to {stats.out_dir} "
           f"({stats.nodes / stats.ranks:.0f} nodes per rank, {stats.bytes_written / 1e6:.2f} MB, "
           f"{time.perf_counter() - t0:.2f} s)")
@@ -334,7 +336,10 @@ def build_parser() -> argparse.ArgumentParser:
                                       "Chakra: one <prefix>.<rank>.et per rank of the grid and "
                                       "<prefix>.comm_groups.json, written atomically.")
     emit.add_argument("input", help="the step's IR (.mlir), e.g. from `flint capture`")
-    emit.add_argument("-o", "--output", required=True, help="output directory (replaced atomically)")
+    emit.add_argument("-o", "--output", required=True,
+                      help="output directory, replaced as a whole and atomically when it holds only a trace of the "
+                           "same prefix (or is new or empty); otherwise refused unless --force")
+    emit.add_argument("--force", action="store_true", help="replace an output directory that holds other files")
     emit.add_argument("--prefix", default="trace", help="file-name prefix (default: trace)")
     emit.add_argument("--device", default="h100-sxm", help="device preset or TOML for compute durations (default: h100-sxm)")
     emit.set_defaults(func=cmd_emit)

@@ -102,6 +102,8 @@ class FlintOptMain(xDSLOptMain):
     def _diagnostic(self, module: ModuleOp | None, err: Exception) -> str:
         if isinstance(err, ParseError):
             return parse_error_message(err)
+        if isinstance(err, FlintError) and str(err).startswith(f"{self.get_input_name()}:"):
+            return str(err)  # already located (non-UTF-8 bytes, nesting)
         where = self._locate(failing_op(module, err) if module is not None else getattr(err, "op", None))
         msg = str(err).strip() or type(err).__name__
         other = getattr(err, "other", None)  # a second op the error is about (verify-p2p's pairs)

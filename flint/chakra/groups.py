@@ -15,6 +15,7 @@ from typing import Mapping, Sequence
 
 from flint.chakra.wire import TraceError
 from flint.errors import FlintError
+from flint.limits import MAX_WORLD_SIZE
 
 
 def validate_comm_groups(groups: Mapping[int, Sequence[int]], world_size: int) -> None:
@@ -55,6 +56,8 @@ def parse_comm_groups(text: str, source: str = "<comm groups>") -> dict[int, tup
             raise TraceError(f"{source}: group id {k!r} is not an integer") from None
         if not 1 <= gid <= (1 << 31) - 1:
             raise TraceError(f"{source}: group id {gid} is invalid (ids are 1..2147483647)")
+        if isinstance(v, list) and len(v) > MAX_WORLD_SIZE:
+            raise TraceError(f"{source}: group {k} lists {len(v):,} members; the limit is {MAX_WORLD_SIZE:,} ranks")
         if not isinstance(v, list) or not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in v):
             raise TraceError(f"{source}: group {k} must be a list of non-negative rank numbers")
         groups[gid] = tuple(v)

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from flint.chakra.check import require_sound
 from flint.errors import FlintError, run_cli
 
 DEFAULT_DEVICE = "h100-sxm"
@@ -93,7 +94,7 @@ def load_input(path: str, device_name: str, calibration: str | None, *, want_mem
 
     directory, prefix, _ = find_rank_files(path)
     trace = read_trace(path, comm_groups=comm_groups)
-    refuse_unsound(trace, str(directory / prefix), f"`flint inspect {path}` lists them")
+    require_sound(trace, str(directory / prefix), f"`flint inspect {path}` lists them")
     return Loaded(trace, None, None, "needs the step IR (tensor types and lifetimes); a trace has none",
                   "from the trace's duration_micros (device roofline where missing)", "trace", directory / prefix)
 
@@ -112,7 +113,7 @@ def _load_ir_input(path: str, device_name: str, calibration: str | None, want_me
     module = load_ir(path)
     if WORLD_ATTR in module.attributes:  # concrete per-rank graphs from `flint import-trace`
         trace = trace_from_concrete_ir(module)
-        refuse_unsound(trace, path, "`flint inspect` lists them")
+        require_sound(trace, path, "`flint inspect` lists them")
         return Loaded(trace, None, None,
                       "the IR holds imported per-rank Chakra graphs, no tensors",
                       "from the imported graphs (device roofline where missing)", "ir")
@@ -145,19 +146,8 @@ def _load_ir_input(path: str, device_name: str, calibration: str | None, want_me
         durations = f"roofline on {device_name}" + (" (calibrated)" if calibration else "")
     mesh = mesh_of(module)
     trace = trace_from_ir(module)
-    refuse_unsound(trace, path, "emit the step and run `flint inspect` for the full list")
+    require_sound(trace, path, "emit the step and run `flint inspect` for the full list")
     return Loaded(trace, mesh, memory, note, durations, "ir")
-
-
-def refuse_unsound(trace, where: str, hint: str) -> None:
-    """Refuse a trace a simulator would abort or deadlock on (:func:`flint.chakra.check_trace`)."""
-    from flint.chakra.check import check_trace
-
-    problems = check_trace(trace)
-    if problems:
-        shown = "; ".join(str(p) for p in problems[:3])
-        raise FlintError(f"{where}: {len(problems)} problem(s) that would make the simulation abort or deadlock: "
-                         f"{shown}{' ...' if len(problems) > 3 else ''} ({hint})")
 
 
 def _common_args(ap: argparse.ArgumentParser) -> None:
