@@ -24,8 +24,9 @@ import time
 from typing import Sequence
 
 from flint.errors import FlintError, run_cli
-from flint.fileio import write_text_atomic
-from flint.ir.parse import load_ir
+from flint.fileio import check_writable, write_text_atomic
+from flint.limits import MAX_WORLD_SIZE
+
 
 
 def _model_factory(spec: str, layers: int | None):
@@ -35,6 +36,8 @@ def _model_factory(spec: str, layers: int | None):
     imported as a registered module (``sys.modules``), so its globals resolve
     under torch.compile.
     """
+    if layers is not None and layers < 1:
+        raise FlintError(f"--layers must be at least 1, got {layers}")
     if spec.endswith(".py") or ".py:" in spec:
         from flint.capture.byom import load_user_module, user_function
 
@@ -135,6 +138,13 @@ def cmd_capture(args: argparse.Namespace) -> int:
     from flint.importer import import_step
 
     t0 = time.perf_counter()
+    for name in ("batch_size", "seq_len", "world_size"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise FlintError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+    if args.world_size is not None and args.world_size > MAX_WORLD_SIZE:
+        raise FlintError(f"--world-size {args.world_size:,} is more than Flint can hold ({MAX_WORLD_SIZE:,} ranks)")
+    check_writable(args.output)
     plan = _capture_plan(args)
     model_factory, cfg, user_module = _model_factory(args.model, args.layers)
     parallelize = None
@@ -143,10 +153,6 @@ def cmd_capture(args: argparse.Namespace) -> int:
 
         parallelize, _ = user_function(args.parallelize, "--parallelize", "parallelize",
                                        "a function parallelize(model, mesh)")
-    for name in ("batch_size", "seq_len"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            raise FlintError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
     seq = args.seq_len or min(getattr(cfg, "max_seq_len", 2048), 2048)
     batch = args.batch_size or plan.dp
     if cfg is not None:
@@ -197,6 +203,8 @@ def cmd_emit(args: argparse.Namespace) -> int:
     from flint.chakra.from_ir import trace_from_ir
     from flint.passes.canonicalize_dist import CanonicalizeDistPass
     from flint.passes.lower_to_chakra import LowerToChakraPass
+
+    from flint.ir.parse import load_ir
 
     t0 = time.perf_counter()
     module = load_ir(args.input)

@@ -32,6 +32,13 @@ from flint.passes.registry import FLINT_PASSES, all_passes, summary
 XDSL_PASSES = ("canonicalize", "cse", "dce")
 
 
+def _fmt_default(field: dataclasses.Field) -> str:
+    if field.default is not dataclasses.MISSING:
+        v = field.default
+        return str(v).lower() if isinstance(v, bool) else str(v)
+    return "(required)"
+
+
 class FlintOptMain(xDSLOptMain):
     """The driver: xDSL's, with Flint's dialects, passes and error reporting."""
 
@@ -55,21 +62,31 @@ class FlintOptMain(xDSLOptMain):
         from flint.tools.chakra_target import ChakraTarget
 
         super().register_all_targets()
-        self.available_targets["chakra"] = lambda: ChakraTarget
+        # xDSL's other targets (assembly, wasm, GPU shaders) do not apply to Flint's dialects.
+        self.available_targets = {"mlir": self.available_targets["mlir"], "chakra": lambda: ChakraTarget}
 
     def register_all_arguments(self, arg_parser: argparse.ArgumentParser) -> None:
         super().register_all_arguments(arg_parser)
         arg_parser.formatter_class = argparse.RawDescriptionHelpFormatter
-        lines = ["Flint passes (run with -p 'name{option=value,...}', comma-separated):"]
+        for action in arg_parser._actions:
+            if "--target" in action.option_strings:
+                action.help = ("output target: mlir (default: print the IR) or chakra{out=DIR prefix=NAME "
+                               "force=false} (write per-rank Chakra ET files of the lowered chakra.graph)")
+        lines = ["Flint passes (run with -p 'name{option=value,...}', comma-separated; defaults shown):"]
         for name, factory in self.available_passes.items():
             if name in XDSL_PASSES:
                 continue
             try:
-                text = summary(factory())
+                cls = factory()
+                text = summary(cls)
+                options = [f"{f.name.replace('_', '-')}={_fmt_default(f)}" for f in dataclasses.fields(cls)
+                           if f.name != "name"]
             except Exception as e:  # a broken plug-in must not break --help
-                text = f"(cannot load: {e})"
+                text, options = f"(cannot load: {e})", []
             origin = "" if name in FLINT_PASSES or name in XDSL_PASSES else "  [plug-in]"
             lines.append(f"  {name:<24} {text}{origin}")
+            if options:
+                lines.append(f"  {'':<24}   options: {', '.join(options)}")
         lines.append("")
         lines.append(f"Generic xDSL passes: {', '.join(XDSL_PASSES)}.")
         lines.append("Print the IR after each pass with --print-between-passes.\n")
