@@ -89,7 +89,7 @@ def atomic_binary_file(path: str | os.PathLike) -> Iterator[IO[bytes]]:
     fd = None
     named: str | None = None
     try:
-        fd = os.open(path.parent, os.O_TMPFILE | os.O_WRONLY, mode)
+        fd = os.open(path.parent, os.O_TMPFILE | os.O_RDWR, mode)
     except (OSError, AttributeError):
         try:
             fd, named = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -112,7 +112,11 @@ def atomic_binary_file(path: str | os.PathLike) -> Iterator[IO[bytes]]:
 
 
 def _link_tmpfile(fd: int, path: Path) -> str:
-    """Give an ``O_TMPFILE`` inode a hidden name beside ``path`` (it is renamed onto ``path`` at once)."""
+    """Give an ``O_TMPFILE`` inode a hidden name beside ``path`` (it is renamed onto ``path`` at once).
+
+    Where the kernel refuses the link (``/proc`` of a container on another
+    device), the contents are copied to a named temporary file instead.
+    """
     for _ in range(100):
         name = str(path.parent / f".{path.name}.{os.urandom(4).hex()}.tmp")
         try:
@@ -120,7 +124,24 @@ def _link_tmpfile(fd: int, path: Path) -> str:
             return name
         except FileExistsError:
             continue
-    raise FlintError(f"cannot write {path}: no free temporary name")
+        except OSError:
+            break
+    out_fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.fchmod(out_fd, os.fstat(fd).st_mode & 0o777)
+        size = os.fstat(fd).st_size
+        offset = 0
+        while offset < size:
+            sent = os.sendfile(out_fd, fd, offset, size - offset)
+            if sent == 0:
+                break
+            offset += sent
+    except BaseException:
+        os.close(out_fd)
+        os.unlink(name)
+        raise
+    os.close(out_fd)
+    return name
 
 
 @contextmanager

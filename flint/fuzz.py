@@ -321,8 +321,19 @@ def _entry(command: str) -> Callable[[list[str]], int]:
     return lambda argv: cli_main([command, *argv])
 
 
-def run_command(command: str, argv: Sequence[str], *, timeout_s: float = 20.0) -> Outcome:
-    """Run ``flint <command> argv`` (or ``flint-opt argv``) in-process; SIGALRM bounds it."""
+def warm_up() -> None:
+    """Import what commands import lazily (torch's FLOP registry), so the time limit measures work, not imports
+    (and never interrupts an import half-way)."""
+    from flint.cost import flops
+
+    flops._fc()
+    flops._schema("aten", "mm", "default")
+
+
+def run_command(command: str, argv: Sequence[str], *, timeout_s: float = 30.0) -> Outcome:
+    """Run ``flint <command> argv`` (or ``flint-opt argv``) in-process; SIGALRM bounds it.
+
+    Call :func:`warm_up` once first."""
     out, err = io.StringIO(), io.StringIO()
     fn = _entry(command)
     code: int | None
@@ -509,6 +520,7 @@ def campaign(n_cases: int, seed: int = 0, *, families: Sequence[str] = ("ir", "t
     own = work is None
     work = Path(tempfile.mkdtemp(prefix="flint-fuzz-")) if own else Path(work)
     try:
+        warm_up()
         pristine = write_seed_trace(work / "pristine")
         outcomes: list[Outcome] = []
         for i in range(n_cases):

@@ -267,7 +267,7 @@ def test_failure_mid_write_leaves_nothing(tmp_path, monkeypatch):
         real(path, data)
 
     monkeypatch.setattr(writer_mod, "_write_file", flaky)
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(FlintError, match="No space left"):
         write_trace(fsdp_tp_trace(), tmp_path / "out", "step")
     assert calls["n"] >= 3
     assert list(tmp_path.iterdir()) == []  # no target, no temp directory, no partial files

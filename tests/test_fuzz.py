@@ -21,6 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from flint.fuzz import (
+    warm_up,
     SEED_CHAKRA_IR,
     SEED_IR,
     _read_records,
@@ -33,6 +34,11 @@ from flint.fuzz import (
     trace_case,
     write_seed_trace,
 )
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _imports_done():
+    warm_up()
 
 
 @pytest.fixture(scope="module")

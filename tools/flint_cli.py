@@ -207,6 +207,7 @@ def cmd_emit(args: argparse.Namespace) -> int:
     from flint.ir.parse import load_ir
 
     t0 = time.perf_counter()
+    check_writable(args.output, is_dir=True)
     module = load_ir(args.input)
     if not any(op.name == "chakra.graph" for op in module.ops):
         CanonicalizeDistPass().apply(Context(), module)
