@@ -120,6 +120,10 @@ def to_json(summary: dict) -> str:
 
 
 def _human(n: float, unit: str) -> str:
+    if unit == "B":
+        from flint.units import fmt_bytes
+
+        return fmt_bytes(n)
     for prefix in ("", "K", "M", "G", "T", "P", "E"):
         if abs(n) < 1000:
             return f"{n:.3g} {prefix}{unit}" if prefix else f"{int(n)} {unit}"

@@ -180,6 +180,10 @@ def _native(args, want_memory: bool) -> tuple[dict, object]:
     from flint.sim.report import estimate_report
 
     device, network, algorithm = _models(args)
+    if getattr(args, "timeline", None):
+        from flint.fileio import check_writable
+
+        check_writable(args.timeline)
     loaded = load_input(args.input, args.device, args.calibration, want_memory=want_memory, comm_groups=args.comm_groups)
     result = simulate(loaded.trace, device, network, loaded.mesh, algorithm=algorithm, dtype=args.dtype)
     rep = estimate_report(result, source=args.input, device=device.name, network=network.name, algorithm=algorithm,
