@@ -59,11 +59,14 @@ class FlintOptMain(xDSLOptMain):
         self.available_passes = {**keep, **all_passes()}
 
     def register_all_targets(self) -> None:
-        from flint.tools.chakra_target import ChakraTarget
+        def chakra_target():
+            from flint.tools.chakra_target import ChakraTarget  # imports numpy and the writer: only when used
+
+            return ChakraTarget
 
         super().register_all_targets()
         # xDSL's other targets (assembly, wasm, GPU shaders) do not apply to Flint's dialects.
-        self.available_targets = {"mlir": self.available_targets["mlir"], "chakra": lambda: ChakraTarget}
+        self.available_targets = {"mlir": self.available_targets["mlir"], "chakra": chakra_target}
 
     def register_all_arguments(self, arg_parser: argparse.ArgumentParser) -> None:
         super().register_all_arguments(arg_parser)
