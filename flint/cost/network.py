@@ -255,9 +255,8 @@ def network_from_dict(d: Mapping[str, Any], where: str = "network") -> Network:
             raise FlintError(f"{at}: {e}") from None
         curve = dd.get("bus_efficiency", [])
         if not isinstance(curve, list) or not all(
-                isinstance(pt, list) and len(pt) == 2 and all(_is_number(x) for x in pt)
-                and pt[0] > 0 and 0 < pt[1] <= 1 for pt in curve):
-            raise FlintError(f"{at} bus_efficiency must be a list of [bytes > 0, fraction in (0, 1]] pairs")
+                isinstance(pt, list) and len(pt) == 2 and all(_is_number(x) for x in pt) for pt in curve):
+            raise FlintError(f"{at} bus_efficiency must be a list of [bytes, fraction] pairs of finite numbers")
         latency = _number(dd, "latency_us", at, default=0.0)
         base = _number(dd, "base_latency_us", at, default=0.0)
         try:
