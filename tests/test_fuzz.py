@@ -238,3 +238,34 @@ def test_fuzz_traces(tmp_path_factory, pristine, seed):
 @given(seed=st.integers(0, 2**32 - 1))
 def test_fuzz_configs(tmp_path_factory, seed):
     _assert_all_hold(config_case(random.Random(seed), tmp_path_factory.mktemp("cfg")))
+
+
+# -- capture arguments and user model files (all refused before any capture work) -------------------
+
+@pytest.mark.parametrize("argv,what", [
+    (["--model", "llama-tiny", "--world-size", "2", "--layers", "0"], "--layers must be at least 1, got 0"),
+    (["--model", "llama-tiny", "--world-size", "2", "--seq-len", "-5"], "--seq-len must be at least 1, got -5"),
+    (["--model", "llama-tiny", "--world-size", "2", "--seq-len", "0"], "--seq-len must be at least 1, got 0"),
+    (["--model", "llama-tiny", "--world-size", "2", "--batch-size", "0"], "--batch-size must be at least 1, got 0"),
+    (["--model", "llama-tiny", "--world-size", "4", "--plan", "fsdp", "--tp", "2"], "--tp applies to plans with tp"),
+    (["--model", "llama-tiny", "--world-size", "1000000000"], "--world-size 1,000,000,000 is more than Flint can hold"),
+    (["--model", "llama-tiny", "--world-size", "0"], "--world-size must be at least 1, got 0"),
+])
+def test_capture_arguments(tmp_path, argv, what):
+    out = tmp_path / "o.mlir"
+    msg = _fails_located("capture", [*argv, "-o", str(out)], what)
+    assert "Traceback" not in msg and not out.exists()
+
+
+@pytest.mark.parametrize("body,what", [
+    ("import sys\nsys.exit(0)\n", "called sys.exit(0) while being imported"),
+    ("def model_factory():\n    raise ValueError('no weights')\n", "model_factory() raised ValueError: no weights"),
+    ("def model_factory():\n    return 42\n", "returned int, not a torch.nn.Module"),
+    ("def model_factory():\n    import sys\n    sys.exit(3)\n", "called sys.exit(3) instead of returning a model"),
+])
+def test_user_model_files(tmp_path, body, what):
+    model = tmp_path / "m.py"
+    model.write_text(body)
+    out = tmp_path / "o.mlir"
+    msg = _fails_located("capture", ["--model", str(model), "--world-size", "2", "-o", str(out)], "--model", what)
+    assert "Traceback" not in msg and not out.exists()
