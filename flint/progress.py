@@ -1,4 +1,4 @@
-"""Progress bars (tqdm on stderr) for the long steps: capture stages, emit, long simulations.
+"""Progress bars (tqdm on stderr) for the long steps: emit and long simulations (capture prints its stages).
 
 Bars appear only when stderr is a terminal (or ``FLINT_PROGRESS=1``) and the
 work is long enough to be worth one (``min_total`` items); ``FLINT_PROGRESS=0``
@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
-from contextlib import contextmanager
-from typing import Iterable, Iterator, TypeVar
+from typing import Iterable, TypeVar
 
 T = TypeVar("T")
 
@@ -31,17 +30,3 @@ def progress(items: Iterable[T], *, desc: str, total: int | None = None, unit: s
     from tqdm import tqdm
 
     return tqdm(items, desc=desc, total=n, unit=unit, file=sys.stderr, leave=False, dynamic_ncols=True)
-
-
-@contextmanager
-def stage(desc: str) -> Iterator[None]:
-    """A named stage of a multi-stage command: ``desc ...`` then ``desc: done (N.N s)`` on stderr."""
-    import time
-
-    show = enabled()
-    t0 = time.perf_counter()
-    if show:
-        print(f"  {desc} ...", file=sys.stderr, flush=True)
-    yield
-    if show:
-        print(f"  {desc}: done ({time.perf_counter() - t0:.1f} s)", file=sys.stderr, flush=True)

@@ -25,7 +25,7 @@ class RecordingParser(Parser):
         loc = span.get_location()
         try:
             op = super().parse_operation()
-        except (VerifyException, struct.error, OverflowError) as e:
+        except (VerifyException, struct.error, OverflowError, ValueError) as e:
             # An attribute or type constructor refused a value while the op was
             # parsed (an integer beyond its type, an unranked tensor where a
             # ranked one is required, ...): report it at the op.

@@ -68,6 +68,8 @@ IR_CLASSES = [
     ("non-utf8", SEED_IR.encode().replace(b"phase", b"ph\xffase", 1), ":4:", "not UTF-8"),
     ("grid axis > i16", SEED_IR.replace("grid_axes = [1]", "grid_axes = [40000]"), ":13:5:", "out of range"),
     ("grid too big", SEED_CHAKRA_IR.replace("shape = 2x2", "shape = 2000000000x2"), ":2:3:", "the limit is 1,048,576"),
+    ("grid beyond i64", SEED_CHAKRA_IR.replace("shape = 2x2", "shape = 1000000000000000000000000000000x2"), ":2:3:",
+     "out of range for type i64"),
     ("grid axis 0", SEED_CHAKRA_IR.replace("shape = 2x2", "shape = 0x2"), ":2:3:", "at least one rank"),
     ("shape beyond i64", SEED_IR.replace("tensor<8x64xbf16> {flint.role = \"input\"}",
                                          "tensor<9223372036854775807x9223372036854775807xbf16> {flint.role = \"input\"}"),
