@@ -142,6 +142,8 @@ TRACE_CLASSES = {
     "self dependency": (lambda p: _edit_node(p, 1, lambda ns: ns[2].ctrl_deps.append(ns[2].id)), "cycle"),
     "dangling dependency": (lambda p: _edit_node(p, 2, lambda ns: ns[3].data_deps.append(10**6)), "not in the rank's file"),
     "comm_type 99": (lambda p: _edit_node(p, 0, lambda ns: _set_attr(_coll(ns), "comm_type", 99)), "comm_type' is 99"),
+    "collective without comm_type": (lambda p: _edit_node(p, 0, lambda ns: setattr(next(n for n in ns if n.type == 4), "type", 7)),
+                                     "without a comm_type"),
     "node type 99": (lambda p: _edit_node(p, 0, lambda ns: setattr(ns[0], "type", 99)), "node type 99"),
     "negative num_ops": (lambda p: _edit_node(p, 0, lambda ns: _set_attr(ns[0], "num_ops", -5)), "'num_ops' is -5"),
     "tag beyond int32": (lambda p: _edit_node(p, 0, lambda ns: _set_attr(next(n for n in ns if n.type == 5), "comm_tag", 2**40)),

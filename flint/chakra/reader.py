@@ -219,6 +219,8 @@ def _check_record(node_id: int, kind: int, attrs: Mapping[str, int | str]) -> No
         if v is not None and not 0 <= v <= _INT32_MAX:
             raise WireError(f"attribute '{name}' is {v}; it must be a non-negative int32 (0..{_INT32_MAX})")
     ct = attrs.get("comm_type")
+    if ct is None and kind == NodeKind.COLL:
+        raise WireError("COMM_COLL_NODE without a comm_type attribute (which collective it is)")
     if ct is not None and kind == NodeKind.COLL and not int(CollKind.ALL_REDUCE) <= ct <= int(CollKind.BARRIER):
         raise WireError(f"attribute 'comm_type' is {ct}, not a Chakra CollectiveCommType "
                         f"(0 ALL_REDUCE .. 9 BARRIER)")
