@@ -227,9 +227,9 @@ class P2PNodeOp(CommNodeOp):
     def verify_(self) -> None:
         super().verify_()
         self.verify_spmd(self.peer, "peer")
-        if not 0 <= self.tag.value.data <= INT32_MAX:
+        if not -1 <= self.tag.value.data <= INT32_MAX:
             raise VerifyException(f"'{self.name}' op tag {self.tag.value.data} out of range: Chakra's comm_tag is "
-                                  f"an int32 (0..{INT32_MAX})")
+                                  f"an int32 (0..{INT32_MAX}; -1: absent in an imported trace)")
         if self.peer is not None and not 0 <= self.peer.value.data < MAX_WORLD_SIZE:
             raise VerifyException(f"'{self.name}' op peer {self.peer.value.data} out of range 0..{MAX_WORLD_SIZE - 1}")
         if self.grid is not None:

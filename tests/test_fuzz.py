@@ -168,6 +168,22 @@ def test_trace_class_is_located(tmp_path, pristine, name):
     assert not out.exists()
 
 
+def test_send_without_tag_imports(tmp_path, pristine):
+    """An absent comm_tag (chakra_converter's sends) reads as -1 and imports; found by bench/fuzz.py."""
+    prefix = _copy(pristine, tmp_path)
+
+    def drop_tag(nodes):
+        n = next(n for n in nodes if n.type == 5)
+        keep = [a for a in n.attr if a.name != "comm_tag"]
+        del n.attr[:]
+        n.attr.extend(keep)
+
+    _edit_node(prefix, 0, drop_tag)
+    o = check_outcome(run_command("import-trace", [str(prefix), "-o", str(tmp_path / "i.mlir")]))
+    assert o.problem is None and o.code == 0, o.describe()
+    assert "tag = -1" in (tmp_path / "i.mlir").read_text()
+
+
 def test_import_trace_output_is_a_directory(tmp_path, pristine):
     (tmp_path / "d").mkdir()
     _fails_located("import-trace", [str(pristine), "-o", str(tmp_path / "d")], "is a directory")

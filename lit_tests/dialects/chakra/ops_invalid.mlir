@@ -94,4 +94,4 @@ chakra.graph @g {
 chakra.graph @g {
   %0 = chakra.send "s" peer = 1 tag = 2147483648 bytes = 8
 }
-// CHECK: error: 'chakra.send' op tag 2147483648 out of range: Chakra's comm_tag is an int32 (0..2147483647)
+// CHECK: error: 'chakra.send' op tag 2147483648 out of range: Chakra's comm_tag is an int32 (0..2147483647; -1: absent in an imported trace)
