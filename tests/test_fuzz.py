@@ -127,6 +127,16 @@ def _groups(prefix: Path, text: str) -> None:
     (prefix.parent / f"{prefix.name}.comm_groups.json").write_text(text)
 
 
+def _append_raw_node(prefix: Path) -> None:
+    """A compute node whose num_ops attribute is a double encoded as a string (wire type 2 for field 3)."""
+    from flint.chakra import wire
+
+    attr = wire.length_delimited(1, b"num_ops") + wire.length_delimited(3, b"12345678")
+    node = wire.key(1, 0) + wire.varint(999) + wire.key(3, 0) + wire.varint(4) + wire.length_delimited(10, attr)
+    f = prefix.parent / f"{prefix.name}.0.et"
+    f.write_bytes(f.read_bytes() + wire.varint(len(node)) + node)
+
+
 def _coll(nodes):
     return next(n for n in nodes if n.type == 7)
 
@@ -149,6 +159,7 @@ TRACE_CLASSES = {
     "tag beyond int32": (lambda p: _edit_node(p, 0, lambda ns: _set_attr(next(n for n in ns if n.type == 5), "comm_tag", 2**40)),
                          "comm_tag"),
     "broken comm-group JSON": (lambda p: _groups(p, '{"1": [0, 1'), "not valid JSON"),
+    "attribute of the wrong wire type": (lambda p: _append_raw_node(p), "wire type 2"),
     "truncated record": (lambda p: (lambda f: f.write_bytes(f.read_bytes()[:-3]))(p.parent / f"{p.name}.1.et"), "truncated"),
 }
 
