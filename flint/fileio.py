@@ -145,10 +145,14 @@ def _link_tmpfile(fd: int, path: Path) -> str:
 
 
 @contextmanager
-def atomic_text_file(path: str | os.PathLike) -> Iterator[IO[str]]:
-    """Text-mode :func:`atomic_binary_file` (UTF-8)."""
+def atomic_text_file(path: str | os.PathLike, mode: str = "w") -> Iterator[IO[str]]:
+    """Text-mode :func:`atomic_binary_file` (UTF-8); ``mode="wb"`` yields the binary file itself."""
     import io
 
+    if mode == "wb":
+        with atomic_binary_file(path) as raw:
+            yield raw
+        return
     with atomic_binary_file(path) as raw:
         f = io.TextIOWrapper(raw, encoding="utf-8", write_through=True)
         try:
