@@ -365,7 +365,7 @@ def run_command(command: str, argv: Sequence[str], *, timeout_s: float = 30.0) -
 
 
 #: What a located message contains: a path, file:line:col, a rank, node, record, field, option or op.
-_LOCATED = re.compile(r"(\.mlir|\.et\b|\.json|\.toml|:\d+:\d+|\brank \d|\bnode\b|\brecord\b|plan field|--[a-z]|"
+_LOCATED = re.compile(r"(\.mlir|\.et\b|\.json|\.toml|\.py\b|\bmodel:|:\d+:\d+|\brank \d|\bnode\b|\brecord\b|plan field|--[a-z]|"
                       r"'[a-z_]+\.[a-z_]+' op|\bop\b|comm group|trace|director|\bline \d)")
 
 

@@ -290,13 +290,13 @@ def test_capture_arguments(tmp_path, argv, what):
 
 @pytest.mark.parametrize("body,what", [
     ("import sys\nsys.exit(0)\n", "called sys.exit(0) while being imported"),
-    ("def model_factory():\n    raise ValueError('no weights')\n", "model_factory() raised ValueError: no weights"),
+    ("def model_factory():\n    raise ValueError('no weights')\n", "raised ValueError: no weights"),
     ("def model_factory():\n    return 42\n", "returned int, not a torch.nn.Module"),
-    ("def model_factory():\n    import sys\n    sys.exit(3)\n", "called sys.exit(3) instead of returning a model"),
+    ("def model_factory():\n    import sys\n    sys.exit(3)\n", "called sys.exit(3) instead of returning"),
 ])
 def test_user_model_files(tmp_path, body, what):
     model = tmp_path / "m.py"
     model.write_text(body)
     out = tmp_path / "o.mlir"
-    msg = _fails_located("capture", ["--model", str(model), "--world-size", "2", "-o", str(out)], "--model", what)
+    msg = _fails_located("capture", ["--model", str(model), "--world-size", "2", "-o", str(out)], "model", what)
     assert "Traceback" not in msg and not out.exists()
