@@ -78,7 +78,7 @@ GRAD_SYNC = ("step", "microbatch")
 TP_STYLES = ("dtensor", "megatron")
 ZERO_STAGES = (1, 2, 3)
 # Largest world size a plan may name: beyond what the emitter and simulator can hold.
-MAX_WORLD_SIZE = 1 << 20
+from flint.limits import MAX_WORLD_SIZE  # noqa: E402  (one limit for plans, grids and traces)
 
 
 class PlanError(FlintError):

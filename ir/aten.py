@@ -91,6 +91,52 @@ class AtenOp(IRDLOperation):
             raise VerifyException(
                 f"'aten.op' op phase \"{self.phase.data}\" is not one of {', '.join(PHASES)}"
             )
+        from flint.ir.dist import verify_static_tensor
+
+        for i, v in enumerate(self.inputs):
+            verify_static_tensor(self, v.type, f"operand {i}")
+        for i, v in enumerate(self.outputs):
+            verify_static_tensor(self, v.type, f"result {i}")
+        check = _SHAPE_RULES.get(self.target.data)
+        if check is not None:
+            check(self)
+
+
+def _shapes(op: AtenOp) -> tuple[list[list[int]], list[list[int]]]:
+    return ([list(v.type.get_shape()) for v in op.inputs], [list(v.type.get_shape()) for v in op.outputs])
+
+
+def _matmul_rule(batched: bool, bias: bool):
+    """Shape rule of mm / bmm / addmm / baddbmm: [.., m, k] x [.., k, n] -> [.., m, n]."""
+    rank = 3 if batched else 2
+    first = 1 if bias else 0
+
+    def check(op: AtenOp) -> None:
+        ins, outs = _shapes(op)
+        name = op.target.data
+        if len(ins) < first + 2 or len(outs) != 1:
+            raise VerifyException(f"'aten.op' op {name} takes {first + 2} tensor operands and gives 1 result, "
+                                  f"got {len(ins)} and {len(outs)}")
+        a, b, out = ins[first], ins[first + 1], outs[0]
+        if len(a) != rank or len(b) != rank or len(out) != rank:
+            raise VerifyException(f"'aten.op' op {name} needs rank-{rank} operands and result, got {a}, {b} -> {out}")
+        if a[-1] != b[-2]:
+            raise VerifyException(f"'aten.op' op {name} inner dimensions differ: {a} x {b} ({a[-1]} != {b[-2]})")
+        want = ([a[0]] if batched else []) + [a[-2], b[-1]]
+        if batched and a[0] != b[0]:
+            raise VerifyException(f"'aten.op' op {name} batch dimensions differ: {a} x {b}")
+        if out != want:
+            raise VerifyException(f"'aten.op' op {name} result shape {out} does not match {want} for {a} x {b}")
+
+    return check
+
+
+_SHAPE_RULES = {
+    "aten.mm.default": _matmul_rule(False, False),
+    "aten.addmm.default": _matmul_rule(False, True),
+    "aten.bmm.default": _matmul_rule(True, False),
+    "aten.baddbmm.default": _matmul_rule(True, True),
+}
 
 
 Aten = Dialect("aten", [AtenOp], [])
@@ -147,33 +193,60 @@ def stage_roles(module) -> int:
 
 
 def get_schedule_entries(module, role: int = 0) -> list[tuple[str, int, dict]]:
-    """:func:`get_schedule` with each entry's options (``tag``: int, ``nosync``: tuple of axis names)."""
+    """:func:`get_schedule` with each entry's options (``tag``: int, ``nosync``: tuple of axis names).
+
+    Raises ``VerifyException`` when the attribute is malformed: not a list of
+    ``["function", count]`` (or ``["function", count, {options}]``) entries,
+    empty, naming a function the module lacks, or a count outside
+    1..:data:`flint.limits.MAX_REPEAT`.
+    """
     from xdsl.dialects import func
-    from xdsl.dialects.builtin import DictionaryAttr
+    from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, IntegerAttr
     from xdsl.utils.exceptions import VerifyException
+
+    from flint.limits import MAX_REPEAT, fmt
 
     funcs = [op.sym_name.data for op in module.ops if isinstance(op, func.FuncOp)]
     attr = module.attributes.get(SCHEDULE_ATTR)
     staged = module.attributes.get(STAGE_SCHEDULES_ATTR)
     if staged is not None:
+        if not isinstance(staged, ArrayAttr) or not staged.data:
+            raise VerifyException(f"module attribute {STAGE_SCHEDULES_ATTR} must be a non-empty list of schedules")
         if not 0 <= role < len(staged.data):
             raise VerifyException(f"module attribute {STAGE_SCHEDULES_ATTR} has {len(staged.data)} roles, not {role + 1}")
         attr = staged.data[role]
     if attr is None:
         return [(name, 1, {}) for name in funcs]
+    if not isinstance(attr, ArrayAttr):
+        raise VerifyException(f"module attribute {SCHEDULE_ATTR} must be a list of [\"function\", count] pairs, got {attr}")
+    if not attr.data:
+        raise VerifyException(f"module attribute {SCHEDULE_ATTR} is empty: the step would run no function "
+                              "(drop the attribute to run every function once, in module order)")
     parts = []
     for entry in attr.data:
-        try:
-            name, count = entry.data[0].data, entry.data[1].value.data
-        except (AttributeError, IndexError):
+        ok = (isinstance(entry, ArrayAttr) and len(entry.data) in (2, 3) and isinstance(entry.data[0], StringAttr)
+              and isinstance(entry.data[1], IntegerAttr)
+              and (len(entry.data) == 2 or isinstance(entry.data[2], DictionaryAttr)))
+        if not ok:
             raise VerifyException(f"module attribute {SCHEDULE_ATTR} entry {entry} is not [\"function\", count]")
+        name, count = entry.data[0].data, entry.data[1].value.data
         if name not in funcs:
             raise VerifyException(f"module attribute {SCHEDULE_ATTR} names function @{name}, which the module lacks")
         if count < 1:
             raise VerifyException(f"module attribute {SCHEDULE_ATTR} repeats @{name} {count} times; need at least 1")
+        if count > MAX_REPEAT:
+            raise VerifyException(f"module attribute {SCHEDULE_ATTR} repeats @{name} {fmt(count)} times; "
+                                  f"the limit is {fmt(MAX_REPEAT)}")
         options = {}
-        if len(entry.data) > 2 and isinstance(entry.data[2], DictionaryAttr):
+        if len(entry.data) == 3:
             for key, value in entry.data[2].data.items():
-                options[key] = value.value.data if key == "tag" else tuple(a.data for a in value.data)
+                if key == "tag" and isinstance(value, IntegerAttr):
+                    options[key] = value.value.data
+                elif key == "nosync" and isinstance(value, ArrayAttr) and all(isinstance(a, StringAttr) for a in value.data):
+                    options[key] = tuple(a.data for a in value.data)
+                else:
+                    raise VerifyException(f"module attribute {SCHEDULE_ATTR} entry for @{name}: option {key} = {value} "
+                                          "is not tag (integer) or nosync (list of axis names)")
         parts.append((name, count, options))
+    return parts
     return parts

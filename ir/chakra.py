@@ -26,6 +26,7 @@ rank's *input* buffer.
 
 from __future__ import annotations
 
+import math
 from enum import auto
 from typing import Sequence
 
@@ -64,6 +65,7 @@ from xdsl.utils.exceptions import VerifyException
 from xdsl.utils.str_enum import StrEnum
 
 from flint.ir.dist import grid_shape
+from flint.limits import INT32_MAX, MAX_REPEAT, MAX_WORLD_SIZE
 
 
 @irdl_attr_definition
@@ -120,6 +122,8 @@ class NodeOp(IRDLOperation):
 
     def verify_(self) -> None:
         self._verify_nonneg("duration_us", self.duration_us)
+        if self.duration_us is not None and not math.isfinite(self.duration_us.value.data):
+            raise VerifyException(f"'{self.name}' op duration_us {self.duration_us.value.data} must be finite")
 
 
 def _props(name: str, duration_us: float | None, **ints: int | None) -> dict[str, Attribute]:
@@ -206,8 +210,9 @@ class CollOp(CommNodeOp):
     def verify_(self) -> None:
         super().verify_()
         self.verify_spmd(self.group, "group")
-        if self.group is not None and self.group.value.data < 0:
-            raise VerifyException(f"'chakra.coll' op group {self.group.value.data} must be non-negative")
+        if self.group is not None and not 0 <= self.group.value.data <= INT32_MAX:
+            raise VerifyException(f"'chakra.coll' op group {self.group.value.data} out of range: comm-group ids "
+                                  f"are int32 (0..{INT32_MAX})")
 
 
 class P2PNodeOp(CommNodeOp):
@@ -222,6 +227,11 @@ class P2PNodeOp(CommNodeOp):
     def verify_(self) -> None:
         super().verify_()
         self.verify_spmd(self.peer, "peer")
+        if not -1 <= self.tag.value.data <= INT32_MAX:
+            raise VerifyException(f"'{self.name}' op tag {self.tag.value.data} out of range: Chakra's comm_tag is "
+                                  f"an int32 (0..{INT32_MAX}; -1: absent in an imported trace)")
+        if self.peer is not None and not 0 <= self.peer.value.data < MAX_WORLD_SIZE:
+            raise VerifyException(f"'{self.name}' op peer {self.peer.value.data} out of range 0..{MAX_WORLD_SIZE - 1}")
         if self.grid is not None:
             if len(self.axes()) != 1:
                 raise VerifyException(f"'{self.name}' op needs exactly one grid axis, got {list(self.axes())}")
@@ -300,8 +310,8 @@ class RepeatOp(IRDLOperation):
         printer.print_region(self.body)
 
     def verify_(self) -> None:
-        if self.count.value.data < 1:
-            raise VerifyException(f"'chakra.repeat' op count {self.count.value.data} must be at least 1")
+        if not 1 <= self.count.value.data <= MAX_REPEAT:
+            raise VerifyException(f"'chakra.repeat' op count {self.count.value.data:,} out of range 1..{MAX_REPEAT:,}")
         block = self.body.block
         n = len(self.inits)
         if len(block.args) != n or len(self.outs) != n:
@@ -326,6 +336,25 @@ class GraphOp(IRDLOperation):
     traits = traits_def(SymbolOpInterface(), NoTerminator())
 
     assembly_format = "$sym_name attr-dict-with-keyword $body"
+
+    def verify_(self) -> None:
+        _verify_deps_defined(self.body.block, set())
+
+
+def _verify_deps_defined(block, seen: set) -> None:
+    """Every dependency names a node defined earlier (SSA dominance; a node cannot depend on itself)."""
+    for op in block.ops:
+        for v in op.operands:
+            owner = getattr(v, "op", None)
+            if owner is not None and owner not in seen:
+                what = "itself" if owner is op else f"node '{getattr(owner, 'node_name', None) and owner.node_name.data}', defined later"
+                e = VerifyException(f"'{op.name}' op depends on {what}: a dependency must name an earlier node "
+                                    "(cycles cannot be expressed)")
+                e.op = op  # type: ignore[attr-defined]
+                raise e
+        if isinstance(op, RepeatOp):
+            _verify_deps_defined(op.body.block, seen)
+        seen.add(op)
 
 
 Chakra = Dialect(

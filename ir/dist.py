@@ -59,6 +59,8 @@ from xdsl.printer import Printer
 from xdsl.traits import SymbolTable
 from xdsl.utils.exceptions import VerifyException
 
+from flint.limits import INT32_MAX, MAX_TENSOR_ELEMENTS
+
 
 @irdl_attr_definition
 class FutureType(ParametrizedAttribute, TypeAttribute):
@@ -132,6 +134,21 @@ def _payload_type(op: Operation, result: Attribute) -> Attribute:
     return result
 
 
+def verify_static_tensor(op: Operation, t: Attribute, what: str) -> None:
+    """A tensor Flint can price: static, non-negative dimensions and at most MAX_TENSOR_ELEMENTS elements."""
+    if not isinstance(t, TensorType):
+        return
+    shape = list(t.get_shape())
+    if any(d < 0 for d in shape):
+        raise VerifyException(f"'{op.name}' op {what} {t} has a dynamic dimension; Flint needs static shapes "
+                              "(capture with concrete sizes)")
+    n = 1
+    for d in shape:
+        n *= d
+    if n > MAX_TENSOR_ELEMENTS:
+        raise VerifyException(f"'{op.name}' op {what} {t} has {n:,} elements; the limit is {MAX_TENSOR_ELEMENTS:,}")
+
+
 def _tensor(op: Operation, t: Attribute, what: str) -> TensorType:
     if not isinstance(t, TensorType):
         raise VerifyException(f"'{op.name}' op {what} must be a tensor, got {t}")
@@ -190,6 +207,8 @@ class CollectiveOp(DistCommOp, ABC):
         in_t = self.input.type
         assert isinstance(in_t, TensorType)
         out_t = self.output_type()
+        verify_static_tensor(self, in_t, "input")
+        verify_static_tensor(self, out_t, "result")
         if in_t.element_type != out_t.element_type:
             raise VerifyException(
                 f"'{self.name}' op element type {out_t.element_type} of the result does not match "
@@ -363,8 +382,9 @@ class PointToPointOp(DistCommOp, ABC):
             raise VerifyException(
                 f"'{self.name}' op offset {k} names the rank itself on an axis of size {n}"
             )
-        if self.tag.value.data < 0:
-            raise VerifyException(f"'{self.name}' op tag {self.tag.value.data} must be non-negative")
+        if not 0 <= self.tag.value.data <= INT32_MAX:
+            raise VerifyException(f"'{self.name}' op tag {self.tag.value.data} out of range: Chakra's comm_tag is "
+                                  f"an int32 (0..{INT32_MAX})")
 
 
 @irdl_op_definition

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import struct
+
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Operation
 from xdsl.parser import Parser
@@ -19,8 +21,18 @@ class RecordingParser(Parser):
         self._line_offset = line_offset
 
     def parse_operation(self) -> Operation:
-        loc = self._current_token.span.get_location()
-        op = super().parse_operation()
+        span = self._current_token.span
+        loc = span.get_location()
+        try:
+            op = super().parse_operation()
+        except (VerifyException, struct.error, OverflowError, ValueError) as e:
+            # An attribute or type constructor refused a value while the op was
+            # parsed (an integer beyond its type, an unranked tensor where a
+            # ranked one is required, ...): report it at the op.
+            msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            if isinstance(e, struct.error):
+                msg = f"integer out of range for its attribute ({msg}; grid axes are i16)"
+            raise ParseError(span, msg) from None
         self._positions[op] = (loc.line + self._line_offset, loc.col)
         return op
 
@@ -45,14 +57,65 @@ def parse_error_message(err: ParseError) -> str:
     return f"{loc.file}:{loc.line}:{loc.col}: error: {err.msg}\n{context}"
 
 
+def decode_source(data: bytes, path: str) -> str:
+    """IR text as ``str``; a byte that is not UTF-8 is an error naming file:line:col."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        col = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        bad = data[e.start:e.end].hex(" ")
+        raise FlintError(f"{path}:{line}:{col}: error: byte(s) {bad} are not UTF-8 text ({e.reason}); "
+                         "IR files are UTF-8") from None
+
+
+#: Deepest nesting (brackets, regions, types) an IR file may have; Python's parser recursion ends beyond it.
+MAX_NESTING = 64
+
+
+def check_nesting(text: str, path: str) -> None:
+    """Refuse absurd nesting before the recursive-descent parser would exhaust Python's stack."""
+    depth = 0
+    line = 1
+    col0 = 0
+    opening, closing = "([{<", ")]}>"
+    in_str = False
+    prev = ""
+    for i, ch in enumerate(text):
+        if ch == "\n":
+            line += 1
+            col0 = i + 1
+        elif ch == '"' and prev != "\\":
+            in_str = not in_str
+        elif not in_str:
+            if ch in opening:
+                depth += 1
+                if depth > MAX_NESTING:
+                    raise FlintError(f"{path}:{line}:{i - col0 + 1}: error: nesting deeper than {MAX_NESTING} levels "
+                                     "(brackets, braces, regions); no Flint IR nests like this")
+            elif ch in closing and depth > 0 and not (ch == ">" and prev == "-"):
+                depth -= 1
+        prev = ch
+
+
+def read_source(path: str) -> str:
+    """Read an IR file as checked UTF-8 text with sane nesting (errors name file:line:col)."""
+    try:
+        data = open(path, "rb").read()
+    except IsADirectoryError:
+        raise FlintError(f"cannot read IR file {path}: it is a directory") from None
+    except OSError as e:
+        raise FlintError(f"cannot read IR file {path}: {e.strerror}") from None
+    text = decode_source(data, path)
+    check_nesting(text, path)
+    return text
+
+
 def load_ir(path: str) -> ModuleOp:
     """Parse and verify an IR file; errors are :class:`FlintError` naming file:line:col."""
     from flint.ir import flint_context
 
-    try:
-        text = open(path, "rb").read()
-    except OSError as e:
-        raise FlintError(f"cannot read IR file {path}: {e.strerror}") from None
+    text = read_source(path)
     positions: dict[Operation, tuple[int, int]] = {}
     try:
         module = RecordingParser(flint_context(), text, path, positions=positions).parse_module()
@@ -60,6 +123,9 @@ def load_ir(path: str) -> ModuleOp:
         raise FlintError(parse_error_message(e)) from None
     try:
         module.verify()
+        from flint.ir.module import verify_module
+
+        verify_module(module)
     except VerifyException as e:
         op = failing_op(module, e)
         where = f"{path}:{positions[op][0]}:{positions[op][1]}" if op in positions else path

@@ -89,9 +89,10 @@ def real_astra_sim() -> str | None:
     env = os.environ.get(BINARY_ENV)
     if env:
         return env
-    shared = Path(__file__).resolve().parents[2] / "shared" / "tools" / "astra-sim" / DEFAULT_BINARY
-    if shared.is_file() and os.access(shared, os.X_OK):
-        return str(shared)
+    for up in Path(__file__).resolve().parents[1:4]:  # ../shared beside the checkout (or a worktree's parent)
+        shared = up / "shared" / "tools" / "astra-sim" / DEFAULT_BINARY
+        if shared.is_file() and os.access(shared, os.X_OK):
+            return str(shared)
     return shutil.which(DEFAULT_BINARY)
 
 

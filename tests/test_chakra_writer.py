@@ -267,7 +267,7 @@ def test_failure_mid_write_leaves_nothing(tmp_path, monkeypatch):
         real(path, data)
 
     monkeypatch.setattr(writer_mod, "_write_file", flaky)
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(FlintError, match="No space left"):
         write_trace(fsdp_tp_trace(), tmp_path / "out", "step")
     assert calls["n"] >= 3
     assert list(tmp_path.iterdir()) == []  # no target, no temp directory, no partial files
@@ -284,13 +284,17 @@ def test_failure_from_validation_mid_write_leaves_nothing(tmp_path):
 def test_rewrite_into_existing_dir_replaces_and_drops_stale_ranks(tmp_path):
     write_trace(fsdp_tp_trace(dp=4, tp=2), tmp_path / "o", "s")
     assert len(list((tmp_path / "o").glob("s.*.et"))) == 8
-    (tmp_path / "o" / "keep.txt").write_text("mine")
-    write_trace(fsdp_tp_trace(dp=2, tp=2), tmp_path / "o", "s")
-    assert sorted(p.name for p in (tmp_path / "o").iterdir()) == ["keep.txt", "s.0.et", "s.1.et", "s.2.et", "s.3.et", "s.comm_groups.json"]
+    write_trace(fsdp_tp_trace(dp=2, tp=2), tmp_path / "o", "s")  # the directory is replaced as a whole
+    assert sorted(p.name for p in (tmp_path / "o").iterdir()) == ["s.0.et", "s.1.et", "s.2.et", "s.3.et", "s.comm_groups.json"]
     write_trace(fsdp_tp_trace(dp=2, tp=2), tmp_path / "fresh", "s")
-    fresh = dir_bytes(tmp_path / "fresh")
-    got = dir_bytes(tmp_path / "o")
-    assert all(got[k] == v for k, v in fresh.items())
+    assert dir_bytes(tmp_path / "o") == dir_bytes(tmp_path / "fresh")
+    # A directory holding anything else is refused (it would be deleted), unless forced.
+    (tmp_path / "o" / "keep.txt").write_text("mine")
+    with pytest.raises(FlintError, match="holds other files"):
+        write_trace(fsdp_tp_trace(dp=4, tp=2), tmp_path / "o", "s")
+    assert (tmp_path / "o" / "keep.txt").read_text() == "mine"
+    write_trace(fsdp_tp_trace(dp=4, tp=2), tmp_path / "o", "s", force=True)
+    assert len(list((tmp_path / "o").glob("s.*.et"))) == 8 and not (tmp_path / "o" / "keep.txt").exists()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 
 

@@ -1,7 +1,7 @@
 """The `chakra` output target of `flint-opt`: write per-rank Chakra ET files.
 
 ``flint-opt step.mlir -p lower-to-chakra -t 'chakra{out=DIR,prefix=NAME}'``
-expands the module's ``chakra.graph @step`` for every rank of its grid and
+(``force=true`` to replace a directory holding other files) expands the module's ``chakra.graph @step`` for every rank of its grid and
 writes ``DIR/NAME.<rank>.et`` plus ``DIR/NAME.comm_groups.json`` atomically;
 the text output is a one-line summary of what was written.
 """
@@ -28,9 +28,14 @@ class ChakraTarget(Target):
     out: str = "chakra_trace"
     prefix: str = "trace"
     graph: str = "step"
+    force: bool = False
 
     def emit(self, ctx: Context, module: ModuleOp, output: IO[str]) -> None:
-        stats = write_trace(trace_from_ir(module, self.graph), self.out, self.prefix)
+        from flint.chakra.check import require_sound
+
+        trace = trace_from_ir(module, self.graph)
+        require_sound(trace, f"chakra.graph @{self.graph}", "nothing was written")
+        stats = write_trace(trace, self.out, self.prefix, force=self.force)
         output.write(
             f"wrote {stats.files} files ({stats.ranks} ranks, {stats.nodes} nodes, "
             f"{stats.bytes_written} bytes) to {stats.out_dir}/{stats.prefix}.*\n"

@@ -21,11 +21,14 @@ import argparse
 import os
 import sys
 import time
+from contextlib import contextmanager
 from typing import Sequence
 
 from flint.errors import FlintError, run_cli
-from flint.fileio import write_text_atomic
-from flint.ir.parse import load_ir
+from flint.fileio import check_writable, write_text_atomic
+from flint.limits import MAX_WORLD_SIZE
+from flint.units import fmt_bytes
+
 
 
 def _model_factory(spec: str, layers: int | None):
@@ -35,6 +38,8 @@ def _model_factory(spec: str, layers: int | None):
     imported as a registered module (``sys.modules``), so its globals resolve
     under torch.compile.
     """
+    if layers is not None and layers < 1:
+        raise FlintError(f"--layers must be at least 1, got {layers}")
     if spec.endswith(".py") or ".py:" in spec:
         from flint.capture.byom import load_user_module, user_function
 
@@ -135,6 +140,13 @@ def cmd_capture(args: argparse.Namespace) -> int:
     from flint.importer import import_step
 
     t0 = time.perf_counter()
+    for name in ("batch_size", "seq_len", "world_size"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise FlintError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+    if args.world_size is not None and args.world_size > MAX_WORLD_SIZE:
+        raise FlintError(f"--world-size {args.world_size:,} is more than Flint can hold ({MAX_WORLD_SIZE:,} ranks)")
+    check_writable(args.output)
     plan = _capture_plan(args)
     if args.microbatches is not None:  # gradient accumulation / pipeline microbatches (flint/pipeline)
         from flint.plan import PlanError
@@ -149,10 +161,6 @@ def cmd_capture(args: argparse.Namespace) -> int:
 
         parallelize, _ = user_function(args.parallelize, "--parallelize", "parallelize",
                                        "a function parallelize(model, mesh)")
-    for name in ("batch_size", "seq_len"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            raise FlintError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
     seq = args.seq_len or min(getattr(cfg, "max_seq_len", 2048), 2048)
     batch = args.batch_size or plan.dp * plan.microbatches
     if cfg is not None:
@@ -167,14 +175,20 @@ def cmd_capture(args: argparse.Namespace) -> int:
             if shapes and cfg is None else f"batch {batch}x{seq}")
     print(f"capturing {args.model} ({parallelize.__name__ if parallelize else plan.describe()}; mesh "
           f"{'x'.join(map(str, mesh.shape))} {tuple(mesh.axis_names)}, {what}, {args.dtype}) ...", file=sys.stderr)
-    step = capture_step(model_factory, shapes, plan=plan, dtype=args.dtype, loss=args.loss,
-                        default_batch=(batch, seq), parallelize=parallelize)
+    with _stage("capture: torch.compile + AOTAutograd of the step's parts (forward, backward, optimizer)"), \
+            _pytorch_warnings(args.verbose) as caught:
+        step = capture_step(model_factory, shapes, plan=plan, dtype=args.dtype, loss=args.loss,
+                            default_batch=(batch, seq), parallelize=parallelize)
     t_capture = time.perf_counter() - t0
-    module = import_step(step)
-    text = StringIO()
-    Printer(stream=text, print_debuginfo=True).print_op(module)
-    text.write("\n")
-    write_text_atomic(args.output, text.getvalue())
+    with _stage("import into Flint's IR"):
+        module = import_step(step)
+    with _stage(f"write {args.output}"):
+        text = StringIO()
+        Printer(stream=text, print_debuginfo=True).print_op(module)
+        text.write("\n")
+        write_text_atomic(args.output, text.getvalue())
+    if caught and not args.verbose:
+        print(f"  ({len(caught)} PyTorch warning(s) during capture hidden; --verbose shows them)", file=sys.stderr)
     n_ops = sum(1 for _ in module.walk()) - 1
     summary = step.summary()
     print(f"wrote {args.output}: {n_ops} ops in {len([p for p in step.parts for _ in p.graphs()])} functions "
@@ -184,35 +198,92 @@ def cmd_capture(args: argparse.Namespace) -> int:
     for cls, n in sorted(summary.op_classes.items(), key=lambda kv: (-kv[1], kv[0])):
         print(f"  {cls:<22} {n:>8}")
     print(f"  {'FLOPs':<22} {_fmt_count(summary.flops) + 'FLOP':>12}")
-    print(f"  {'bytes read+written':<22} {_fmt_count(_step_bytes(module)) + 'B':>12}")
+    print(f"  {'bytes read+written':<22} {fmt_bytes(_step_bytes(module)):>12}")
     if summary.collectives:
         width = max(10, *(len(",".join(ax)) for _, ax, _ in summary.collectives))
         print(f"\n  {'collective':<16} {'axes':<{width}} {'phase':<6} {'count':>6} {'input bytes':>14}")
         for key in sorted(summary.collectives):
             kind, ax, phase = key
             print(f"  {kind:<16} {','.join(ax):<{width}} {phase:<6} {summary.collectives[key]:>6} "
-                  f"{_fmt_count(summary.collective_bytes[key]) + 'B':>14}")
+                  f"{fmt_bytes(summary.collective_bytes[key]):>14}")
     return 0
+
+
+@contextmanager
+def _stage(desc: str):
+    """A capture stage on stderr as it starts and ends (captures take 10-60 s)."""
+    t0 = time.perf_counter()
+    print(f"  {desc} ...", file=sys.stderr, flush=True)
+    yield
+    print(f"  {desc}: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+
+
+@contextmanager
+def _pytorch_warnings(verbose: bool):
+    """Collect the warnings PyTorch prints while capturing (e.g. the activation-checkpoint block every
+    FSDP capture triggers): shown with ``--verbose`` or when the capture fails, else counted."""
+    import logging
+    import warnings
+
+    records: list[str] = []
+
+    class _Collect(logging.Handler):
+        def emit(self, record):
+            records.append(f"{record.name}: {record.getMessage()}")
+
+    handler = _Collect(level=logging.WARNING)
+    # torch attaches its own stderr handlers to its loggers: swap them for the collector meanwhile.
+    saved = {}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if not verbose:
+            names = ["torch"] + [n for n in logging.root.manager.loggerDict if n.startswith("torch.")]
+            for n in names:
+                lg = logging.getLogger(n)
+                if lg.handlers or n == "torch":
+                    saved[n] = lg.handlers[:]
+                    lg.handlers = [handler]
+        ok = False
+        try:
+            yield records
+            ok = True
+        finally:
+            for n, hs in saved.items():
+                logging.getLogger(n).handlers = hs
+            seen = set()
+            for w in caught:
+                text = f"{w.filename}:{w.lineno}: {w.category.__name__}: {w.message}"
+                if text not in seen:
+                    seen.add(text)
+                    records.append(text)
+            if verbose or not ok:
+                for r in records:
+                    print(f"  warning: {r}", file=sys.stderr)
 
 
 def cmd_emit(args: argparse.Namespace) -> int:
     from xdsl.context import Context
 
     from flint.chakra import write_trace
+    from flint.chakra.check import require_sound
     from flint.chakra.from_ir import trace_from_ir
     from flint.passes.canonicalize_dist import CanonicalizeDistPass
     from flint.passes.lower_to_chakra import LowerToChakraPass
 
+    from flint.ir.parse import load_ir
+
     t0 = time.perf_counter()
+    check_writable(args.output, is_dir=True)
     module = load_ir(args.input)
     if not any(op.name == "chakra.graph" for op in module.ops):
         CanonicalizeDistPass().apply(Context(), module)
         LowerToChakraPass(device=args.device).apply(Context(), module)
         module.verify()
     trace = trace_from_ir(module)
-    stats = write_trace(trace, args.output, args.prefix)
+    require_sound(trace, args.input, "nothing was written")
+    stats = write_trace(trace, args.output, args.prefix, force=args.force)
     print(f"wrote {stats.ranks} rank files + {args.prefix}.comm_groups.json to {stats.out_dir} "
-          f"({stats.nodes / stats.ranks:.0f} nodes per rank, {stats.bytes_written / 1e6:.2f} MB, "
+          f"({stats.nodes / stats.ranks:.0f} nodes per rank, {fmt_bytes(stats.bytes_written)}, "
           f"{time.perf_counter() - t0:.2f} s)")
     return 0
 
@@ -336,6 +407,7 @@ def build_parser() -> argparse.ArgumentParser:
     cap.add_argument("--seq-len", type=int, default=None, help="sequence length (default: min(model max, 2048))")
     cap.add_argument("--dtype", default="bfloat16", help="model dtype (default: bfloat16)")
     cap.add_argument("-o", "--output", required=True, help="output .mlir file (written atomically)")
+    cap.add_argument("--verbose", action="store_true", help="show PyTorch's warnings during capture (hidden by default)")
     cap.set_defaults(func=cmd_capture)
 
     emit = sub.add_parser("emit", help="lower a step's IR to per-rank Chakra ET files",
@@ -343,7 +415,10 @@ def build_parser() -> argparse.ArgumentParser:
                                       "Chakra: one <prefix>.<rank>.et per rank of the grid and "
                                       "<prefix>.comm_groups.json, written atomically.")
     emit.add_argument("input", help="the step's IR (.mlir), e.g. from `flint capture`")
-    emit.add_argument("-o", "--output", required=True, help="output directory (replaced atomically)")
+    emit.add_argument("-o", "--output", required=True,
+                      help="output directory, replaced as a whole and atomically when it holds only a trace of the "
+                           "same prefix (or is new or empty); otherwise refused unless --force")
+    emit.add_argument("--force", action="store_true", help="replace an output directory that holds other files")
     emit.add_argument("--prefix", default="trace", help="file-name prefix (default: trace)")
     emit.add_argument("--device", default="h100-sxm", help="device preset or TOML for compute durations (default: h100-sxm)")
     emit.set_defaults(func=cmd_emit)

@@ -23,12 +23,20 @@ from xdsl.xdsl_opt_main import xDSLOptMain
 
 from flint.errors import FlintError, run_cli
 from flint.fileio import write_text_atomic
-from flint.ir.parse import RecordingParser, failing_op, parse_error_message
+from flint.ir.parse import RecordingParser, check_nesting, decode_source, failing_op, parse_error_message
 from flint.ir import FLINT_DIALECTS
+from flint.ir.module import verify_module
 from flint.passes.registry import FLINT_PASSES, all_passes, summary
 
 # Generic xDSL passes that are useful on Flint IR too.
 XDSL_PASSES = ("canonicalize", "cse", "dce")
+
+
+def _fmt_default(field: dataclasses.Field) -> str:
+    if field.default is not dataclasses.MISSING:
+        v = field.default
+        return str(v).lower() if isinstance(v, bool) else str(v)
+    return "(required)"
 
 
 class FlintOptMain(xDSLOptMain):
@@ -51,24 +59,37 @@ class FlintOptMain(xDSLOptMain):
         self.available_passes = {**keep, **all_passes()}
 
     def register_all_targets(self) -> None:
-        from flint.tools.chakra_target import ChakraTarget
+        def chakra_target():
+            from flint.tools.chakra_target import ChakraTarget  # imports numpy and the writer: only when used
+
+            return ChakraTarget
 
         super().register_all_targets()
-        self.available_targets["chakra"] = lambda: ChakraTarget
+        # xDSL's other targets (assembly, wasm, GPU shaders) do not apply to Flint's dialects.
+        self.available_targets = {"mlir": self.available_targets["mlir"], "chakra": chakra_target}
 
     def register_all_arguments(self, arg_parser: argparse.ArgumentParser) -> None:
         super().register_all_arguments(arg_parser)
         arg_parser.formatter_class = argparse.RawDescriptionHelpFormatter
-        lines = ["Flint passes (run with -p 'name{option=value,...}', comma-separated):"]
+        for action in arg_parser._actions:
+            if "--target" in action.option_strings:
+                action.help = ("output target: mlir (default: print the IR) or chakra{out=DIR prefix=NAME "
+                               "force=false} (write per-rank Chakra ET files of the lowered chakra.graph)")
+        lines = ["Flint passes (run with -p 'name{option=value,...}', comma-separated; defaults shown):"]
         for name, factory in self.available_passes.items():
             if name in XDSL_PASSES:
                 continue
             try:
-                text = summary(factory())
+                cls = factory()
+                text = summary(cls)
+                options = [f"{f.name.replace('_', '-')}={_fmt_default(f)}" for f in dataclasses.fields(cls)
+                           if f.name != "name"]
             except Exception as e:  # a broken plug-in must not break --help
-                text = f"(cannot load: {e})"
+                text, options = f"(cannot load: {e})", []
             origin = "" if name in FLINT_PASSES or name in XDSL_PASSES else "  [plug-in]"
             lines.append(f"  {name:<24} {text}{origin}")
+            if options:
+                lines.append(f"  {'':<24}   options: {', '.join(options)}")
         lines.append("")
         lines.append(f"Generic xDSL passes: {', '.join(XDSL_PASSES)}.")
         lines.append("Print the IR after each pass with --print-between-passes.\n")
@@ -78,10 +99,17 @@ class FlintOptMain(xDSLOptMain):
     def parse_chunk(self, chunk: IO[bytes], file_extension: str, start_offset: int = 0) -> ModuleOp | None:
         if self.args.frontend or file_extension != "mlir":
             return super().parse_chunk(chunk, file_extension, start_offset)
+        name = self.get_input_name()
+        text = decode_source(chunk.read(), name)
+        check_nesting(text, name)
         parser = RecordingParser(
-            self.ctx, chunk.read(), self.get_input_name(), positions=self._positions, line_offset=start_offset
+            self.ctx, text, name, positions=self._positions, line_offset=start_offset
         )
         return parser.parse_module(not self.args.no_implicit_module)
+
+    def apply_passes(self, prog: ModuleOp) -> None:
+        super().apply_passes(prog)
+        verify_module(prog)
 
     # -- errors --------------------------------------------------------------
     def _locate(self, op: Operation | None) -> str:
@@ -94,6 +122,8 @@ class FlintOptMain(xDSLOptMain):
     def _diagnostic(self, module: ModuleOp | None, err: Exception) -> str:
         if isinstance(err, ParseError):
             return parse_error_message(err)
+        if isinstance(err, FlintError) and str(err).startswith(f"{self.get_input_name()}:"):
+            return str(err)  # already located (non-UTF-8 bytes, nesting)
         where = self._locate(failing_op(module, err) if module is not None else getattr(err, "op", None))
         msg = str(err).strip() or type(err).__name__
         other = getattr(err, "other", None)  # a second op the error is about (verify-p2p's pairs)
@@ -111,6 +141,8 @@ class FlintOptMain(xDSLOptMain):
             try:
                 module = self.parse_chunk(chunk, file_extension, offset)
                 if module is not None:
+                    module.verify()
+                    verify_module(module)
                     self.apply_passes(module)
                     output.write(self.output_resulting_program(module))
             except ParseError as e:

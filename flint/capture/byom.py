@@ -64,6 +64,10 @@ def load_user_module(path: str, field_name: str):
     sys.path.insert(0, os.path.dirname(real))
     try:
         spec.loader.exec_module(module)
+    except SystemExit as e:
+        del sys.modules[name]
+        raise CaptureError(field_name, f"{path} called sys.exit({e.code!r}) while being imported; a model file "
+                           "must only define functions (guard scripts with if __name__ == '__main__')") from None
     except Exception as e:  # noqa: BLE001 - reported with the user's line
         del sys.modules[name]
         raise CaptureError(field_name, f"{path} failed to import: {type(e).__name__}: {e}",
@@ -92,6 +96,9 @@ def call_user(fn: Callable, args: Sequence[Any], field_name: str, what: str) -> 
         return fn(*args)
     except CaptureError:
         raise
+    except SystemExit as e:
+        raise CaptureError(field_name, f"{what} '{getattr(fn, '__name__', fn)}' called sys.exit({e.code!r}) "
+                           "instead of returning") from None
     except Exception as e:  # noqa: BLE001
         file = inspect.getsourcefile(fn) or ""
         raise CaptureError(field_name, f"{what} '{getattr(fn, '__name__', fn)}' raised {type(e).__name__}: {e}",

@@ -319,3 +319,17 @@ def _cname(v) -> str:
 def check_trace(trace: Trace) -> list[Problem]:
     """All problems that would make a consumer abort or deadlock on ``trace``; empty when it is sound."""
     return _Checker(trace).run()
+
+
+def require_sound(trace: Trace, where: str, hint: str) -> None:
+    """Raise :class:`~flint.errors.FlintError` naming the first problems when :func:`check_trace` finds any.
+
+    Simulating or writing such a trace would abort or deadlock a consumer.
+    """
+    from flint.errors import FlintError
+
+    problems = check_trace(trace)
+    if problems:
+        shown = "; ".join(str(p) for p in problems[:3])
+        raise FlintError(f"{where}: {len(problems)} problem(s) that would make a simulator abort or deadlock: "
+                         f"{shown}{' ...' if len(problems) > 3 else ''} ({hint})")

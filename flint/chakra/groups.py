@@ -15,6 +15,7 @@ from typing import Mapping, Sequence
 
 from flint.chakra.wire import TraceError
 from flint.errors import FlintError
+from flint.limits import MAX_WORLD_SIZE
 
 
 def validate_comm_groups(groups: Mapping[int, Sequence[int]], world_size: int) -> None:
@@ -41,6 +42,8 @@ def parse_comm_groups(text: str, source: str = "<comm groups>") -> dict[int, tup
     """Parse a comm-group JSON text; ``source`` names the file in errors."""
     try:
         raw = json.loads(text)
+    except RecursionError:
+        raise TraceError(f"{source}: JSON nested too deeply") from None
     except json.JSONDecodeError as e:
         raise TraceError(f"{source}: not valid JSON ({e})") from None
     if not isinstance(raw, dict):
@@ -51,8 +54,10 @@ def parse_comm_groups(text: str, source: str = "<comm groups>") -> dict[int, tup
             gid = int(k)
         except ValueError:
             raise TraceError(f"{source}: group id {k!r} is not an integer") from None
-        if gid < 1:
-            raise TraceError(f"{source}: group id {gid} is invalid (ids start at 1)")
+        if not 1 <= gid <= (1 << 31) - 1:
+            raise TraceError(f"{source}: group id {gid} is invalid (ids are 1..2147483647)")
+        if isinstance(v, list) and len(v) > MAX_WORLD_SIZE:
+            raise TraceError(f"{source}: group {k} lists {len(v):,} members; the limit is {MAX_WORLD_SIZE:,} ranks")
         if not isinstance(v, list) or not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in v):
             raise TraceError(f"{source}: group {k} must be a list of non-negative rank numbers")
         groups[gid] = tuple(v)
@@ -62,7 +67,9 @@ def parse_comm_groups(text: str, source: str = "<comm groups>") -> dict[int, tup
 def load_comm_groups(path: str | Path) -> dict[int, tuple[int, ...]]:
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise TraceError(f"{path}: byte {e.start} is not UTF-8: not a comm-group JSON file") from None
     except OSError as e:
         raise TraceError(f"{path}: cannot read comm-group file ({e.strerror})") from None
     return parse_comm_groups(text, str(path))

@@ -24,7 +24,7 @@ import numpy as np
 
 from flint.chakra.check import check_trace
 from flint.chakra.reader import COMM_GROUPS_HELP, read_trace
-from flint.errors import FlintError
+from flint.errors import FlintError, run_cli
 from flint.trace import CollKind, NodeKind, NodeTable, Trace
 
 _COMM_OP_PREFIXES = ("c10d::", "gloo:", "nccl:", "record_param_comms")
@@ -120,6 +120,10 @@ def to_json(summary: dict) -> str:
 
 
 def _human(n: float, unit: str) -> str:
+    if unit == "B":
+        from flint.units import fmt_bytes
+
+        return fmt_bytes(n)
     for prefix in ("", "K", "M", "G", "T", "P", "E"):
         if abs(n) < 1000:
             return f"{n:.3g} {prefix}{unit}" if prefix else f"{int(n)} {unit}"
@@ -175,14 +179,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--comm-groups", default=None, help=COMM_GROUPS_HELP)
     ap.add_argument("--max-problems", type=int, default=50, help="problems to list (default 50)")
     args = ap.parse_args(argv)
-    try:
-        trace = read_trace(args.trace, comm_groups=args.comm_groups)
-        summary = summarize(trace, max_problems=args.max_problems)
-    except FlintError as e:
-        print(f"flint inspect: error: {e}", file=sys.stderr)
-        return 2
-    sys.stdout.write(to_json(summary) if args.json else format_table(summary))
-    return 1 if summary["problem_count"] else 0
+
+    def run() -> int:
+        try:
+            trace = read_trace(args.trace, comm_groups=args.comm_groups)
+            summary = summarize(trace, max_problems=args.max_problems)
+        except FlintError as e:
+            print(f"flint inspect: error: {e}", file=sys.stderr)
+            return 2
+        sys.stdout.write(to_json(summary) if args.json else format_table(summary))
+        return 1 if summary["problem_count"] else 0
+
+    return run_cli("flint inspect", run)
 
 
 if __name__ == "__main__":

@@ -44,7 +44,7 @@ import numpy as np
 from flint.chakra import wire
 from flint.chakra.groups import load_comm_groups
 from flint.chakra.wire import TraceError, WireError
-from flint.trace import NodeKind, NodeTable, RankProgram, Trace, _csr
+from flint.trace import CollKind, NodeKind, NodeTable, RankProgram, Trace, _csr
 
 _RANK_FILE = re.compile(r"^(?P<prefix>.+)\.(?P<rank>\d+)\.et$")
 
@@ -173,6 +173,7 @@ def _parse_node(buf) -> _Row:
                 extra.append(bytes(buf[start:stop]))
         else:
             extra.append(bytes(buf[start:stop]))
+    _check_record(node_id, kind, attrs)
     group = 0
     pg = attrs.get("pg_name", "")
     if pg != "":
@@ -180,8 +181,8 @@ def _parse_node(buf) -> _Row:
             group = int(pg)
         except ValueError:
             raise WireError(f"pg_name '{pg}' is not a comm-group id (Chakra group ids are integers)") from None
-        if group < 1:
-            raise WireError(f"pg_name '{pg}' is not a valid comm-group id (ids start at 1)")
+        if not 1 <= group <= _INT32_MAX:
+            raise WireError(f"pg_name '{pg}' is not a valid comm-group id (ids are 1..{_INT32_MAX})")
     peer = -1
     if kind == NodeKind.SEND:
         peer = attrs.get("comm_dst", -1)
@@ -196,6 +197,33 @@ def _parse_node(buf) -> _Row:
         tag=attrs.get("comm_tag", -1) if kind in (NodeKind.SEND, NodeKind.RECV) else -1,
         ctrl=tuple(ctrl), data=tuple(data), extra=b"".join(extra), cpu_op=cpu_op,
     )
+
+
+_INT64_MAX = (1 << 63) - 1
+_INT32_MAX = (1 << 31) - 1
+_NODE_TYPES = "1 METADATA_NODE, 2 MEM_LOAD_NODE, 3 MEM_STORE_NODE, 4 COMP_NODE, 5 COMM_SEND_NODE, 6 COMM_RECV_NODE, 7 COMM_COLL_NODE"
+
+
+def _check_record(node_id: int, kind: int, attrs: Mapping[str, int | str]) -> None:
+    """A node record's values are what Chakra's schema and consumers allow (et_def.proto, ASTRA-sim)."""
+    if node_id > _INT64_MAX:
+        raise WireError(f"node id {node_id} exceeds int64")
+    if not int(NodeKind.METADATA) <= kind <= int(NodeKind.COLL):
+        raise WireError(f"node type {kind} is not a Chakra NodeType ({_NODE_TYPES})")
+    for name in ("num_ops", "tensor_size", "comm_size"):
+        v = attrs.get(name)
+        if v is not None and not 0 <= v <= _INT64_MAX:
+            raise WireError(f"attribute '{name}' is {v}; it must be a non-negative int64")
+    for name in ("comm_tag", "comm_src", "comm_dst"):
+        v = attrs.get(name)
+        if v is not None and not 0 <= v <= _INT32_MAX:
+            raise WireError(f"attribute '{name}' is {v}; it must be a non-negative int32 (0..{_INT32_MAX})")
+    ct = attrs.get("comm_type")
+    if ct is None and kind == NodeKind.COLL:
+        raise WireError("COMM_COLL_NODE without a comm_type attribute (which collective it is)")
+    if ct is not None and kind == NodeKind.COLL and not int(CollKind.ALL_REDUCE) <= ct <= int(CollKind.BARRIER):
+        raise WireError(f"attribute 'comm_type' is {ct}, not a Chakra CollectiveCommType "
+                        f"(0 ALL_REDUCE .. 9 BARRIER)")
 
 
 def _is_metadata(buf) -> bool:
@@ -513,9 +541,27 @@ def read_trace(dir_or_prefix: str | Path, *, comm_groups: Mapping[int, Sequence[
     else:
         groups = {int(k): tuple(int(r) for r in v) for k, v in comm_groups.items()}
         groups_source = "the comm_groups argument"
+    _check_group_ranks(groups, len(files), groups_source, directory, prefix)
     reader = _FileReader()
     ranks: list[RankProgram] = []
     return _read_all(reader, files, groups, groups_source, prefix, ranks)
+
+
+def _check_group_ranks(groups: Mapping[int, Sequence[int]], world: int, source: str | None, directory: Path,
+                       prefix: str) -> None:
+    """Every member of every comm group is a rank with a file; no group lists a rank twice."""
+    for gid, members in groups.items():
+        if not members:
+            raise TraceError(f"{source}: comm group {gid} has no members")
+        if len(members) > world:
+            raise TraceError(f"{source}: comm group {gid} lists {len(members):,} members, more than the "
+                             f"{world} rank files of {directory / prefix}")
+        hi = max(members)
+        if hi >= world:
+            raise TraceError(f"{source}: comm group {gid} names rank {hi}, but the trace has rank files for ranks "
+                             f"0..{world - 1} only (is {directory / f'{prefix}.{hi}.et'} missing?)")
+        if len(set(members)) != len(members):
+            raise TraceError(f"{source}: comm group {gid} lists a rank twice")
 
 
 def _read_all(reader, files, groups, groups_source, prefix, ranks) -> Trace:

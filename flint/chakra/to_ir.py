@@ -41,7 +41,7 @@ from typing import Sequence
 from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, FloatAttr, IntegerAttr, ModuleOp, StringAttr, f64, i64
 from xdsl.ir import Block, Region, SSAValue
 
-from flint.errors import FlintError
+from flint.errors import FlintError, run_cli
 from flint.ir import chakra
 from flint.trace import CollKind, NodeKind, NodeTableBuilder, RankProgram, Trace
 
@@ -127,6 +127,20 @@ def trace_to_ir(trace: Trace, ranks: Sequence[int] | None = None, *, max_ops: in
             f"xDSL parses about 650 ops/s); choose ranks with --rank"
             + (f" (about {fit} rank(s) of this trace fit)" if fit else
                " (a single rank of this trace is already too big; raise the limit with --max-ops at your own risk)"))
+    from flint.chakra.check import cycle_rows
+
+    checked: set[int] = set()
+    for r in chosen:
+        t = trace.ranks[r].table
+        if id(t) in checked:
+            continue
+        checked.add(id(t))
+        cyc = cycle_rows(t)
+        if len(cyc):
+            row = int(cyc[0])
+            where = getattr(t, "source", "") or f"rank {r}"
+            raise FlintError(f"{where}: node {int(t.node_ids[row])} ('{t.names[row]}') is on a dependency cycle "
+                             f"({len(cyc)} node(s) can never run); the chakra dialect cannot express cycles")
     graphs = [_graph_of(trace.ranks[r], r) for r in chosen]
     module = ModuleOp(graphs)
     module.attributes[WORLD_ATTR] = IntegerAttr(trace.world_size, i64)
@@ -219,7 +233,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("-o", "--output", required=True, help="output .mlir (written atomically; '-' for stdout)")
     ap.add_argument("--max-ops", type=int, default=MAX_OPS, help=f"refuse bigger modules (default {MAX_OPS:,})")
     args = ap.parse_args(argv)
+    return run_cli("flint import-trace", _import, args)
+
+
+def _import(args) -> int:
+    from flint.chakra.reader import read_trace
+    from flint.fileio import check_writable
+
     try:
+        if args.output != "-":
+            check_writable(args.output)
         trace = read_trace(args.trace, comm_groups=args.comm_groups)
         module = trace_to_ir(trace, args.ranks, max_ops=args.max_ops)
         module.verify()

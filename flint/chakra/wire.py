@@ -189,12 +189,20 @@ def zigzag(v: int) -> int:
     return (v >> 1) ^ -(v & 1)
 
 
+# AttributeProto scalar oneof fields -> their protobuf wire type (0 varint, 1 fixed64, 2 length-delimited, 5 fixed32).
+_ATTR_WIRE_TYPES = {3: 1, 5: 5, 7: 0, 9: 0, 11: 0, 13: 0, 15: 0, 17: 0, 19: 5, 21: 1, 23: 5, 25: 1, 27: 0, 29: 2}
+
+
 def decode_attr_value(buf, field: int, wt: int, value):
     """The Python value of an ``AttributeProto`` oneof member (scalars only).
 
     Returns ints for every integer/bool type, float for double/float, str for
-    strings, a list for list variants, ``None`` for bytes.
+    strings, a list for list variants, ``None`` for bytes. A wire type that
+    does not match the field's declared type is a :class:`WireError`.
     """
+    want = _ATTR_WIRE_TYPES.get(field)
+    if want is not None and wt != want:
+        raise WireError(f"attribute value field {field} has wire type {wt}, but its type needs wire type {want}")
     if field in (7, 9):
         return signed64(value) if field == 9 else signed32_from_varint(value)
     if field in (11, 13):

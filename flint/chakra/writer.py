@@ -27,11 +27,13 @@ BARRIER, REDUCE_SCATTER_BLOCK), a group id missing from ``comm_groups``, a
 collective of a group the rank is not a member of, a send/recv without a peer
 or with a peer outside the world, a dependency cycle.
 
-Writing is atomic: files go into a temporary directory next to ``out_dir``,
-which is renamed into place at the end. If ``out_dir`` already exists, the
-files are moved in one by one (each replace is atomic) and stale rank files of
-the same prefix beyond the new world size are removed. On any failure nothing
-is left behind.
+Writing is atomic (:func:`flint.fileio.atomic_output_dir`): files go into a
+hidden sibling directory that is renamed into place when complete. An
+existing ``out_dir`` is swapped for the new one as a whole, so readers never
+see a mix of old and new rank files and no stale file survives; it is
+replaced without asking only when it holds nothing but a trace of the same
+prefix (``force`` replaces any directory). On any failure, or a kill,
+nothing is left behind.
 """
 
 from __future__ import annotations
@@ -54,6 +56,8 @@ from flint.chakra import wire
 from flint.chakra.check import cycle_rows
 from flint.chakra.groups import format_comm_groups, validate_comm_groups
 from flint.errors import FlintError
+from flint.fileio import atomic_output_dir
+from flint.progress import progress
 from flint.trace import CollKind, NodeKind, NodeTable, RankProgram, Trace
 
 #: Collectives ASTRA-sim aborts on; the lowering must turn them into supported kinds or send/recv.
@@ -363,24 +367,16 @@ _MAX_IN_FLIGHT = 12  # rendered files waiting for a writer thread (bounds memory
 _RANK_FILE = re.compile(r"^(?P<prefix>.+)\.(?P<rank>\d+)\.et$")
 
 
-def _commit(tmp: Path, out_dir: Path, prefix: str, world: int) -> None:
-    if out_dir.exists() and not any(out_dir.iterdir()):
-        out_dir.rmdir()
-    if not out_dir.exists():
-        os.rename(tmp, out_dir)
-        return
-    if not out_dir.is_dir():
-        raise FlintError(f"{out_dir} exists and is not a directory")
-    for name in sorted(os.listdir(tmp)):
-        os.replace(tmp / name, out_dir / name)
-    for p in out_dir.iterdir():
-        m = _RANK_FILE.match(p.name)
-        if m and m["prefix"] == prefix and int(m["rank"]) >= world:
-            p.unlink()
-    tmp.rmdir()
+def _own_files(names: list[str], prefix: str) -> bool:
+    """True when a directory holds only a trace of ``prefix`` (what replacing it would delete)."""
+    for name in names:
+        m = _RANK_FILE.match(name)
+        if not (m and m["prefix"] == prefix) and name != f"{prefix}.comm_groups.json":
+            return False
+    return True
 
 
-def write_trace(trace: Trace, out_dir: str | Path, prefix: str = "trace") -> WriteStats:
+def write_trace(trace: Trace, out_dir: str | Path, prefix: str = "trace", *, force: bool = False) -> WriteStats:
     """Write ``trace`` as ``out_dir/<prefix>.<rank>.et`` plus ``<prefix>.comm_groups.json``.
 
     Raises :class:`FlintError` (naming the rank and node) for anything a
@@ -394,36 +390,31 @@ def write_trace(trace: Trace, out_dir: str | Path, prefix: str = "trace") -> Wri
         raise FlintError("trace has no ranks")
     out_dir = Path(out_dir)
     emitter = _Emitter(trace)
-    parent = out_dir.resolve().parent
-    parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=parent))
     total = 0
     nodes = 0
     # Rendering holds the GIL; file creation and writes release it, so a few
     # writer threads overlap the file system with the next rank's rendering.
-    pool = ThreadPoolExecutor(max_workers=_WRITER_THREADS)
-    pending: deque = deque()
-    try:
-        for rank, prog in enumerate(trace.ranks):
-            data = emitter.render(rank, prog)
-            pending.append(pool.submit(_write_file, str(tmp / f"{prefix}.{rank}.et"), data))
-            total += len(data)
-            nodes += len(prog.table)
-            while len(pending) > _MAX_IN_FLIGHT:
+    with atomic_output_dir(out_dir, may_replace=lambda names: _own_files(names, prefix), force=force) as tmp:
+        pool = ThreadPoolExecutor(max_workers=_WRITER_THREADS)
+        pending: deque = deque()
+        try:
+            for rank, prog in enumerate(progress(trace.ranks, desc="writing rank files", unit="rank",
+                                                 total=trace.world_size, min_total=64)):
+                data = emitter.render(rank, prog)
+                pending.append(pool.submit(_write_file, str(tmp / f"{prefix}.{rank}.et"), data))
+                total += len(data)
+                nodes += len(prog.table)
+                while len(pending) > _MAX_IN_FLIGHT:
+                    pending.popleft().result()
+            groups_text = format_comm_groups(trace.comm_groups).encode()
+            pending.append(pool.submit(_write_file, str(tmp / f"{prefix}.comm_groups.json"), groups_text))
+            total += len(groups_text)
+            while pending:
                 pending.popleft().result()
-        groups_text = format_comm_groups(trace.comm_groups).encode()
-        pending.append(pool.submit(_write_file, str(tmp / f"{prefix}.comm_groups.json"), groups_text))
-        total += len(groups_text)
-        while pending:
-            pending.popleft().result()
-        pool.shutdown()
-        _commit(tmp, out_dir.resolve(), prefix, trace.world_size)
-    except BaseException:
-        for f in pending:
-            f.cancel()
-        pool.shutdown(wait=True)
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        finally:
+            for f in pending:
+                f.cancel()
+            pool.shutdown(wait=True)
     return WriteStats(
         out_dir=out_dir, prefix=prefix, ranks=trace.world_size, files=trace.world_size + 1,
         bytes_written=total, nodes=nodes, distinct_tables=len(emitter.plans), seconds=time.perf_counter() - t0,

@@ -232,6 +232,10 @@ def read_toml(path: str | Path, what: str) -> dict[str, Any]:
         raise FlintError(f"{what} file '{path}' does not exist") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise FlintError(f"{what} file '{path}' is not valid TOML: {e}") from None
+    except RecursionError:
+        raise FlintError(f"{what} file '{path}' nests too deeply to be a {what} TOML") from None
+    except OSError as e:
+        raise FlintError(f"cannot read {what} file '{path}': {e.strerror}") from None
 
 
 def list_calibrations() -> list[str]:

@@ -33,8 +33,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Mapping, Sequence
 
-import torch
-from torch.utils import flop_counter as _fc
+import sys
+
+# torch is imported on first use (the FLOP registry, op schemas): commands that
+# only read traces or print help start without it.
 
 from flint.cost.dtypes import tensor_bytes
 from flint.cost.opclass import ATTENTION, GEMM, VIEW, classify_target, split_target
@@ -51,8 +53,21 @@ _ATTN_BWD = {"_scaled_dot_product_flash_attention_backward", "_scaled_dot_produc
              "_efficient_attention_backward", "_scaled_dot_product_flash_attention_for_cpu_backward"}
 
 
+def _fc():
+    from torch.utils import flop_counter
+
+    return flop_counter
+
+
+def _is_torch_dtype(x: Any) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.dtype)
+
+
 @lru_cache(maxsize=None)
 def _schema(ns: str, name: str, overload: str):
+    import torch
+
     packet = getattr(getattr(torch.ops, ns), name, None)
     if packet is None:
         return None, None
@@ -65,6 +80,8 @@ def _schema(ns: str, name: str, overload: str):
 
 def _is_tensor_type(t: Any) -> tuple[bool, bool]:
     """(is a tensor argument, is a tensor list) for a schema argument type."""
+    import torch
+
     if isinstance(t, torch.OptionalType):
         t = t.getElementType()
     if isinstance(t, torch.TensorType):
@@ -137,16 +154,16 @@ def op_flops(target: str, in_shapes: Sequence[Any], out_shapes: Sequence[Shape] 
         return 0
     if name in _ATTN_FWD:
         q, k, v = _attention_shapes(target, in_shapes, 3)
-        return int(_fc.sdpa_flop_count(q, k, v))
+        return int(_fc().sdpa_flop_count(q, k, v))
     if name in _ATTN_BWD:
         go, q, k, v = _attention_shapes(target, in_shapes, 4)
-        return int(_fc.sdpa_backward_flop_count(go, q, k, v))
+        return int(_fc().sdpa_backward_flop_count(go, q, k, v))
     packet, schema = _schema(ns, name, overload)
-    if packet is not None and packet in _fc.flop_registry and schema is not None:
+    if packet is not None and packet in _fc().flop_registry and schema is not None:
         full, kwargs = _registry_args(schema, in_shapes, args)
         outs = [None if s is None else _shape(s) for s in out_shapes]  # None: an output the op skipped
         out_val = outs[0] if len(outs) == 1 else tuple(outs)
-        return int(_fc.flop_registry[packet](*full, out_val=out_val, **kwargs))
+        return int(_fc().flop_registry[packet](*full, out_val=out_val, **kwargs))
     return _extra_flops(name, [None if s is None else _shape(s) for s in in_shapes if not isinstance(s, list)],
                         [_shape(s) for s in out_shapes])
 
@@ -173,7 +190,7 @@ def _extra_flops(name: str, ins: list, outs: list) -> int:
 
 
 def _flatten(shapes: Sequence[Any], dtypes: Sequence[Any] | Any) -> list[tuple[tuple[int, ...], Any]]:
-    if dtypes is None or isinstance(dtypes, (str, torch.dtype)):
+    if dtypes is None or (isinstance(dtypes, str) or _is_torch_dtype(dtypes)):
         dtypes = [dtypes] * len(shapes)
     out = []
     for s, d in zip(shapes, dtypes):

@@ -55,6 +55,7 @@ import numpy as np
 
 from flint.cost.collective import Link, Topology, p2p_time_us, parse_topology
 from flint.errors import FlintError
+from flint.limits import MAX_WORLD_SIZE
 
 NETWORKS_DIR = Path(__file__).resolve().parent.parent / "networks"
 _DIM_KEYS = {"name", "topology", "size", "bandwidth_gbytes_per_s", "bandwidth_gbits_per_s", "latency_us",
@@ -206,39 +207,62 @@ def list_networks() -> list[str]:
     return sorted(p.stem for p in NETWORKS_DIR.glob("*.toml"))
 
 
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _number(d: Mapping[str, Any], key: str, at: str, *, positive: bool = False, default: float | None = None) -> float:
+    """A finite number (``> 0`` with ``positive``, else ``>= 0``), or a :class:`FlintError` naming the key."""
+    v = d.get(key, default)
+    if not _is_number(v) or (v <= 0 if positive else v < 0):
+        raise FlintError(f"{at} {key} = {v!r} must be a {'positive' if positive else 'non-negative'} finite number")
+    return float(v)
+
+
 def network_from_dict(d: Mapping[str, Any], where: str = "network") -> Network:
     """Build a :class:`Network` from a parsed network TOML (validating every key)."""
     unknown = set(d) - {"name", "description", "dims"}
     if unknown:
         raise FlintError(f"{where}: unknown keys {sorted(unknown)} (allowed: name, description, dims)")
-    if not d.get("dims"):
-        raise FlintError(f"{where}: needs at least one [[dims]] entry")
+    if not d.get("dims") or not isinstance(d["dims"], list) or not all(isinstance(x, dict) for x in d["dims"]):
+        raise FlintError(f"{where}: needs at least one [[dims]] table")
     dims = []
     for i, dd in enumerate(d["dims"]):
         bad = set(dd) - _DIM_KEYS
         if bad:
             raise FlintError(f"{where}: dims[{i}] has unknown keys {sorted(bad)} (allowed: {', '.join(sorted(_DIM_KEYS))})")
+        at = f"{where}: dims[{i}]"
         if "bandwidth_gbytes_per_s" in dd:
-            bw = float(dd["bandwidth_gbytes_per_s"])
+            bw = _number(dd, "bandwidth_gbytes_per_s", at, positive=True)
         elif "bandwidth_gbits_per_s" in dd:
-            bw = float(dd["bandwidth_gbits_per_s"]) / 8.0
+            bw = _number(dd, "bandwidth_gbits_per_s", at, positive=True) / 8.0
         else:
-            raise FlintError(f"{where}: dims[{i}] needs bandwidth_gbytes_per_s or bandwidth_gbits_per_s")
-        name = str(dd.get("name", f"d{i}"))
-        size = int(dd.get("size", 0))
-        if size < 0:
-            raise FlintError(f"{where}: dims[{i}] size {size} must be >= 0")
-        topo = parse_topology(dd.get("topology", "switch"))
-        curve = dd.get("bus_efficiency", [])
-        if not isinstance(curve, list) or not all(isinstance(pt, list) and len(pt) == 2 for pt in curve):
-            raise FlintError(f"{where}: dims[{i}] bus_efficiency must be a list of [bytes, fraction] pairs")
+            raise FlintError(f"{at} needs bandwidth_gbytes_per_s or bandwidth_gbits_per_s")
+        name = dd.get("name", f"d{i}")
+        if not isinstance(name, str):
+            raise FlintError(f"{at} name = {name!r} must be a string")
+        size = dd.get("size", 0)
+        if isinstance(size, bool) or not isinstance(size, int):
+            raise FlintError(f"{at} size = {size!r} must be a whole number of ranks (0: as many as needed)")
+        if not 0 <= size <= MAX_WORLD_SIZE:
+            raise FlintError(f"{at} size = {size} must be between 0 (as many as needed) and {MAX_WORLD_SIZE:,}")
+        topo_name = dd.get("topology", "switch")
+        if not isinstance(topo_name, str):
+            raise FlintError(f"{at} topology = {topo_name!r} must be a string (switch, fully-connected, ring, mesh)")
         try:
-            link = Link(bw, float(dd.get("latency_us", 0.0)), topo, name, float(dd.get("base_latency_us", 0.0)),
-                        tuple((pt[0], pt[1]) for pt in curve))
-        except (TypeError, ValueError):
-            raise FlintError(f"{where}: dims[{i}] has a non-numeric latency or bus_efficiency entry") from None
+            topo = parse_topology(topo_name)
         except FlintError as e:
-            raise FlintError(f"{where}: dims[{i}]: {e}") from None
+            raise FlintError(f"{at}: {e}") from None
+        curve = dd.get("bus_efficiency", [])
+        if not isinstance(curve, list) or not all(
+                isinstance(pt, list) and len(pt) == 2 and all(_is_number(x) for x in pt) for pt in curve):
+            raise FlintError(f"{at} bus_efficiency must be a list of [bytes, fraction] pairs of finite numbers")
+        latency = _number(dd, "latency_us", at, default=0.0)
+        base = _number(dd, "base_latency_us", at, default=0.0)
+        try:
+            link = Link(bw, latency, topo, name, base, tuple((pt[0], pt[1]) for pt in curve))
+        except FlintError as e:
+            raise FlintError(f"{at}: {e}") from None
         dims.append(NetworkDim(name, size, link))
     return Network(str(d.get("name", where)), tuple(dims), str(d.get("description", "")))
 
@@ -255,13 +279,9 @@ def load_network(name_or_path: str | Path, sizes: Sequence[int] | None = None) -
         p = NETWORKS_DIR / f"{s}.toml"
         if not p.is_file():
             raise FlintError(f"unknown network '{s}' (valid: {', '.join(list_networks())}; or give a .toml path)")
-    try:
-        with open(p, "rb") as f:
-            net = network_from_dict(tomllib.load(f), where=str(p))
-    except FileNotFoundError:
-        raise FlintError(f"network file '{p}' does not exist") from None
-    except tomllib.TOMLDecodeError as e:
-        raise FlintError(f"network file '{p}' is not valid TOML: {e}") from None
+    from flint.cost.calibration import read_toml
+
+    net = network_from_dict(read_toml(p, "network"), where=str(p))
     if sizes is not None:
         if len(sizes) != len(net.dims):
             raise FlintError(f"network '{net.name}' has {len(net.dims)} dimensions, got {len(sizes)} sizes")

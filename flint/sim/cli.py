@@ -35,6 +35,7 @@ from typing import Sequence
 
 import numpy as np
 
+from flint.chakra.check import require_sound
 from flint.errors import FlintError, run_cli
 
 DEFAULT_DEVICE = "h100-sxm"
@@ -96,6 +97,7 @@ def load_input(path: str, device_name: str, calibration: str | None, *, want_mem
 
     directory, prefix, _ = find_rank_files(path)
     trace = read_trace(path, comm_groups=comm_groups)
+    require_sound(trace, str(directory / prefix), f"`flint inspect {path}` lists them")
     return Loaded(trace, None, None, "needs the step IR (tensor types and lifetimes); a trace has none",
                   "from the trace's duration_micros (device roofline where missing)", "trace", directory / prefix)
 
@@ -113,7 +115,9 @@ def _load_ir_input(path: str, device_name: str, calibration: str | None, want_me
 
     module = load_ir(path)
     if WORLD_ATTR in module.attributes:  # concrete per-rank graphs from `flint import-trace`
-        return Loaded(trace_from_concrete_ir(module), None, None,
+        trace = trace_from_concrete_ir(module)
+        require_sound(trace, path, "`flint inspect` lists them")
+        return Loaded(trace, None, None,
                       "the IR holds imported per-rank Chakra graphs, no tensors",
                       "from the imported graphs (device roofline where missing)", "ir")
     memory, note, stage_peaks = None, None, None
@@ -149,7 +153,9 @@ def _load_ir_input(path: str, device_name: str, calibration: str | None, want_me
                 os.unlink(tmp)
         durations = f"roofline on {device_name}" + (" (calibrated)" if calibration else "")
     mesh = mesh_of(module)
-    return Loaded(trace_from_ir(module), mesh, memory, note, durations, "ir", pipeline=_pipeline_info(module, stage_peaks))
+    trace = trace_from_ir(module)
+    require_sound(trace, path, "emit the step and run `flint inspect` for the full list")
+    return Loaded(trace, mesh, memory, note, durations, "ir", pipeline=_pipeline_info(module, stage_peaks))
 
 
 def _pipeline_info(module, stage_peaks: list[int] | None) -> dict | None:
@@ -204,6 +210,10 @@ def _native(args, want_memory: bool) -> tuple[dict, object]:
     from flint.sim.report import estimate_report
 
     device, network, algorithm = _models(args)
+    if getattr(args, "timeline", None):
+        from flint.fileio import check_writable
+
+        check_writable(args.timeline)
     loaded = load_input(args.input, args.device, args.calibration, want_memory=want_memory, comm_groups=args.comm_groups)
     result = simulate(loaded.trace, device, network, loaded.mesh, algorithm=algorithm, dtype=args.dtype)
     rep = estimate_report(result, source=args.input, device=device.name, network=network.name, algorithm=algorithm,

@@ -46,6 +46,7 @@ from __future__ import annotations
 import gc
 import heapq
 import math
+import sys
 import time
 from dataclasses import dataclass
 from typing import Mapping, Sequence
@@ -419,7 +420,7 @@ def _run(trace, device, network, mesh, algorithm, dtype, symmetric) -> RawSim:
     for s in range(S):
         for k in range(4):
             try_issue(s, k, 0.0)
-    events = _loop(heap, plans, ptr, busy, pending, finish, try_issue)
+    events = _loop(heap, plans, ptr, busy, pending, finish, try_issue, sum(len(p.table) for p in plans))
 
     for s in range(S):
         if ptr[s] != [len(x) for x in plans[s].stream_rows]:
@@ -435,13 +436,28 @@ def _arr(x: list) -> np.ndarray:
     return np.fromiter(x, dtype=np.float64, count=len(x))
 
 
-def _loop(heap, plans, ptr, busy, pending, finish, try_issue) -> int:
-    """Pop completion events in time order until none is left; returns the event count."""
+_PROGRESS_MIN_EVENTS = 500_000
+_PROGRESS_EVERY = 1 << 16
+
+
+def _loop(heap, plans, ptr, busy, pending, finish, try_issue, total: int = 0) -> int:
+    """Pop completion events in time order until none is left; returns the event count.
+
+    Simulations of at least 500,000 node events show a progress bar (:mod:`flint.progress`)."""
+    from flint.progress import enabled
+
+    bar = None
+    if total >= _PROGRESS_MIN_EVENTS and enabled():
+        from tqdm import tqdm
+
+        bar = tqdm(total=total, desc="simulating", unit="node", file=sys.stderr, leave=False, dynamic_ncols=True)
     pop = heapq.heappop
     events = 0
     while heap:
         now, _, s, row = pop(heap)
         events += 1
+        if bar is not None and not events % _PROGRESS_EVERY:
+            bar.update(_PROGRESS_EVERY)
         finish[s][row] = now
         plan = plans[s]
         stream = plan.stream
@@ -456,6 +472,8 @@ def _loop(heap, plans, ptr, busy, pending, finish, try_issue) -> int:
                 if k2 != k:
                     try_issue(s, k2, now)
         try_issue(s, k, now)
+    if bar is not None:
+        bar.close()
     return events
 
 

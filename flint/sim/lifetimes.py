@@ -299,6 +299,10 @@ class StepMemory:
     peak_op_index: int
     positions: int
     notes: tuple[str, ...] = ()
+    #: the op running at the peak: its name (the ATen overload for aten.op), module path and source line
+    peak_op: str = ""
+    peak_module: str = ""
+    peak_source: str = ""
 
     @property
     def peak_bytes(self) -> int:
@@ -510,4 +514,20 @@ def step_memory(module: ModuleOp, capacity_bytes: int | None = None, role: int =
     e = min(max(e, 0), len(schedule) - 1)
     name = schedule[e][0]
     it, op_index = divmod(report.peak_position - offsets[e], profiles[name].n_pos)
-    return StepMemory(report, name, int(it), int(op_index), int(total), tuple(notes))
+    op_name, module_path, source = _describe_op(profiles[name].fn, int(op_index))
+    return StepMemory(report, name, int(it), int(op_index), int(total), tuple(notes), op_name, module_path, source)
+
+
+def _describe_op(fn: func.FuncOp, index: int) -> tuple[str, str, str]:
+    """(op name, module path, ``file:line``) of the ``index``-th op of ``fn`` (positions skip the return)."""
+    ops = [op for op in fn.body.block.ops if not isinstance(op, func.ReturnOp)]
+    if not 0 <= index < len(ops):
+        return "", "", ""
+    op = ops[index]
+    name = op.target.data if isinstance(op, AtenOp) else op.name
+    module_path = op.module.data if isinstance(op, AtenOp) and op.module is not None else ""
+    loc = getattr(op, "location", None)
+    source = ""
+    if loc is not None and hasattr(loc, "filename") and hasattr(loc, "line"):
+        source = f"{loc.filename.data}:{loc.line.data}"
+    return name, module_path, source

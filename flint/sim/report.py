@@ -105,7 +105,8 @@ def estimate_report(result: SimResult, *, source: str, device: str | None, netwo
             "capacity_bytes": r.capacity_bytes,
             "fits": r.fits,
             "where": {"function": memory.peak_function, "iteration": memory.peak_iteration,
-                      "op_index": memory.peak_op_index},
+                      "op_index": memory.peak_op_index, "op": memory.peak_op, "module": memory.peak_module,
+                      "source": memory.peak_source},
             "notes": list(memory.notes),
         }
     else:
@@ -192,10 +193,15 @@ def format_report(rep: dict) -> str:
         fit = "" if cap is None else f" of {cap / GIB:,.2f} GiB HBM: {'fits' if mem['fits'] else 'DOES NOT FIT'}"
         lines.append(f"peak memory per rank ({mu})  {mem['peak_bytes'] / ms:,.3f}{fit}")
         wh = mem["where"]
-        lines.append(f"  at @{wh['function']} iteration {wh['iteration']}, op {wh['op_index']}")
+        lines.append(f"  at @{wh['function']} iteration {wh['iteration']}, op {wh['op_index']}"
+                     + (f": {wh['op']}" if wh.get("op") else "")
+                     + (f" in module {wh['module']}" if wh.get("module") else "")
+                     + (f" ({wh['source']})" if wh.get("source") else ""))
         lines.append(f"  {'category':<12}  {f'at peak ({mu})':>14}  {f'own peak ({mu})':>15}")
         for c, b in mem["at_peak_bytes"].items():
             lines.append(f"  {c:<12}  {b / ms:>14,.3f}  {mem['category_peak_bytes'][c] / ms:>15,.3f}")
         for n in mem["notes"]:
             lines.append(f"  note: {n}")
+    if rep.get("timeline"):
+        lines.append(f"wrote timeline {rep['timeline']} (open it in ui.perfetto.dev)")
     return "\n".join(lines)

@@ -45,7 +45,7 @@ chakra.graph @g {
     chakra.yield %a
   }
 }
-// CHECK: error: 'chakra.repeat' op count 0 must be at least 1
+// CHECK: error: 'chakra.repeat' op count 0 out of range 1..10,000,000
 
 // -----
 chakra.graph @g {
@@ -73,3 +73,25 @@ chakra.graph @g {
   %0 = chakra.recv "r" on @grid grid_axes = [1] offset = 1 peer = 2 tag = 0 bytes = 8
 }
 // CHECK: error: 'chakra.recv' op has both grid and grid_axes (SPMD) and peer (concrete)
+
+// -----
+chakra.graph @g {
+  %0 = chakra.comp "x"
+  %1 = chakra.repeat 1000000000 (%0) {
+  ^bb0(%a: !chakra.node):
+    chakra.yield %a
+  }
+}
+// CHECK: error: 'chakra.repeat' op count 1,000,000,000 out of range 1..10,000,000
+
+// -----
+chakra.graph @g {
+  %0 = chakra.comp "x" data(%0)
+}
+// CHECK: ops_invalid.mlir:{{[0-9]+}}:3: error: 'chakra.comp' op depends on itself: a dependency must name an earlier node (cycles cannot be expressed)
+
+// -----
+chakra.graph @g {
+  %0 = chakra.send "s" peer = 1 tag = 2147483648 bytes = 8
+}
+// CHECK: error: 'chakra.send' op tag 2147483648 out of range: Chakra's comm_tag is an int32 (0..2147483647; -1: absent in an imported trace)

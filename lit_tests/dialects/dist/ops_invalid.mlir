@@ -108,7 +108,7 @@ func.func @f() {
   %0 = dist.recv from @grid grid_axes = [1] offset = 1 tag = -2 : tensor<4x8xf32>
   func.return
 }
-// CHECK: error: 'dist.recv' op tag -2 must be non-negative
+// CHECK: error: 'dist.recv' op tag -2 out of range: Chakra's comm_tag is an int32 (0..2147483647)
 
 // -----
 shard.grid @grid(shape = 2x4)
@@ -139,3 +139,23 @@ func.func @f(%x: !dist.future<none>) {
   func.return
 }
 // CHECK: error: 'dist.wait' op waits on !dist.future<none> and must not have a result
+
+// -----
+shard.grid @grid(shape = 2x4)
+func.func @f(%x: tensor<4x8xf32>) {
+  dist.send %x to @grid grid_axes = [1] offset = 1 tag = 4294967296 : tensor<4x8xf32>
+  func.return
+}
+// CHECK: error: 'dist.send' op tag 4294967296 out of range: Chakra's comm_tag is an int32 (0..2147483647)
+
+// -----
+shard.grid @grid(shape = 2000000x4)
+// CHECK: ops_invalid.mlir:{{[0-9]+}}:1: error: 'shard.grid' op @grid shape 2000000x4 has 8,000,000 ranks; the limit is 1,048,576 ranks
+
+// -----
+shard.grid @grid(shape = 2x4)
+func.func @f(%x: tensor<?x8xf32>) {
+  %0 = dist.all_reduce %x on @grid grid_axes = [1] : tensor<?x8xf32> -> tensor<?x8xf32>
+  func.return
+}
+// CHECK: error: 'dist.all_reduce' op input tensor<?x8xf32> has a dynamic dimension; Flint needs static shapes (capture with concrete sizes)

@@ -1,0 +1,5 @@
+builtin.module {
+  func.func @f() attributes {x = "café"} {
+    func.return
+  }
+}
