@@ -100,7 +100,8 @@ class _Unroller:
                     raise FlintError(f"chakra.coll '{name}' is concrete (group = ...); only SPMD graphs expand")
                 slot = self.group_slots.setdefault(op.axes(), len(self.group_slots))
                 row = self.b.add_coll(name, CollKind[op.kind.data.name], op.bytes.value.data, slot,
-                                      duration_us=dur, data_deps=data, ctrl_deps=ctrl)
+                                      duration_us=dur, data_deps=data, ctrl_deps=ctrl,
+                                      stream=op.stream.data if op.stream is not None else "")
             elif isinstance(op, chakra.SendOp | chakra.RecvOp):
                 if op.grid is None:
                     raise FlintError(f"{op.name} '{name}' is concrete (peer = ...); only SPMD graphs expand")
