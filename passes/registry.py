@@ -32,6 +32,10 @@ FLINT_PASSES: dict[str, str] = {
     "lower-to-chakra": "flint.passes.lower_to_chakra:LowerToChakraPass",
     "decompose-collectives": "flint.passes.decompose_collectives:DecomposeCollectivesPass",
     "verify-p2p": "flint.passes.verify_p2p:VerifyP2PPass",
+    "reorder-all-gather": "flint.passes.reorder_all_gather:ReorderAllGatherPass",
+    "sink-waits": "flint.passes.sink_waits:SinkWaitsPass",
+    "hoist-starts": "flint.passes.hoist_starts:HoistStartsPass",
+    "assign-streams": "flint.passes.assign_streams:AssignStreamsPass",
 }
 
 

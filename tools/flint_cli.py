@@ -157,17 +157,31 @@ def cmd_emit(args: argparse.Namespace) -> int:
     from flint.passes.canonicalize_dist import CanonicalizeDistPass
     from flint.passes.lower_to_chakra import LowerToChakraPass
 
+    from flint.pipeline import resolve, run_pipeline
+
     t0 = time.perf_counter()
     module = load_ir(args.input)
-    if not any(op.name == "chakra.graph" for op in module.ops):
+    spec = ""
+    if any(op.name == "chakra.graph" for op in module.ops):
+        if args.passes:
+            raise FlintError(f"--passes: {args.input} is already lowered to chakra.graph; give the aten + dist IR")
+    else:
+        spec = resolve(module, args.passes)
+        run_pipeline(module, spec, args.input)
         CanonicalizeDistPass().apply(Context(), module)
         LowerToChakraPass(device=args.device).apply(Context(), module)
         module.verify()
     trace = trace_from_ir(module)
     stats = write_trace(trace, args.output, args.prefix)
+    if args.json:
+        import json
+
+        print(json.dumps({"output": str(stats.out_dir), "prefix": args.prefix, "ranks": stats.ranks,
+                          "nodes": stats.nodes, "bytes": stats.bytes_written, "passes": spec}, indent=2, sort_keys=True))
+        return 0
     print(f"wrote {stats.ranks} rank files + {args.prefix}.comm_groups.json to {stats.out_dir} "
           f"({stats.nodes / stats.ranks:.0f} nodes per rank, {stats.bytes_written / 1e6:.2f} MB, "
-          f"{time.perf_counter() - t0:.2f} s)")
+          f"{time.perf_counter() - t0:.2f} s; passes: {spec or '(none)'})")
     return 0
 
 
@@ -236,6 +250,11 @@ def build_parser() -> argparse.ArgumentParser:
     emit.add_argument("-o", "--output", required=True, help="output directory (replaced atomically)")
     emit.add_argument("--prefix", default="trace", help="file-name prefix (default: trace)")
     emit.add_argument("--device", default="h100-sxm", help="device preset or TOML for compute durations (default: h100-sxm)")
+    emit.add_argument("--passes", default=None, metavar="PIPELINE",
+                      help="pass pipeline to run before lowering, flint-opt -p syntax; '' runs none; default: the "
+                           "plan's default pipeline (FSDP: reorder-all-gather{prefetch=1},sink-waits,assign-streams; "
+                           "DDP: sink-waits; otherwise none)")
+    emit.add_argument("--json", action="store_true", help="print what was written (and the pipeline that ran) as JSON")
     emit.set_defaults(func=cmd_emit)
 
     for name, text in DELEGATED.items():
