@@ -32,6 +32,9 @@ FLINT_PASSES: dict[str, str] = {
     "lower-to-chakra": "flint.passes.lower_to_chakra:LowerToChakraPass",
     "decompose-collectives": "flint.passes.decompose_collectives:DecomposeCollectivesPass",
     "verify-p2p": "flint.passes.verify_p2p:VerifyP2PPass",
+    "bucket-collectives": "flint.passes.bucket_collectives:BucketCollectivesPass",
+    "split-collectives": "flint.passes.split_collectives:SplitCollectivesPass",
+    "overlap-report": "flint.passes.overlap_report:OverlapReportPass",
 }
 
 
