@@ -36,6 +36,9 @@ FLINT_PASSES: dict[str, str] = {
     "sink-waits": "flint.passes.sink_waits:SinkWaitsPass",
     "hoist-starts": "flint.passes.hoist_starts:HoistStartsPass",
     "assign-streams": "flint.passes.assign_streams:AssignStreamsPass",
+    "bucket-collectives": "flint.passes.bucket_collectives:BucketCollectivesPass",
+    "split-collectives": "flint.passes.split_collectives:SplitCollectivesPass",
+    "overlap-report": "flint.passes.overlap_report:OverlapReportPass",
 }
 
 
