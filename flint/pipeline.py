@@ -13,9 +13,10 @@ reproduces what PyTorch's runtime does for that recipe:
   backward prefetch), runs all-gathers and reduce-scatters on two streams of
   their own, and waits for reduce-scatters only at the end of backward:
   ``reorder-all-gather{prefetch=1},sink-waits,assign-streams``.
-- DDP (``dp_replicate`` > 1 without ``dp_shard``): gradient all-reduces are
-  asynchronous and waited for before the optimizer: ``sink-waits``. (DDP's
-  gradient buckets need ``bucket-collectives``, which is not in this tree.)
+- DDP (``dp_replicate`` > 1 without ``dp_shard``): gradients are all-reduced
+  in 25 MiB buckets (``bucket_cap_mb=25``), each issued asynchronously when
+  its last gradient is ready and waited for before the optimizer:
+  ``bucket-collectives{bytes=26214400},sink-waits``.
 - anything else (TP alone, no plan): no pass; DTensor issues TP collectives
   in the compute stream's order, which is the captured order.
 """
@@ -29,7 +30,7 @@ from xdsl.utils.exceptions import DiagnosticException, VerifyException
 from flint.errors import FlintError
 
 FSDP_PIPELINE = "reorder-all-gather{prefetch=1},sink-waits,assign-streams"
-DDP_PIPELINE = "sink-waits"
+DDP_PIPELINE = "bucket-collectives{bytes=26214400},sink-waits"
 
 
 def default_pipeline(module: ModuleOp) -> str:

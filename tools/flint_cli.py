@@ -253,7 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
     emit.add_argument("--passes", default=None, metavar="PIPELINE",
                       help="pass pipeline to run before lowering, flint-opt -p syntax; '' runs none; default: the "
                            "plan's default pipeline (FSDP: reorder-all-gather{prefetch=1},sink-waits,assign-streams; "
-                           "DDP: sink-waits; otherwise none)")
+                           "DDP: bucket-collectives{bytes=26214400},sink-waits; otherwise none)")
     emit.add_argument("--json", action="store_true", help="print what was written (and the pipeline that ran) as JSON")
     emit.set_defaults(func=cmd_emit)
 

@@ -39,7 +39,7 @@ DEFAULT_DEVICE = "h100-sxm"
 PASSES_HELP = ("step IR only: pass pipeline to run before lowering, flint-opt -p syntax, e.g. "
                "'reorder-all-gather{prefetch=2},assign-streams'; '' runs none; default: the plan's "
                "default pipeline (FSDP: reorder-all-gather{prefetch=1},sink-waits,assign-streams; DDP: "
-               "sink-waits; otherwise none)")
+               "bucket-collectives{bytes=26214400},sink-waits; otherwise none)")
 DEFAULT_NETWORK = "dgx-h100"
 
 
