@@ -75,6 +75,7 @@ def test_checker_catches_a_broken_reordering():
         check_schedule_invariants(before, after)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spec", ["reorder-all-gather{prefetch=1}", "reorder-all-gather{prefetch=2}", FSDP_PIPELINE])
 def test_prefetch_unrolls_the_same_fast_and_slow(spec):
     """The numpy replication of repeats (from the steady iteration) equals unrolling node by node."""
@@ -133,6 +134,7 @@ def test_streams_reach_the_simulator():
     assert math.isfinite(res.iteration_time_us)
 
 
+@pytest.mark.slow
 def test_emitted_traces_after_reordering_pass_inspect_and_do_not_deadlock(tmp_path, capsys):
     from flint.chakra import read_trace
     from flint.chakra.inspect import main as inspect_main
@@ -151,6 +153,7 @@ def test_emitted_traces_after_reordering_pass_inspect_and_do_not_deadlock(tmp_pa
         assert math.isfinite(res.iteration_time_us)
 
 
+@pytest.mark.slow
 def test_estimate_cli_reports_the_pipeline(tmp_path, capsys):
     from flint.sim.cli import estimate_main
 
@@ -178,8 +181,25 @@ def test_bad_options_are_clear_errors(tmp_path, capsys, spec, message):
     assert message in err and "Traceback" not in err
 
 
-def test_no_fsdp_gathers_says_so_and_changes_nothing(capsys):
-    _, module = imported("llama-tiny", "tp", 2)
+TP_ONLY = """
+builtin.module {
+  shard.grid @mesh(shape = 2)
+  func.func @f(%x: tensor<8x64xbf16>, %w: tensor<64x32xbf16> {flint.role = "parameter"}) -> tensor<8x32xbf16> {
+    %0 = aten.op "aten.mm.default"(%x, %w) phase = "fwd" : (tensor<8x64xbf16>, tensor<64x32xbf16>) -> tensor<8x32xbf16>
+    %1 = dist.all_reduce %0 on @mesh grid_axes = [0] : tensor<8x32xbf16> -> !dist.future<tensor<8x32xbf16>>
+    %2 = dist.wait %1 : tensor<8x32xbf16>
+    func.return %2 : tensor<8x32xbf16>
+  }
+}
+"""
+
+
+def test_no_fsdp_gathers_says_so_and_changes_nothing(tmp_path, capsys):
+    from flint.ir.parse import load_ir
+
+    path = tmp_path / "tp.mlir"
+    path.write_text(TP_ONLY)
+    module = load_ir(str(path))
     m = module.clone()
     run_pipeline(m, "reorder-all-gather{prefetch=1}")
     assert "no FSDP parameter all-gather" in capsys.readouterr().err
