@@ -31,3 +31,10 @@ def run_cli(prog: str, fn, *args) -> int:
         print(f"{prog}: internal error: {type(e).__name__}: {e}\n"
               "(this is a bug in Flint; set FLINT_TRACEBACK=1 to see the traceback)", file=sys.stderr)
         return 2
+
+
+def remark(message: str) -> None:
+    """Tell the user something that is not an error (e.g. a pass found nothing to do): one line on stderr."""
+    import sys
+
+    print(f"remark: {message}", file=sys.stderr)

@@ -35,6 +35,10 @@ Columns and units
 ``data_deps``    CSR (``data_dep_ptr`` [n+1], ``data_dep_idx``) of *row
                  positions* this node waits for; ``ctrl_deps`` the same.
 ``node_ids``     int64, the Chakra node id written to / read from the file.
+``comm_stream``  int16 or ``None``: the named communication stream of a collective,
+                 an index into ``stream_names``; -1 (or no column) is the default
+                 collective stream. Set by the ``assign-streams`` pass through the
+                 IR; the simulator runs one in-order queue per stream.
 """
 
 from __future__ import annotations
@@ -99,6 +103,8 @@ class NodeTable:
     ctrl_dep_ptr: np.ndarray
     ctrl_dep_idx: np.ndarray
     node_ids: np.ndarray
+    comm_stream: np.ndarray | None = None
+    stream_names: tuple[str, ...] = ()
 
     def __len__(self) -> int:
         return len(self.names)
@@ -121,6 +127,8 @@ class NodeTableBuilder:
         self._rows: list[tuple] = []
         self._data: list[Sequence[int]] = []
         self._ctrl: list[Sequence[int]] = []
+        self._stream: dict[int, int] = {}  # row -> stream index
+        self._stream_names: dict[str, int] = {}
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -141,7 +149,9 @@ class NodeTableBuilder:
 
     def add_coll(self, name: str, comm_type: CollKind | int, comm_bytes: int, group: int, *,
                  duration_us: float = float("nan"), data_deps: Sequence[int] = (), ctrl_deps: Sequence[int] = (),
-                 node_id: int | None = None) -> int:
+                 node_id: int | None = None, stream: str = "") -> int:
+        if stream:
+            self._stream[len(self._rows)] = self._stream_names.setdefault(stream, len(self._stream_names))
         return self._add((name, NodeKind.COLL, duration_us, -1, -1, int(comm_type), comm_bytes, group, -1, -1), data_deps, ctrl_deps, node_id)
 
     def add_send(self, name: str, comm_bytes: int, peer: int, tag: int, *, duration_us: float = float("nan"),
@@ -169,7 +179,16 @@ class NodeTableBuilder:
             comm_tag=np.asarray(cols[9], dtype=np.int32),
             data_dep_ptr=dptr, data_dep_idx=didx, ctrl_dep_ptr=cptr, ctrl_dep_idx=cidx,
             node_ids=np.asarray(cols[10], dtype=np.int64),
+            **self._streams(),
         )
+
+    def _streams(self) -> dict:
+        if not self._stream:
+            return {}
+        col = np.full(len(self._rows), -1, dtype=np.int16)
+        for row, k in self._stream.items():
+            col[row] = k
+        return {"comm_stream": col, "stream_names": tuple(self._stream_names)}
 
 
 @dataclass(eq=False)

@@ -195,15 +195,22 @@ class CommNodeOp(NodeOp):
 
 @irdl_op_definition
 class CollOp(CommNodeOp):
-    """A collective node (Chakra COMM_COLL_NODE) of one ``kind``."""
+    """A collective node (Chakra COMM_COLL_NODE) of one ``kind``.
+
+    ``stream`` names the communication stream it is queued on (absent: the
+    default collective stream); the simulator runs one in-order queue per
+    stream.
+    """
 
     name = "chakra.coll"
 
     kind = prop_def(CollKindAttr)
     group = opt_prop_def(IntegerAttr[I64])
+    stream = opt_prop_def(StringAttr)
 
     assembly_format = (
-        "$kind $node_name (`on` $grid^ `grid_axes` `=` $grid_axes)? (`group` `=` $group^)? `bytes` `=` $bytes "
+        "$kind $node_name (`on` $grid^ `grid_axes` `=` $grid_axes)? (`group` `=` $group^)? "
+        "(`stream` `=` $stream^)? `bytes` `=` $bytes "
         "(`duration_us` `=` $duration_us^)? " + _DEPS + " attr-dict"
     )
 

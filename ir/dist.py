@@ -494,3 +494,38 @@ Dist = Dialect(
     [AllReduceOp, AllGatherOp, ReduceScatterOp, AllToAllOp, BroadcastOp, BarrierOp, SendOp, RecvOp, WaitOp],
     [FutureType],
 )
+
+
+# -- scheduling attributes ----------------------------------------------------------
+# Scheduling passes express *when* and *where* communication runs with two
+# discardable attributes, so the IR keeps one body per repeated block:
+#
+#   stream = "ag"            on a collective: the named communication stream it is
+#                            queued on (default: the one collective stream). Each
+#                            stream is an in-order queue; collectives over the same
+#                            group still run one at a time in program order (one
+#                            NCCL communicator).
+#   flint.prefetch = K : i64 on an all-gather start in a repeated function (and on
+#                            the ops computing its input): the op at this position of
+#                            iteration i works for iteration i + K ("issue K blocks
+#                            ahead"). Iterations 0..K-1 are issued in a prologue (at
+#                            the start of the preceding part of the schedule), and the
+#                            last K iterations issue nothing. The wait stays in its own
+#                            iteration. lower-to-chakra and the memory model honour it.
+
+STREAM_ATTR = "stream"
+PREFETCH_ATTR = "flint.prefetch"
+
+
+def stream_of(op: Operation) -> str:
+    """The named stream of a communication op ("" for the default collective stream)."""
+    from xdsl.dialects.builtin import StringAttr
+
+    attr = op.attributes.get(STREAM_ATTR)
+    return attr.data if isinstance(attr, StringAttr) else ""
+
+
+def prefetch_of(op: Operation) -> int:
+    """How many iterations ahead ``op`` runs (``flint.prefetch``; 0 when absent)."""
+    attr = op.attributes.get(PREFETCH_ATTR)
+    return attr.value.data if isinstance(attr, IntegerAttr) else 0

@@ -72,6 +72,8 @@ class FoldImmediateWait(RewritePattern):
         start = op.future.owner
         if not isinstance(start, dist.CollectiveOp) or start.next_op is not op:
             return
+        if dist.prefetch_of(start):  # its wait is in a later iteration of the block
+            return
         if _only_wait(start.result) is not op:
             return
         sync = type(start).create(
@@ -96,7 +98,8 @@ class CanonicalizeDistPass(ModulePass):
       a barrier over one rank is erased.
     - ``fold-waits`` (default true): an asynchronous collective whose only use
       is a ``dist.wait`` placed immediately after it becomes the synchronous
-      form.
+      form (not a start marked ``flint.prefetch``: its wait is in a later
+      iteration).
 
     Afterwards the module verifies, computes the same values, and issues the
     same communication except the removed no-ops.

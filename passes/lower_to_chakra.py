@@ -61,22 +61,80 @@ class _Streams:
     """Program order per stream while lowering one function body."""
 
     compute: SSAValue | None
-    comm: SSAValue | None
+    comm: dict[str, SSAValue]  # last collective node per stream name ("": the default collective stream)
     boundary: SSAValue | None  # last compute node of the previous part
-    blocking: list[SSAValue] = field(default_factory=list)  # sync comm the next compute waits for
+    blocking: list[SSAValue] = field(default_factory=list)  # comm the next compute waits for
+    group: dict[tuple, SSAValue] = field(default_factory=dict)  # last collective per communicator (grid, axes)
+
+    def carried(self) -> list[tuple[tuple, SSAValue]]:
+        """The chain ends a repeat carries, in a fixed order."""
+        out: list[tuple[tuple, SSAValue]] = []
+        if self.compute is not None:
+            out.append((("c",), self.compute))
+        out += [(("s", k), self.comm[k]) for k in sorted(self.comm)]
+        out += [(("g",) + k, self.group[k]) for k in sorted(self.group, key=str)]
+        return out
+
+    def set(self, key: tuple, value: SSAValue) -> None:
+        if key[0] == "c":
+            self.compute = value
+        elif key[0] == "s":
+            self.comm[key[1]] = value
+        else:
+            self.group[key[1:]] = value
+
+
+# What a function body lowering emits for ops marked `flint.prefetch` (see flint.ir.dist):
+ALL, PROLOGUE, STEADY, TAIL = "all", "prologue", "steady", "tail"
+
+
+def _group_key(op: dist.DistCommOp) -> tuple:
+    return (op.grid.root_reference.data, op.axes())
+
+
+def _chain_keys(fn: func.FuncOp) -> tuple[set[str], set[tuple]]:
+    """Streams and communicators the collectives of ``fn`` use."""
+    streams, groups = set(), set()
+    for op in fn.body.block.ops:
+        if isinstance(op, dist.CollectiveOp | dist.BarrierOp) and op.group_size() > 1:
+            streams.add("" if isinstance(op, dist.BarrierOp) else dist.stream_of(op))
+            groups.add(_group_key(op))
+    return streams, groups
+
+
+def prefetch_depth(fn: func.FuncOp, count: int) -> int:
+    """Iterations ahead the prefetched ops of ``fn`` run when it repeats ``count`` times (0: none)."""
+    if count < 2:
+        return 0
+    k = max((dist.prefetch_of(op) for op in fn.body.block.ops), default=0)
+    return min(k, count)
+
+
+def prefetched_ops(fn: func.FuncOp) -> list[Operation]:
+    return [op for op in fn.body.block.ops if dist.prefetch_of(op) > 0]
 
 
 class _FunctionLowering:
-    """Lowers one `func.func` body into chakra nodes appended to ``block``."""
+    """Lowers one `func.func` body into chakra nodes appended to ``block``.
+
+    ``mode`` says what to do with ops marked ``flint.prefetch``: ``all``
+    lowers them in place like any op; ``prologue`` lowers only them;
+    ``steady`` lowers them too, but their collectives' results are the nodes
+    issued ``K`` iterations ago (``slots``), and the nodes issued now are
+    collected in ``issued``; ``tail`` skips them (nothing left to prefetch).
+    """
 
     def __init__(self, fn: func.FuncOp, block: Block, device: Device, streams: _Streams, merge: bool = False,
-                 tag_offset: int = 0, nosync_axes: frozenset[int] = frozenset(), costs: dict | None = None):
+                 mode: str = ALL, slots: list[SSAValue] | None = None, tag_offset: int = 0,
+                 nosync_axes: frozenset[int] = frozenset(), costs: dict | None = None):
         self.fn, self.block, self.device, self.s, self.merge = fn, block, device, streams, merge
+        self.mode = mode
         # From the schedule entry (pipeline-split): added to send/recv tags; data-parallel
         # axes whose gradient reduce-scatters / all-reduces this run skips (accumulation).
         self.tag_offset, self.nosync_axes = tag_offset, nosync_axes
         # op -> (flops, bytes, duration): a function run from many schedule entries is costed once.
         self.costs = costs if costs is not None else {}
+        self.issued: list[SSAValue] = []
         self.producer: dict[SSAValue, tuple[SSAValue, ...]] = {}
         self.comm_nodes: set[SSAValue] = set()
         # Sends and recvs are ordered among themselves, not with each other or with
@@ -94,6 +152,12 @@ class _FunctionLowering:
             # Values from outside: resident ones are ready, the rest come from the previous part.
             boundary = () if arg in resident or streams.boundary is None else (streams.boundary,)
             self.producer[arg] = boundary
+        self.prefetched = set(prefetched_ops(fn)) if mode != ALL else set()
+        if mode in (STEADY, TAIL):
+            starts = [op for op in fn.body.block.ops if op in self.prefetched and isinstance(op, dist.CollectiveOp)]
+            for op, node in zip(starts, slots or ()):
+                self.comm_nodes.add(node)
+                self.producer[op.result] = (node,)
 
     def deps_of(self, values) -> list[SSAValue]:
         seen: dict[SSAValue, None] = {}
@@ -113,7 +177,11 @@ class _FunctionLowering:
 
     def lower(self) -> None:
         for op in self.fn.body.block.ops:
-            self.lower_op(op)
+            if op in self.prefetched:
+                if self.mode in (PROLOGUE, STEADY):
+                    self.lower_op(op)
+            elif self.mode != PROLOGUE:
+                self.lower_op(op)
 
     def lower_op(self, op: Operation) -> None:
         if isinstance(op, func.ReturnOp):
@@ -175,8 +243,9 @@ class _FunctionLowering:
         node = self._add(node)
         self.comm_nodes.add(node)
         self.run = None  # a later compute node must not run before this comm node is issued
-        if not p2p:
-            self.s.comm = node
+        if result is not None and result.owner in self.prefetched and self.mode in (PROLOGUE, STEADY):
+            self.issued.append(node)  # for a later iteration: its wait names the slot instead
+            return
         if result is not None:
             self.producer[result] = (node,)
         if not is_async:
@@ -184,6 +253,15 @@ class _FunctionLowering:
 
     def _spmd(self, op: dist.DistCommOp) -> dict:
         return {"grid": FlatSymbolRefAttr(op.grid.root_reference), "grid_axes": op.grid_axes}
+
+    def _coll_ctrl(self, op: dist.DistCommOp, data: list[SSAValue], stream: str) -> list[SSAValue]:
+        """Ctrl deps of a collective: its stream's order, its communicator's order, and its issue point."""
+        extra = [v for v in (self.s.group.get(_group_key(op)), self.s.compute) if v is not None]
+        return self._order(data, self.s.comm.get(stream), extra)
+
+    def _chain(self, op: dist.DistCommOp, stream: str, node: chakra.NodeOp) -> None:
+        self.s.comm[stream] = node.node
+        self.s.group[_group_key(op)] = node.node
 
     def lower_collective(self, op: dist.CollectiveOp) -> None:
         data = self.deps_of([op.input])
@@ -193,26 +271,28 @@ class _FunctionLowering:
             self.producer[op.result] = tuple(data)
             return
         kind = _COLL_KIND[type(op)]
-        node = chakra.CollOp.build(
-            operands=[data, self._order(data, self.s.comm)],
-            result_types=[chakra.NODE],
-            properties={"kind": chakra.CollKindAttr(kind), "node_name": StringAttr(op.name),
-                        "bytes": IntegerAttr(_bytes_of(op.input), i64), **self._spmd(op)},
-        )
+        stream = dist.stream_of(op)
+        props = {"kind": chakra.CollKindAttr(kind), "node_name": StringAttr(op.name),
+                 "bytes": IntegerAttr(_bytes_of(op.input), i64), **self._spmd(op)}
+        if stream:
+            props["stream"] = StringAttr(stream)
+        node = chakra.CollOp.build(operands=[data, self._coll_ctrl(op, data, stream)], result_types=[chakra.NODE],
+                                   properties=props)
         self._comm_node(node, op.result, op.is_async)
+        self._chain(op, stream, node)
 
     def lower_barrier(self, op: dist.BarrierOp) -> None:
         if op.group_size() == 1:
             if op.token is not None:
                 self.producer[op.token] = ()
             return
-        ctrl = self._order([], self.s.comm, [self.s.compute] if self.s.compute is not None else [])
         node = chakra.CollOp.build(
-            operands=[[], ctrl], result_types=[chakra.NODE],
+            operands=[[], self._coll_ctrl(op, [], "")], result_types=[chakra.NODE],
             properties={"kind": chakra.CollKindAttr(chakra.CollKind.ALL_REDUCE), "node_name": StringAttr(op.name),
                         "bytes": IntegerAttr(BARRIER_BYTES, i64), **self._spmd(op)},
         )
         self._comm_node(node, op.token, op.token is not None)
+        self._chain(op, "", node)
 
     def lower_p2p(self, op: dist.SendOp | dist.RecvOp) -> None:
         is_send = isinstance(op, dist.SendOp)
@@ -288,83 +368,141 @@ class LowerToChakraPass(ModulePass):
         if roles > 1 or "flint.stage_schedules" in op.attributes:
             from flint.chakra.from_ir import mesh_of
 
-            names = mesh_of(op).axis_names
-            axis_index = {n: i for i, n in enumerate(names)}
-        graphs = []
+            axis_index = {n: i for i, n in enumerate(mesh_of(op).axis_names)}
         costs: dict = {}
+        # A function repeated from many schedule entries (a pipeline's microbatches) lowers to the
+        # same body each time: build it once, clone it after.
         bodies: dict | None = {} if pipelined else None
-        for role in range(roles):
-            graph_block = Block()
-            s = _Streams(compute=None, comm=None, boundary=None)
-            for name, count, options in get_schedule_entries(op, role):
-                fn = funcs[name]
-                extra = {"tag_offset": options.get("tag", 0), "costs": costs, "bodies": bodies,
-                         "nosync_axes": frozenset(axis_index[a] for a in options.get("nosync", ()) if a in axis_index)}
-                if s.compute is None and s.comm is None or pipelined and count == 1:
-                    # Nothing to carry yet (or a pipeline's single run): one iteration flat, the rest as a repeat.
-                    flat = {k: v for k, v in extra.items() if k != "bodies"}
-                    _FunctionLowering(fn, graph_block, device, s, self.merge_compute, **flat).lower()
-                    s.boundary = s.compute
-                    count -= 1
-                    if count == 0:
-                        continue
-                self._repeat(fn, count, graph_block, device, s, self.merge_compute, pipelined, **extra)
-            graphs.append(graph_block)
+        graphs = [self._lower_schedule(funcs, get_schedule_entries(op, role), device, axis_index, costs, bodies,
+                                       pipelined) for role in range(roles)]
         for f in funcs.values():
             op.body.block.erase_op(f)
         op.attributes.pop("flint.schedule", None)
         op.attributes.pop("flint.stage_schedules", None)
         for role, graph_block in enumerate(graphs):
             # A pipelined step: one graph per pipeline rank (its role), named step_pp<rank>.
-            name = "step" if "flint.pipeline" not in op.attributes else f"step_pp{role}"
+            name = "step" if not pipelined else f"step_pp{role}"
             op.body.block.add_op(chakra.GraphOp.create(properties={"sym_name": StringAttr(name)},
                                                        regions=[Region(graph_block)]))
 
-    @staticmethod
-    def _repeat(fn: func.FuncOp, count: int, outer: Block, device: Device, s: _Streams, merge: bool,
-                pipelined: bool = False, **extra) -> None:
-        carried = [v for v in (s.compute, s.comm) if v is not None]
-        # In a pipeline, a synchronous recv before the repeat gates its first compute node:
-        # carry it in (passed through unchanged).
-        pending = list(s.blocking) if pipelined else []
-        carried += pending
-        # A function repeated from many schedule entries (a pipeline's microbatches) lowers to the
-        # same body each time: build it once, clone it after.
-        bodies = extra.pop("bodies", None)
-        key = (fn.sym_name.data, extra.get("tag_offset", 0), extra.get("nosync_axes", frozenset()),
-               s.compute is not None, s.comm is not None, len(pending))
-        if bodies is not None and key in bodies:
-            rep = chakra.RepeatOp(count, carried, bodies[key].clone())
-            outer.add_op(rep)
-            LowerToChakraPass._after_repeat(rep, s)
-            return
-        body = Block(arg_types=[chakra.NODE] * len(carried))
-        args = iter(body.args)
-        inner = _Streams(
-            compute=next(args) if s.compute is not None else None,
-            comm=next(args) if s.comm is not None else None,
-            boundary=None,
-        )
-        inner.boundary = inner.compute
-        passthrough = list(args)
-        inner.blocking = list(passthrough)
-        _FunctionLowering(fn, body, device, inner, merge, **extra).lower()
-        yielded = [v for v, was in ((inner.compute, s.compute), (inner.comm, s.comm)) if was is not None]
-        yielded += passthrough
-        # A stream the body never touched passes its node through.
-        body.add_op(chakra.YieldOp.build(operands=[yielded]))
-        region = Region(body)
-        if bodies is not None:
-            bodies[key] = region.clone()
-        rep = chakra.RepeatOp(count, carried, region)
-        outer.add_op(rep)
-        LowerToChakraPass._after_repeat(rep, s)
+    def _lower_schedule(self, funcs: dict[str, func.FuncOp], entries: list[tuple[str, int, dict]], device: Device,
+                        axis_index: dict[str, int], costs: dict, bodies: dict | None, pipelined: bool) -> Block:
+        """One rank role's schedule (``[(function, count, options)]``) as one graph body."""
+        graph_block = Block()
+        s = _Streams(compute=None, comm={}, boundary=None)
+        merge = self.merge_compute
+        depth = [prefetch_depth(funcs[name], count) for name, count, _ in entries]
+        slots: dict[int, list[list[SSAValue]]] = {}
+
+        def extra_of(e: int) -> dict:
+            options = entries[e][2]
+            return {"tag_offset": options.get("tag", 0), "costs": costs,
+                    "nosync_axes": frozenset(axis_index[a] for a in options.get("nosync", ()) if a in axis_index)}
+
+        def prologue(e: int) -> None:
+            # Iterations 0..K-1 of entry e issue their prefetched ops here, in order.
+            fn = funcs[entries[e][0]]
+            sets = []
+            for _ in range(depth[e]):
+                low = _FunctionLowering(fn, graph_block, device, s, merge, PROLOGUE, **extra_of(e))
+                low.lower()
+                sets.append(low.issued)
+            slots[e] = sets
+
+        for e, (name, count, _) in enumerate(entries):
+            fn = funcs[name]
+            extra = extra_of(e)
+            if e + 1 < len(entries) and depth[e + 1] and count == 1:
+                prologue(e + 1)  # "K blocks ahead" reaches into the preceding part
+            if depth[e]:
+                if e not in slots:
+                    prologue(e)
+                k = depth[e]
+                carried = slots[e]
+                if count > k:
+                    carried = self._repeat(fn, count - k, graph_block, device, s, merge, STEADY, carried,
+                                           pipelined=pipelined, **extra)
+                self._repeat(fn, k, graph_block, device, s, merge, TAIL, carried, pipelined=pipelined, **extra)
+                continue
+            if s.compute is None and not s.comm or pipelined and count == 1:
+                # Nothing to carry yet (or a pipeline's single run): one iteration flat, the rest as a repeat.
+                _FunctionLowering(fn, graph_block, device, s, merge, **extra).lower()
+                s.boundary = s.compute
+                count -= 1
+                if count == 0:
+                    continue
+            self._repeat(fn, count, graph_block, device, s, merge, pipelined=pipelined, bodies=bodies, **extra)
+        return graph_block
 
     @staticmethod
-    def _after_repeat(rep: chakra.RepeatOp, s: _Streams) -> None:
-        results = iter(rep.outs)
-        s.compute = next(results) if s.compute is not None else None
-        s.comm = next(results) if s.comm is not None else None
-        # Streams first used inside the body are not carried out of it (no node outside names them).
+    def _repeat(fn: func.FuncOp, count: int, outer: Block, device: Device, s: _Streams, merge: bool,
+                mode: str = ALL, slots: list[list[SSAValue]] | None = None, pipelined: bool = False,
+                bodies: dict | None = None, **extra) -> list[list[SSAValue]]:
+        """Lower ``fn`` as ``chakra.repeat count``; returns the prefetch slots it carries out.
+
+        The repeat carries the end of every chain (compute, each stream, each
+        communicator) and, with prefetch depth K, K sets of prefetched nodes:
+        an iteration consumes the oldest set and appends what it issues (a
+        ``tail`` iteration issues nothing and repeats its newest set). In a
+        pipeline, a synchronous recv before the repeat gates its first compute
+        node: it is carried in and passed through unchanged. ``bodies`` caches
+        lowered bodies by everything that shapes them (a pipeline runs one
+        function from many schedule entries).
+        """
+        streams, groups = _chain_keys(fn)
+        for k in streams:  # a chain first used inside the body starts at the issue point
+            if k not in s.comm and s.compute is not None:
+                s.comm[k] = s.compute
+        for g in groups:
+            if g not in s.group and s.compute is not None:
+                s.group[g] = s.compute
+        chains = s.carried()
+        slots = slots or []
+        flat = [v for sl in slots for v in sl]
+        pending = list(s.blocking) if pipelined else []
+        width = len(slots[0]) if slots else 0
+        operands = [v for _, v in chains] + flat + pending
+        key = (fn.sym_name.data, extra.get("tag_offset", 0), extra.get("nosync_axes", frozenset()),
+               tuple(k for k, _ in chains), len(pending), mode, width, len(slots))
+        if bodies is not None and key in bodies:
+            cached, ends_blocked = bodies[key]
+            region = cached.clone()
+        else:
+            body = Block(arg_types=[chakra.NODE] * len(operands))
+            args = list(body.args)
+            inner = _Streams(compute=None, comm={}, boundary=None)
+            for (k, _), a in zip(chains, args):
+                inner.set(k, a)
+            inner.boundary = inner.compute
+            slot_args = [args[len(chains) + i * width: len(chains) + (i + 1) * width] for i in range(len(slots))]
+            passthrough = args[len(chains) + len(flat):]
+            inner.blocking = list(passthrough)
+            low = _FunctionLowering(fn, body, device, inner, merge, mode, slot_args[0] if slot_args else None, **extra)
+            low.lower()
+            yielded = []
+            for k, _ in chains:
+                yielded.append(inner.compute if k[0] == "c" else inner.comm[k[1]] if k[0] == "s" else inner.group[k[1:]])
+            if slot_args:
+                newest = low.issued if mode == STEADY else slot_args[-1]
+                if len(newest) != width:
+                    raise LoweringError(fn, f"lower-to-chakra: @{fn.sym_name.data} issues {len(newest)} prefetched "
+                                            f"collectives per iteration but carries {width}")
+                for sl in slot_args[1:] + [newest]:
+                    yielded += sl
+            yielded += passthrough
+            body.add_op(chakra.YieldOp.build(operands=[yielded]))
+            region = Region(body)
+            ends_blocked = bool(inner.blocking) and inner.blocking != passthrough
+            if bodies is not None:
+                bodies[key] = (region.clone(), ends_blocked)
+        rep = chakra.RepeatOp(count, operands, region)
+        outer.add_op(rep)
+        outs = list(rep.outs)
+        for (k, _), v in zip(chains, outs):
+            s.set(k, v)
         s.boundary = s.compute
-        s.blocking = []
+        # A wait left at the end of the body (e.g. a sunk reduce-scatter wait) is waited for by
+        # the next part's first compute node: the last node of every stream the body used.
+        s.blocking = [s.comm[k] for k in sorted(streams)] if ends_blocked else []
+        rest = outs[len(chains):len(chains) + len(flat)]
+        return [rest[i * width:(i + 1) * width] for i in range(len(slots))]

@@ -35,6 +35,13 @@ FLINT_PASSES: dict[str, str] = {
     "verify-p2p": "flint.passes.verify_p2p:VerifyP2PPass",
     "shard-annotate": "flint.passes.shard_annotate:ShardAnnotatePass",
     "shard-expand": "flint.passes.shard_expand:ShardExpandPass",
+    "reorder-all-gather": "flint.passes.reorder_all_gather:ReorderAllGatherPass",
+    "sink-waits": "flint.passes.sink_waits:SinkWaitsPass",
+    "hoist-starts": "flint.passes.hoist_starts:HoistStartsPass",
+    "assign-streams": "flint.passes.assign_streams:AssignStreamsPass",
+    "bucket-collectives": "flint.passes.bucket_collectives:BucketCollectivesPass",
+    "split-collectives": "flint.passes.split_collectives:SplitCollectivesPass",
+    "overlap-report": "flint.passes.overlap_report:OverlapReportPass",
 }
 
 

@@ -271,20 +271,33 @@ def cmd_emit(args: argparse.Namespace) -> int:
     from flint.passes.lower_to_chakra import LowerToChakraPass
 
     from flint.ir.parse import load_ir
+    from flint.schedule.pipelines import resolve, run_pipeline
 
     t0 = time.perf_counter()
     check_writable(args.output, is_dir=True)
     module = load_ir(args.input)
-    if not any(op.name == "chakra.graph" for op in module.ops):
+    spec = ""
+    if any(op.name == "chakra.graph" for op in module.ops):
+        if args.passes:
+            raise FlintError(f"--passes: {args.input} is already lowered to chakra.graph; give the aten + dist IR")
+    else:
+        spec = resolve(module, args.passes)
+        run_pipeline(module, spec, args.input)
         CanonicalizeDistPass().apply(Context(), module)
         LowerToChakraPass(device=args.device).apply(Context(), module)
         module.verify()
     trace = trace_from_ir(module)
     require_sound(trace, args.input, "nothing was written")
     stats = write_trace(trace, args.output, args.prefix, force=args.force)
+    if args.json:
+        import json
+
+        print(json.dumps({"output": str(stats.out_dir), "prefix": args.prefix, "ranks": stats.ranks,
+                          "nodes": stats.nodes, "bytes": stats.bytes_written, "passes": spec}, indent=2, sort_keys=True))
+        return 0
     print(f"wrote {stats.ranks} rank files + {args.prefix}.comm_groups.json to {stats.out_dir} "
           f"({stats.nodes / stats.ranks:.0f} nodes per rank, {fmt_bytes(stats.bytes_written)}, "
-          f"{time.perf_counter() - t0:.2f} s)")
+          f"{time.perf_counter() - t0:.2f} s; passes: {spec or '(none)'})")
     return 0
 
 
@@ -421,6 +434,11 @@ def build_parser() -> argparse.ArgumentParser:
     emit.add_argument("--force", action="store_true", help="replace an output directory that holds other files")
     emit.add_argument("--prefix", default="trace", help="file-name prefix (default: trace)")
     emit.add_argument("--device", default="h100-sxm", help="device preset or TOML for compute durations (default: h100-sxm)")
+    emit.add_argument("--passes", default=None, metavar="PIPELINE",
+                      help="pass pipeline to run before lowering, flint-opt -p syntax; '' runs none; default: the "
+                           "plan's default pipeline (FSDP: reorder-all-gather{prefetch=1},sink-waits,assign-streams; "
+                           "DDP: bucket-collectives{bytes=26214400},sink-waits; otherwise none)")
+    emit.add_argument("--json", action="store_true", help="print what was written (and the pipeline that ran) as JSON")
     emit.set_defaults(func=cmd_emit)
 
     exp = sub.add_parser("expand", help="expand a single-device step to a parallelism plan (planned path)",

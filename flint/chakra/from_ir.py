@@ -57,9 +57,9 @@ class _Unroller:
         # Compute rows that run on some coordinates only: row -> slot in ``mask_slots`` (axis, mask).
         self.row_mask: dict[int, int] = {}
         self.mask_slots: dict[tuple[int, tuple[int, ...]], int] = {}
-        # Top-level repeats emitted as two iterations, to be replicated with numpy:
-        # (first row of iteration 0, rows per iteration, count).
-        self.loops: list[tuple[int, int, int]] = []
+        # Top-level repeats emitted up to their steady iteration m, to be replicated with numpy:
+        # (first row of iteration 0, rows per iteration, count, m).
+        self.loops: list[tuple[int, int, int, int]] = []
 
     def rows(self, values, env: dict[SSAValue, int]) -> list[int]:
         return [env[v] for v in values]
@@ -71,15 +71,22 @@ class _Unroller:
             if isinstance(op, chakra.RepeatOp):
                 count = op.count.value.data
                 nested = any(isinstance(o, chakra.RepeatOp) for o in op.body.walk())
-                fast = self.fast and top and not nested and count >= 3
+                fast = self.fast and top and not nested
                 start = len(self.b)
                 carried = self.rows(op.inits, env)
-                for _ in range(2 if fast else count):
+                m = None  # the iteration whose successors are all shifted copies of it
+                for it in range(count):
+                    before = len(self.b)
                     inner = dict(env)
                     inner.update(zip(op.body.block.args, carried))
-                    carried = self.block(op.body.block.ops, inner, top=False)
-                if fast and len(self.b) > start:
-                    self.loops.append((start, (len(self.b) - start) // 2, count))
+                    nxt = self.block(op.body.block.ops, inner, top=False)
+                    L = len(self.b) - before
+                    if fast and L and it + 2 < count and _shifted(carried, nxt, start, L):
+                        m, carried = it, nxt
+                        break
+                    carried = nxt
+                if m is not None:
+                    self.loops.append((start, (len(self.b) - start) // (m + 1), count, m))
                 env.update(zip(op.outs, carried))
                 continue
             data = self.rows(op.data_deps, env)
@@ -100,7 +107,8 @@ class _Unroller:
                     raise FlintError(f"chakra.coll '{name}' is concrete (group = ...); only SPMD graphs expand")
                 slot = self.group_slots.setdefault(op.axes(), len(self.group_slots))
                 row = self.b.add_coll(name, CollKind[op.kind.data.name], op.bytes.value.data, slot,
-                                      duration_us=dur, data_deps=data, ctrl_deps=ctrl)
+                                      duration_us=dur, data_deps=data, ctrl_deps=ctrl,
+                                      stream=op.stream.data if op.stream is not None else "")
             elif isinstance(op, chakra.SendOp | chakra.RecvOp):
                 if op.grid is None:
                     raise FlintError(f"{op.name} '{name}' is concrete (peer = ...); only SPMD graphs expand")
@@ -115,28 +123,40 @@ class _Unroller:
         return None
 
 
-def _replicate(t: NodeTable, loops: list[tuple[int, int, int]]) -> tuple[NodeTable, np.ndarray]:
-    """Expand top-level repeats that the unroller emitted twice to their full count.
+def _shifted(prev: list[int], nxt: list[int], start: int, L: int) -> bool:
+    """Is ``nxt`` (the nodes an iteration hands on) ``prev`` one iteration later?
 
-    For a loop ``(s0, L, count)`` the table holds iteration 0 at rows
-    ``[s0, s0+L)`` and iteration 1 at ``[s0+L, s0+2L)``. Iterations 2.. are
-    copies of iteration 1 shifted by ``L`` per iteration: a dependency at or
-    after ``s0`` (this loop's nodes) shifts with the copy, one before it (an
-    outer node) does not. Rows after the loop that name iteration 1's nodes
-    (the loop's results) are redirected to the last iteration.
+    Then every later iteration is a copy of the one that just ran, shifted by
+    ``L`` rows: nodes inside the loop move on by one iteration, nodes from
+    before it stay.
+    """
+    return all((p < start and n == p) or (p >= start and n == p + L) for p, n in zip(prev, nxt))
+
+
+def _replicate(t: NodeTable, loops: list[tuple[int, int, int, int]]) -> tuple[NodeTable, np.ndarray]:
+    """Expand top-level repeats that the unroller emitted up to a steady iteration.
+
+    For a loop ``(s0, L, count, m)`` the table holds iterations ``0..m`` at
+    rows ``[s0, s0 + (m+1)L)``; iteration ``m`` is the template: iteration
+    ``m + k`` is a copy of it shifted by ``kL`` rows. A dependency at or after
+    ``s0`` (this loop's nodes) shifts with the copy, one before it (an outer
+    node) does not. Rows after the loop name the loop's results as rows of
+    iterations ``<= m`` (what iteration ``m`` handed on); they are redirected
+    to the same rows ``count - 1 - m`` iterations later.
     """
     if not loops:
         return t, np.arange(len(t))
     n = len(t)
     src_parts, k_parts = [], []
     prev = 0
-    for s0, L, count in loops:
-        e1 = s0 + 2 * L
+    for s0, L, count, m in loops:
+        t0 = s0 + m * L
+        e1 = t0 + L
         src_parts.append(np.arange(prev, e1))
         k_parts.append(np.zeros(e1 - prev, np.int64))
-        body = np.arange(s0 + L, e1)
-        src_parts.append(np.tile(body, count - 2))
-        k_parts.append(np.repeat(np.arange(1, count - 1), L))
+        body = np.arange(t0, e1)
+        src_parts.append(np.tile(body, count - 1 - m))
+        k_parts.append(np.repeat(np.arange(1, count - m), L))
         prev = e1
     src_parts.append(np.arange(prev, n))
     k_parts.append(np.zeros(n - prev, np.int64))
@@ -153,23 +173,25 @@ def _replicate(t: NodeTable, loops: list[tuple[int, int, int]]) -> tuple[NodeTab
         dep = idx[gather]
         row, k = np.repeat(src, counts), np.repeat(kk, counts)
         out = new_pos[dep]
-        for s0, L, count in loops:
-            e1 = s0 + 2 * L
-            in_copy = (k >= 1) & (row >= s0 + L) & (row < e1) & (dep >= s0)
+        for s0, L, count, m in loops:
+            t0 = s0 + m * L
+            e1 = t0 + L
+            in_copy = (k >= 1) & (row >= t0) & (row < e1) & (dep >= s0)
             out[in_copy] += k[in_copy] * L
-            after = (row >= e1) & (dep >= s0 + L) & (dep < e1)
-            out[after] += (count - 2) * L
+            after = (row >= e1) & (dep >= s0) & (dep < e1)
+            out[after] += (count - 1 - m) * L
         return out_ptr, out
 
     dptr, didx = deps(t.data_dep_ptr, t.data_dep_idx)
     cptr, cidx = deps(t.ctrl_dep_ptr, t.ctrl_dep_idx)
     names = t.names
+    stream = {} if t.comm_stream is None else {"comm_stream": t.comm_stream[src], "stream_names": t.stream_names}
     return NodeTable(
         names=[names[i] for i in src.tolist()], kind=t.kind[src], duration_us=t.duration_us[src], flops=t.flops[src],
         tensor_bytes=t.tensor_bytes[src], comm_type=t.comm_type[src], comm_bytes=t.comm_bytes[src],
         comm_group=t.comm_group[src], comm_peer=t.comm_peer[src], comm_tag=t.comm_tag[src],
         data_dep_ptr=dptr, data_dep_idx=didx, ctrl_dep_ptr=cptr, ctrl_dep_idx=cidx,
-        node_ids=np.arange(len(src), dtype=np.int64),
+        node_ids=np.arange(len(src), dtype=np.int64), **stream,
     ), src
 
 
@@ -212,6 +234,7 @@ def _drop_rows(t: NodeTable, drop: np.ndarray) -> NodeTable:
         comm_bytes=t.comm_bytes[keep], comm_group=t.comm_group[keep], comm_peer=t.comm_peer[keep],
         comm_tag=t.comm_tag[keep], data_dep_ptr=dptr, data_dep_idx=didx, ctrl_dep_ptr=cptr, ctrl_dep_idx=cidx,
         node_ids=np.arange(keep.size, dtype=np.int64),
+        **({} if t.comm_stream is None else {"comm_stream": t.comm_stream[keep], "stream_names": t.stream_names}),
     )
 
 

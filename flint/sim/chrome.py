@@ -17,7 +17,6 @@ from typing import Sequence
 import numpy as np
 
 from flint.fileio import atomic_text_file
-from flint.sim.engine import STREAM_NAMES
 from flint.sim.result import SimResult
 from flint.trace import CollKind, NodeKind
 
@@ -47,7 +46,7 @@ def chrome_trace_events(result: SimResult, ranks: Sequence[int] | None = None, m
         events.append({"ph": "M", "name": "process_name", "pid": int(r),
                        "args": {"name": f"rank {r}" + (f" {labels[int(r)]}" if labels and int(r) in labels else "")
                                 + (f" (x{same} identical ranks)" if same > 1 else "")}})
-        for k, name in enumerate(STREAM_NAMES):
+        for k, name in enumerate(plan.stream_names):
             events.append({"ph": "M", "name": "thread_name", "pid": int(r), "tid": k, "args": {"name": name}})
         st, en, iss = raw.start_us[s], raw.finish_us[s], raw.issue_us[s]
         for row in range(len(t)):
@@ -66,7 +65,7 @@ def chrome_trace_events(result: SimResult, ranks: Sequence[int] | None = None, m
                 if iss[row] < st[row]:
                     events.append({"ph": "X", "name": f"wait:{t.names[row]}", "cat": "wait", "pid": int(r), "tid": k,
                                    "ts": float(iss[row]), "dur": float(st[row] - iss[row])})
-            events.append({"ph": "X", "name": t.names[row], "cat": STREAM_NAMES[k], "pid": int(r), "tid": k,
+            events.append({"ph": "X", "name": t.names[row], "cat": plan.stream_names[k], "pid": int(r), "tid": k,
                            "ts": float(st[row]), "dur": float(en[row] - st[row]), "args": args})
     return events
 

@@ -39,6 +39,10 @@ from flint.chakra.check import require_sound
 from flint.errors import FlintError, run_cli
 
 DEFAULT_DEVICE = "h100-sxm"
+PASSES_HELP = ("step IR only: pass pipeline to run before lowering, flint-opt -p syntax, e.g. "
+               "'reorder-all-gather{prefetch=2},assign-streams'; '' runs none; default: the plan's "
+               "default pipeline (FSDP: reorder-all-gather{prefetch=1},sink-waits,assign-streams; DDP: "
+               "bucket-collectives{bytes=26214400},sink-waits; otherwise none)")
 DEFAULT_NETWORK = "dgx-h100"
 
 
@@ -54,6 +58,7 @@ class Loaded:
     kind: str  # "ir" or "trace"
     trace_dir: Path | None = None
     pipeline: dict | None = None  # a pipelined IR: schedule, stages, microbatches, peak memory per pipeline rank
+    passes: str | None = None  # the pass pipeline run on step IR ("" none; None: not IR)
 
 
 def _device_toml(device) -> str:
@@ -82,17 +87,21 @@ def _is_ir(path: str) -> bool:
 
 
 def load_input(path: str, device_name: str, calibration: str | None, *, want_memory: bool = True,
-               comm_groups: str | None = None) -> Loaded:
+               comm_groups: str | None = None, passes: str | None = None) -> Loaded:
     """Read ``path`` (IR or trace) into a :class:`Loaded` (module docstring).
 
     ``comm_groups`` (trace input only) overrides the comm-group file found beside the rank files.
+    ``passes`` (step IR only) is the pass pipeline to run before lowering (:mod:`flint.schedule.pipelines`):
+    ``None`` runs the default pipeline of the module's plan, ``""`` none.
     """
     if _is_ir(path):
         if comm_groups is not None:
             raise FlintError(f"--comm-groups applies to trace input; {path} is IR, whose groups come from its grid")
-        return _load_ir_input(path, device_name, calibration, want_memory)
+        return _load_ir_input(path, device_name, calibration, want_memory, passes)
     if path.endswith(".mlir"):
         raise FlintError(f"IR file {path} does not exist")
+    if passes:
+        raise FlintError(f"--passes applies to step IR (.mlir); {path} is a Chakra trace")
     from flint.chakra.reader import find_rank_files, read_trace
 
     directory, prefix, _ = find_rank_files(path)
@@ -102,7 +111,8 @@ def load_input(path: str, device_name: str, calibration: str | None, *, want_mem
                   "from the trace's duration_micros (device roofline where missing)", "trace", directory / prefix)
 
 
-def _load_ir_input(path: str, device_name: str, calibration: str | None, want_memory: bool) -> Loaded:
+def _load_ir_input(path: str, device_name: str, calibration: str | None, want_memory: bool,
+                   passes: str | None = None) -> Loaded:
     from xdsl.context import Context
     from xdsl.utils.exceptions import VerifyException
 
@@ -122,10 +132,17 @@ def _load_ir_input(path: str, device_name: str, calibration: str | None, want_me
                       "from the imported graphs (device roofline where missing)", "ir")
     memory, note, stage_peaks = None, None, None
     lowered = any(op.name == "chakra.graph" for op in module.ops)
+    spec = ""
     if lowered:
+        if passes:
+            raise FlintError(f"--passes: {path} is already lowered to chakra.graph; give the aten + dist IR")
         note = "the IR is already lowered to chakra.graph; give the aten + dist IR for memory"
         durations = "from the lowered IR"
     else:
+        from flint.schedule.pipelines import resolve, run_pipeline
+
+        spec = resolve(module, passes)
+        run_pipeline(module, spec, path)
         if want_memory:
             from flint.sim.lifetimes import step_memory
 
@@ -155,7 +172,8 @@ def _load_ir_input(path: str, device_name: str, calibration: str | None, want_me
     mesh = mesh_of(module)
     trace = trace_from_ir(module)
     require_sound(trace, path, "emit the step and run `flint inspect` for the full list")
-    return Loaded(trace, mesh, memory, note, durations, "ir", pipeline=_pipeline_info(module, stage_peaks))
+    return Loaded(trace, mesh, memory, note, durations, "ir", pipeline=_pipeline_info(module, stage_peaks),
+                  passes=spec)
 
 
 def _pipeline_info(module, stage_peaks: list[int] | None) -> dict | None:
@@ -195,6 +213,7 @@ def _common_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--dtype", default="bf16", help="dtype whose device peak the MFU uses (default bf16)")
     ap.add_argument("--comm-groups", metavar="JSON", help=COMM_GROUPS_HELP)
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
+    ap.add_argument("--passes", default=None, metavar="PIPELINE", help=PASSES_HELP)
 
 
 def _models(args):
@@ -214,11 +233,14 @@ def _native(args, want_memory: bool) -> tuple[dict, object]:
         from flint.fileio import check_writable
 
         check_writable(args.timeline)
-    loaded = load_input(args.input, args.device, args.calibration, want_memory=want_memory, comm_groups=args.comm_groups)
+    loaded = load_input(args.input, args.device, args.calibration, want_memory=want_memory, comm_groups=args.comm_groups,
+                        passes=args.passes)
     result = simulate(loaded.trace, device, network, loaded.mesh, algorithm=algorithm, dtype=args.dtype)
     rep = estimate_report(result, source=args.input, device=device.name, network=network.name, algorithm=algorithm,
                           dtype=args.dtype, memory=loaded.memory, memory_note=loaded.memory_note,
                           durations=loaded.durations, pipeline=loaded.pipeline)
+    if loaded.passes is not None:
+        rep["passes"] = loaded.passes
     if getattr(args, "timeline", None):
         from flint.sim.chrome import write_chrome_trace
 
@@ -346,7 +368,8 @@ def run_astra_backend(args) -> dict:
     from flint.chakra.astra_sim import roofline_safe, run_astra_sim
 
     device, network, algorithm = _models(args)
-    loaded = load_input(args.input, args.device, args.calibration, want_memory=False, comm_groups=args.comm_groups)
+    loaded = load_input(args.input, args.device, args.calibration, want_memory=False, comm_groups=args.comm_groups,
+                        passes=args.passes)
     trace = loaded.trace
     roofline = _needs_roofline(trace)
     cfg = astra_sim_config(network, trace.world_size, algorithm, device, roofline, args.dtype)

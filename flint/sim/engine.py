@@ -3,7 +3,10 @@
 Model
 -----
 Every simulated rank has four in-order streams: ``compute`` (COMP and MEM
-nodes), ``coll`` (collectives), ``send`` and ``recv``. A node is *issued*
+nodes), ``coll`` (collectives), ``send`` and ``recv``, plus one more
+in-order stream per named communication stream of the trace
+(``NodeTable.comm_stream``, set by the ``assign-streams`` pass: e.g. FSDP2's
+all-gather and reduce-scatter streams). A node is *issued*
 when all its data and control dependencies have finished and every earlier
 node of its stream (in table row order, the program's schedule) has
 finished. A compute node then runs for its duration. A communication node
@@ -80,6 +83,7 @@ class _TablePlan:
     comp_dur: np.ndarray
     coll_rows: np.ndarray  # rows of COLL nodes
     p2p_rows: np.ndarray   # rows of SEND / RECV nodes
+    stream_names: tuple[str, ...] = STREAM_NAMES
 
 
 def _plan_table(t: NodeTable, device: Device | None, dtype: str) -> _TablePlan:
@@ -89,6 +93,11 @@ def _plan_table(t: NodeTable, device: Device | None, dtype: str) -> _TablePlan:
     stream_arr[kind == NodeKind.COLL] = COLL
     stream_arr[kind == NodeKind.SEND] = SEND
     stream_arr[kind == NodeKind.RECV] = RECV
+    names = STREAM_NAMES
+    if t.comm_stream is not None and t.stream_names:
+        named = (kind == NodeKind.COLL) & (t.comm_stream >= 0)
+        stream_arr[named] = len(STREAM_NAMES) + t.comm_stream[named].astype(np.int64)
+        names = STREAM_NAMES + tuple(t.stream_names)
     # dependencies, deduplicated, as successor lists
     dst = np.concatenate([np.repeat(np.arange(n), np.diff(t.data_dep_ptr)),
                           np.repeat(np.arange(n), np.diff(t.ctrl_dep_ptr))])
@@ -116,9 +125,9 @@ def _plan_table(t: NodeTable, device: Device | None, dtype: str) -> _TablePlan:
         dur[missing] = np.where(f > 0, gemm, elem)
     dur = np.where(is_comp, dur, 0.0)
     stream = stream_arr.tolist()
-    rows = [np.nonzero(stream_arr == k)[0].tolist() for k in range(4)]
-    return _TablePlan(t, stream, rows, succ, npred, dur, np.nonzero(stream_arr == COLL)[0],
-                      np.nonzero((stream_arr == SEND) | (stream_arr == RECV))[0])
+    rows = [np.nonzero(stream_arr == k)[0].tolist() for k in range(len(names))]
+    return _TablePlan(t, stream, rows, succ, npred, dur, np.nonzero(kind == NodeKind.COLL)[0],
+                      np.nonzero((stream_arr == SEND) | (stream_arr == RECV))[0], names)
 
 
 class _Groups:
@@ -381,8 +390,8 @@ def _run(trace, device, network, mesh, algorithm, dtype, symmetric) -> RawSim:
     start = [[math.nan] * len(p.table) for p in plans]
     finish = [[math.nan] * len(p.table) for p in plans]
     durs = [p.comp_dur.tolist() for p in plans]
-    ptr = [[0, 0, 0, 0] for _ in range(S)]
-    busy = [[False, False, False, False] for _ in range(S)]
+    ptr = [[0] * len(p.stream_rows) for p in plans]
+    busy = [[False] * len(p.stream_rows) for p in plans]
     heap: list[tuple[float, int, int, int]] = []
     seq = 0
     push = heapq.heappush
@@ -418,7 +427,7 @@ def _run(trace, device, network, mesh, algorithm, dtype, symmetric) -> RawSim:
                 seq += 1
 
     for s in range(S):
-        for k in range(4):
+        for k in range(len(plans[s].stream_rows)):
             try_issue(s, k, 0.0)
     events = _loop(heap, plans, ptr, busy, pending, finish, try_issue, sum(len(p.table) for p in plans))
 
@@ -490,7 +499,7 @@ def _raise_deadlock(sim_ranks, plans, ptr, sync, inst_expected, inst_desc, inst_
     for s, r in enumerate(sim_ranks):
         plan = plans[s]
         t = plan.table
-        for k in range(4):
+        for k in range(len(plan.stream_rows)):
             rows = plan.stream_rows[k]
             if ptr[s][k] >= len(rows):
                 continue
@@ -506,7 +515,7 @@ def _raise_deadlock(sim_ranks, plans, ptr, sync, inst_expected, inst_desc, inst_
     if not msgs:  # nothing issued-and-waiting: report the first stuck node of each rank
         for s, r in enumerate(sim_ranks):
             plan = plans[s]
-            for k in range(4):
+            for k in range(len(plan.stream_rows)):
                 rows = plan.stream_rows[k]
                 if ptr[s][k] < len(rows):
                     row = rows[ptr[s][k]]

@@ -71,6 +71,16 @@ What allocates, and for how long
     is released when the consumer starts and the consumer re-allocates the
     bytes at its first position, so nothing is counted twice.
 
+Schedule attributes
+-------------------
+Ops marked ``flint.prefetch = K`` (see :mod:`flint.ir.dist`; set by
+``reorder-all-gather``) in a function repeated ``N`` times run ``K``
+iterations early: iteration ``j``'s gathered parameters are allocated at the
+prefetched start's position in iteration ``j - K`` (for ``j < K``: at the
+start of the preceding part, where ``lower-to-chakra`` puts the prologue)
+and freed after their last use in iteration ``j``. Prefetching one block
+further keeps one more block's gathered parameters live.
+
 Approximations (say them when you quote a number): no allocator caching or
 fragmentation, no kernel workspaces, no memory for ``dist.send`` buffers
 beyond the tensor sent; one rule for hand-offs (all of a producer's hand-off
@@ -174,10 +184,12 @@ class _Profile:
         return max(uses, default=-1)
 
 
-def _profile(fn: func.FuncOp) -> _Profile:
+def _profile(fn: func.FuncOp, prefetch: int = 0) -> _Profile:
+    """Analyse ``fn`` once; ops marked ``flint.prefetch`` run ``prefetch`` iterations earlier."""
     roles = _roles(fn)
     ops = [op for op in fn.body.block.ops if not isinstance(op, func.ReturnOp)]
     p = _Profile(fn, roles, max(len(ops), 1))
+    early = {op for op in ops if dist.prefetch_of(op) > 0} if prefetch else set()
     args = list(fn.body.block.args)
     p.arg_last_use = [-1] * len(args)
     p.arg_returned = [False] * len(args)
@@ -202,6 +214,8 @@ def _profile(fn: func.FuncOp) -> _Profile:
         p.result_of.append([])
 
     for at, op in enumerate(ops):
+        if op in early:  # a local position in an earlier iteration (negative when K iterations back)
+            at -= prefetch * p.n_pos
         for v in op.operands:
             use(v, at)
         if isinstance(op, AtenOp):
@@ -341,10 +355,12 @@ def step_memory(module: ModuleOp, capacity_bytes: int | None = None, role: int =
         schedule = get_schedule(module, role)
     except Exception as e:  # VerifyException from a malformed schedule attribute
         raise FlintError(str(e)) from None
-    profiles = {name: _profile(fn) for name, fn in funcs.items()}
+    from flint.passes.lower_to_chakra import prefetch_depth
+
     counts: dict[str, int] = {}
     for name, c in schedule:
         counts[name] = max(counts.get(name, 0), c)
+    profiles = {name: _profile(fn, prefetch_depth(fn, counts.get(name, 1))) for name, fn in funcs.items()}
     notes: list[str] = []
 
     # Pair every backward entry with its forward function, then every backward iteration with
@@ -453,8 +469,11 @@ def step_memory(module: ModuleOp, capacity_bytes: int | None = None, role: int =
         lp = np.asarray(p.pos, dtype=np.int64)
         ll = np.asarray(p.last, dtype=np.int64)
         cat = np.asarray(p.category, dtype=object)
-        alloc = start[:, None] + lp[None, :]                             # [c, a]
-        free = start[:, None] + ll[None, :]
+        # Prefetched iterations 0..K-1 are issued where lower-to-chakra puts its prologue: at the
+        # start of the preceding part when it runs once, else where this entry starts.
+        prologue = offsets[e - 1] if e > 0 and schedule[e - 1][1] == 1 else offsets[e]
+        alloc = np.maximum(start[:, None] + lp[None, :], prologue)       # [c, a]
+        free = np.maximum(start[:, None] + ll[None, :], prologue)
         # outputs leaving the function
         own_pair = pairs.get(e)
         grads = own_pair.grad_results if own_pair else set()

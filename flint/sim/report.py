@@ -148,8 +148,10 @@ def format_report(rep: dict) -> str:
     """The report as a text table; units are in the headings."""
     lines = [f"flint estimate: {rep['input']}",
              f"  {rep['world_size']} ranks ({rep['simulated_ranks']} simulated), device {rep['device'] or '-'}, "
-             f"network {rep['network']}, algorithm {rep['algorithm']}, compute durations {rep['compute_durations']}",
-             ""]
+             f"network {rep['network']}, algorithm {rep['algorithm']}, compute durations {rep['compute_durations']}"]
+    if "passes" in rep:
+        lines.append(f"  passes: {rep['passes'] or '(none)'}")
+    lines.append("")
     unit, scale = _time_unit(rep["iteration_time_us"])
 
     def t(us: float) -> str:

@@ -30,22 +30,26 @@ builtin.module attributes {flint.schedule = [["embed", 1], ["block", 3]]} {
 // CHECK: chakra.graph @step {
 // The first part runs flat; its matmul is the first compute node.
 // CHECK-NEXT: %[[E:.*]] = chakra.comp "aten.mm.default" flops = 65536 bytes = 10240 duration_us = {{.*}}
-// The block repeats 3 times, carrying the last compute node (no comm node exists yet).
-// CHECK-NEXT: %{{.*}} = chakra.repeat 3 (%[[E]]) {
-// CHECK-NEXT: ^{{.*}}(%[[C:.*]]: !chakra.node):
-// The weight gather reads a parameter: it waits for nothing (FSDP prefetch can overlap).
-// CHECK-NEXT: %[[AG:.*]] = chakra.coll all_gather "dist.all_gather" on @mesh grid_axes = [0] bytes = 4096{{$}}
+// The block repeats 3 times, carrying the end of every chain: the last compute node, the
+// collective stream and each communicator (a chain first used inside the body starts at
+// the issue point, the last compute node).
+// CHECK-NEXT: %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}} = chakra.repeat 3 (%[[E]], %[[E]], %[[E]], %[[E]]) {
+// CHECK-NEXT: ^{{.*}}(%[[C:.*]]: !chakra.node, %[[CS:.*]]: !chakra.node, %[[G0:.*]]: !chakra.node, %[[G1:.*]]: !chakra.node):
+// The weight gather reads a parameter, but it is issued where the program issues it: after
+// the compute before it (NCCL's stream waits for the compute stream at enqueue), after the
+// previous collective of its stream and of its communicator.
+// CHECK-NEXT: %[[AG:.*]] = chakra.coll all_gather "dist.all_gather" on @mesh grid_axes = [0] bytes = 4096 ctrl(%[[CS]], %[[G0]], %[[C]])
 // The relu reads the previous part's activation.
 // CHECK-NEXT: %[[R:.*]] = chakra.comp "aten.relu.default" flops = 0 bytes = 2048 duration_us = {{.*}} data(%[[C]])
 // The view vanished: the matmul depends on the relu and the gathered weight.
 // CHECK-NEXT: %[[M:.*]] = chakra.comp "aten.mm.default" flops = 65536 bytes = 10240 duration_us = {{.*}} data(%[[R]], %[[AG]])
-// CHECK-NEXT: %[[AR:.*]] = chakra.coll all_reduce "dist.all_reduce" on @mesh grid_axes = [1] bytes = 1024 data(%[[M]]) ctrl(%[[AG]])
+// CHECK-NEXT: %[[AR:.*]] = chakra.coll all_reduce "dist.all_reduce" on @mesh grid_axes = [1] bytes = 1024 data(%[[M]]) ctrl(%[[AG]], %[[G1]])
 // A broadcast becomes an all-reduce of the same buffer.
-// CHECK-NEXT: %[[BC:.*]] = chakra.coll all_reduce "dist.broadcast" on @mesh grid_axes = [0] bytes = 1024 data(%[[AR]])
+// CHECK-NEXT: %[[BC:.*]] = chakra.coll all_reduce "dist.broadcast" on @mesh grid_axes = [0] bytes = 1024 data(%[[AR]]) ctrl(%[[AG]], %[[M]])
 // CHECK-NEXT: %[[S:.*]] = chakra.send "dist.send" on @mesh grid_axes = [0] offset = 1 tag = 7 bytes = 1024 data(%[[BC]])
 // Sends and recvs are not ordered against each other (every rank sends first).
 // CHECK-NEXT: %[[RV:.*]] = chakra.recv "dist.recv" on @mesh grid_axes = [0] offset = -1 tag = 7 bytes = 1024{{$}}
-// CHECK-NEXT: chakra.yield %[[M]]
+// CHECK-NEXT: chakra.yield %[[M]], %[[BC]], %[[BC]], %[[AR]]
 // B200: chakra.comp "aten.mm.default" flops = 65536 bytes = 10240 duration_us
 
 // EMIT: wrote 5 files (4 ranks, 88 nodes, {{[0-9]+}} bytes)
