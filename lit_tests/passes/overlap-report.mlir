@@ -1,0 +1,50 @@
+// RUN: flint-opt %s -p overlap-report -o /dev/null 2>&1 | filecheck %s
+// RUN: flint-opt %s -p 'overlap-report{device=a100-80gb network=switch}' -o /dev/null 2>&1 | filecheck %s --check-prefix=SWITCH
+// RUN: flint-opt %s -p overlap-report | filecheck %s --check-prefix=SAME
+// RUN: not flint-opt %s -p 'overlap-report{network=nope}' 2>&1 | filecheck %s --check-prefix=BAD
+
+// The block runs 3 times per step: its figures count 3 times in the totals.
+builtin.module attributes {flint.schedule = [["block", 3], ["tail", 1]]} {
+  shard.grid @mesh(shape = 4x2)
+
+  func.func @block(%x: tensor<8x64xbf16>, %w1s: tensor<16x64xbf16>, %w2s: tensor<64x16xbf16>) -> tensor<8x64xbf16> {
+    %0 = dist.all_gather %w1s on @mesh grid_axes = [0] gather_dim = 0 : tensor<16x64xbf16> -> !dist.future<tensor<64x64xbf16>>
+    %w1 = dist.wait %0 : tensor<64x64xbf16>
+    %1 = dist.all_gather %w2s on @mesh grid_axes = [0] gather_dim = 1 : tensor<64x16xbf16> -> !dist.future<tensor<64x64xbf16>>
+    %h = aten.op "aten.mm.default"(%x, %w1) phase = "fwd" : (tensor<8x64xbf16>, tensor<64x64xbf16>) -> tensor<8x64xbf16>
+    %a = aten.op "aten.relu.default"(%h) phase = "fwd" : (tensor<8x64xbf16>) -> tensor<8x64xbf16>
+    %w2 = dist.wait %1 : tensor<64x64xbf16>
+    %y = aten.op "aten.mm.default"(%a, %w2) phase = "fwd" : (tensor<8x64xbf16>, tensor<64x64xbf16>) -> tensor<8x64xbf16>
+    func.return %y : tensor<8x64xbf16>
+  }
+
+  func.func @tail(%y: tensor<8x64xbf16>) -> tensor<8x64xbf16> {
+    %0 = dist.all_reduce %y on @mesh grid_axes = [1] : tensor<8x64xbf16> -> tensor<8x64xbf16>
+    dist.send %0 to @mesh grid_axes = [0] offset = 1 tag = 0 : tensor<8x64xbf16>
+    %r = dist.recv from @mesh grid_axes = [0] offset = -1 tag = 0 : tensor<8x64xbf16>
+    func.return %r : tensor<8x64xbf16>
+  }
+}
+
+// CHECK:      overlap-report: device h100-sxm, network dgx-h100
+// CHECK-NEXT: @block (runs 3x per step)
+// CHECK-NEXT: op  communication {{ +}} bytes  duration_us   compute_us   exposed_us
+// The first gather is waited at once: nothing hides it.
+// CHECK-NEXT: #0  all_gather axes [0] (n=4) {{ +}} 2048        6.655        0.000        6.655
+// The second has the mm and the relu (6 us of kernels on an H100) to hide behind.
+// CHECK-NEXT: #2  all_gather axes [0] (n=4) {{ +}} 2048        6.655        6.000        0.655
+// CHECK-NEXT: @tail (runs 1x per step)
+// CHECK-NEXT: op  communication
+// CHECK-NEXT: #0  all_reduce axes [1] (n=2) {{ +}} 1024        5.609        0.000        5.609
+// CHECK-NEXT: #1  send axis 0 offset 1 {{ +}} 1024
+// CHECK-NEXT: #2  recv axis 0 offset -1 {{ +}} 1024
+// CHECK-NEXT: per step: communication {{[0-9.]+}} us, hidden 18.000 us, exposed {{[0-9.]+}} us
+
+// SWITCH:      overlap-report: device a100-80gb, network switch
+// SWITCH:      #2  all_gather axes [0] (n=4) {{ +}} 2048        6.123        7.000        0.000
+
+// The analysis leaves the module as it was.
+// SAME:      func.func @block
+// SAME-NEXT: dist.all_gather %w1s
+
+// BAD: error: unknown network 'nope'
