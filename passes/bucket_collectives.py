@@ -76,6 +76,14 @@ def member(op: dist.CollectiveOp, pos: dict[Operation, int], end: int) -> _Membe
     return _Member(op, wait, value, pos[op], ready, done, min(uses, default=end), _tensor_bytes(op.input.type))
 
 
+def feasible(run: list[_Member]) -> bool:
+    """Every input is ready before any result is read (so none depends on another member's result)."""
+    values = {x.value for x in run}
+    if any(x.op.input in values for x in run):
+        return False
+    return max(x.input_ready for x in run) < min(x.first_use for x in run)
+
+
 @dataclass(frozen=True)
 class BucketCollectivesPass(ModulePass):
     """Fuse consecutive compatible collectives into one over a packed buffer, as DDP buckets and FSDP groups do.
@@ -154,7 +162,7 @@ class BucketCollectivesPass(ModulePass):
                 continue
             m = member(o, pos, block_end(ops))
             if run and (compat_key(o) != compat_key(run[0].op) or sum(x.bytes for x in run) + m.bytes > self.bytes
-                        or max(x.input_ready for x in run + [m]) >= min(x.first_use for x in run + [m])):
+                        or not feasible(run + [m])):
                 flush()
             run.append(m)
         flush()

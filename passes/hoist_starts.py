@@ -21,7 +21,8 @@ class HoistStartsPass(ModulePass):
     the same sequence); each moves up to right after the op producing its
     input (to the top of the function for an argument) or the previous start,
     but only as far as no point between its new and its old place has
-    ``max-in-flight`` other collectives started and not yet waited. Waits, synchronous collectives and starts marked
+    ``max-in-flight`` other collectives started and not yet waited, and never
+    above a ``dist.barrier`` (a control dependency). Waits, synchronous collectives and starts marked
     ``flint.prefetch`` do not move. Afterwards: the same ops, every start
     after its input and before its wait, at most ``max-in-flight`` started
     collectives outstanding wherever a start was moved.
@@ -52,6 +53,8 @@ class HoistStartsPass(ModulePass):
                 if prev is not None:  # starts keep their order: every communicator sees the same sequence
                     earliest = max(earliest, pos[prev] + 1)
                 prev = start
+                # a barrier is a control dependency: no collective crosses it
+                earliest = max([earliest] + [i + 1 for i in range(here) if isinstance(ops[i], dist.BarrierOp)])
                 # others in flight just before position q: started above q, waited at or below q
                 waits = {}
                 for o in ops:
