@@ -47,7 +47,9 @@ class OverlapReportPass(ModulePass):
       as 4 bytes), exactly what ``lower-to-chakra`` emits;
     - ``compute_us``: the roofline time of the `aten` ops between the start
       and its ``dist.wait`` (0 for the synchronous form), the compute that
-      can run while it is in flight;
+      can run while it is in flight; a start marked ``flint.prefetch = K``
+      (issued K iterations of its repeated function early) adds K whole
+      bodies of compute;
     - ``exposed_us``: ``max(0, duration - compute)``.
 
     Each op is analysed alone: collectives in flight together share the
@@ -130,5 +132,9 @@ class OverlapReportPass(ModulePass):
                 waits = [u.operation for u in fut.uses if isinstance(u.operation, dist.WaitOp) and u.operation in pos]
                 if waits:
                     comp = sum(compute[i + 1:pos[waits[0]]])
+            ahead = dist.prefetch_of(o)
+            if ahead:  # issued `ahead` iterations early: that many whole bodies run in between
+                comp += ahead * sum(compute)
+                what += f" prefetch {ahead}"
             rows.append((i, what, nbytes, dur, comp))
         return rows

@@ -7,7 +7,7 @@
 builtin.module attributes {flint.schedule = [["block", 3], ["tail", 1]]} {
   shard.grid @mesh(shape = 4x2)
 
-  func.func @block(%x: tensor<8x64xbf16>, %w1s: tensor<16x64xbf16>, %w2s: tensor<64x16xbf16>) -> tensor<8x64xbf16> {
+  func.func @block(%x: tensor<8x64xbf16>, %w1s: tensor<16x64xbf16> {flint.role = "parameter"}, %w2s: tensor<64x16xbf16> {flint.role = "parameter"}) -> tensor<8x64xbf16> {
     %0 = dist.all_gather %w1s on @mesh grid_axes = [0] gather_dim = 0 : tensor<16x64xbf16> -> !dist.future<tensor<64x64xbf16>>
     %w1 = dist.wait %0 : tensor<64x64xbf16>
     %1 = dist.all_gather %w2s on @mesh grid_axes = [0] gather_dim = 1 : tensor<64x16xbf16> -> !dist.future<tensor<64x64xbf16>>
@@ -48,3 +48,11 @@ builtin.module attributes {flint.schedule = [["block", 3], ["tail", 1]]} {
 // SAME-NEXT: dist.all_gather %w1s
 
 // BAD: error: unknown network 'nope'
+
+// After reorder-all-gather{prefetch=1}, the block's gathers are issued one block
+// early: one whole body of compute (9 us) more can hide each.
+// RUN: flint-opt %s -p 'reorder-all-gather{prefetch=1},overlap-report' -o /dev/null 2>&1 | filecheck %s --check-prefix=PREFETCH
+// PREFETCH: @block (runs 3x per step)
+// PREFETCH-NEXT: op  communication
+// PREFETCH-NEXT: #0  all_gather axes [0] (n=4) prefetch 1 {{ +}} 2048        6.655        9.000        0.000
+// PREFETCH-NEXT: #1  all_gather axes [0] (n=4) prefetch 1 {{ +}} 2048        6.655       15.000        0.000
