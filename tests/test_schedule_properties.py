@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from xdsl.parser import Parser
 
 from flint.ir import flint_context
-from flint.pipeline import run_pipeline
+from flint.schedule.pipelines import run_pipeline
 from flint.schedule import check_schedule_invariants
 
 # (pipeline as `flint-opt -p` spells it, whether collectives may be fused or split)
