@@ -307,6 +307,7 @@ def cmd_expand(args: argparse.Namespace) -> int:
     from xdsl.context import Context
     from xdsl.printer import Printer
 
+    from flint.ir.parse import load_ir
     from flint.passes.canonicalize_dist import CanonicalizeDistPass
     from flint.passes.shard_annotate import EXPAND_FIELDS, annotate, check_model, check_single_device
     from flint.passes.shard_expand import expand
