@@ -214,17 +214,23 @@ def test_zero_bubble_refused_with_reason():
 
 
 @pytest.mark.slow
-def test_captured_fsdp_tp_pp_step_end_to_end():
+def test_captured_fsdp_tp_pp_step_end_to_end(tmp_path):
     """A real capture under dp_shard 2 x tp 2 x pp 2, 1F1B over 4 microbatches: two roles, the pipeline
     and the DP/TP collectives together, reduce-scatters once per step, every rank finishes."""
-    from flint.capture import capture_step
-    from flint.importer import import_step
-    from flint.models import factory
+    import subprocess
+    import sys
 
-    plan = Plan.from_dict({"dp_shard": 2, "tp": 2, "pp": 2, "microbatches": 4})
-    batch = (2 * 4, 32)
-    step = capture_step(factory("llama-tiny", n_layers=4), {"tokens": batch, "labels": batch}, plan=plan)
-    module = import_step(step)
+    from flint.ir.parse import load_ir
+
+    # In a fresh process: a capture after another capture whose mesh has an equal sub-mesh can pick
+    # up the earlier world's process-group name (test_stale_process_group_after_an_earlier_capture).
+    plan_file, out = tmp_path / "plan.toml", tmp_path / "step.mlir"
+    plan_file.write_text("dp_shard = 2\ntp = 2\npp = 2\nmicrobatches = 4\n")
+    done = subprocess.run([sys.executable, "-m", "flint.tools.flint_cli", "capture", "--model", "llama-tiny",
+                           "--layers", "4", "--world-size", "8", "--plan-file", str(plan_file), "--batch-size", "8",
+                           "--seq-len", "32", "-o", str(out)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    module = load_ir(str(out))
     rs_per_run = sum(1 for f in module.ops if getattr(f, "sym_name", None) is not None
                      and f.sym_name.data == "block_bwd" for op in f.walk() if op.name == "dist.reduce_scatter")
     trace, result = _simulate(module)
@@ -234,3 +240,17 @@ def test_captured_fsdp_tp_pp_step_end_to_end():
     # rank 0 holds 2 of the 4 blocks (+ embed): block reduce-scatters run in the last microbatch only
     assert rs_per_run > 0 and n_rs >= 2 * rs_per_run and n_rs < 4 * 2 * rs_per_run
     assert np.all(np.isfinite(result.finish_us))
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="known bug: a second capture in one process, whose mesh has a sub-mesh equal to "
+                   "an earlier capture's (tp over ranks [0, 1]), traces the embedding's TP all-reduce with the earlier "
+                   "world's process-group name; capture detects it and refuses (the cache holding it is not found yet)")
+def test_stale_process_group_after_an_earlier_capture():
+    from flint.capture import capture_step
+    from flint.models import factory
+    from tests.captures import captured
+
+    captured("llama-tiny", "fsdp+tp", 8, 2)
+    plan = Plan.from_dict({"dp_shard": 2, "tp": 2, "pp": 2, "microbatches": 4})
+    capture_step(factory("llama-tiny", n_layers=4), {"tokens": (8, 32), "labels": (8, 32)}, plan=plan)
