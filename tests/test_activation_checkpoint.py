@@ -131,3 +131,9 @@ def test_ac_every_beyond_the_layers_is_refused():
     plan = dataclasses.replace(from_recipe("dp", 1), activation_checkpoint="selective-layer", ac_every=99)
     with pytest.raises(PlanError, match="ac_every"):
         capture_step(factory("llama-tiny"), {"tokens": (2, SEQ), "labels": (2, SEQ)}, plan=plan)
+
+
+def test_selective_layer_with_pipeline_stages_is_refused():
+    plan = Plan(dp_shard=1, pp=2, microbatches=2, activation_checkpoint="selective-layer", ac_every=2).validate()
+    with pytest.raises(PlanError, match="ac_every.*pipeline-split"):
+        capture_step(factory("llama-tiny", n_layers=4), {"tokens": (2, SEQ), "labels": (2, SEQ)}, plan=plan)

@@ -195,6 +195,11 @@ def check_ac(plan: Plan, model: nn.Module, staged: bool) -> None:
     if plan.activation_checkpoint == "selective-layer" and plan.ac_every > len(model.layers):
         raise PlanError("ac_every", f"{plan.ac_every} exceeds the model's {len(model.layers)} layers: no block "
                         "would be checkpointed", plan.source)
+    if plan.activation_checkpoint == "selective-layer" and plan.pp > 1 and 1 < plan.ac_every:
+        raise PlanError("ac_every", f"selective-layer every {plan.ac_every} blocks with pp = {plan.pp}: the "
+                        "checkpointed and plain blocks are two repeated bodies, and pipeline-split splits one "
+                        "block stack over the stages (not yet two); use full or selective-op with pp",
+                        plan.source)
 
 
 # ------------------------------------------------------------------ DP / FSDP
