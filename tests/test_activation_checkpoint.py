@@ -25,6 +25,10 @@ def _mm(graph) -> int:
     return sum(1 for n in graph.nodes() if n.target == torch.ops.aten.mm.default)
 
 
+def _gathers(graph) -> int:
+    return sum(1 for n in graph.nodes() if opclass.classify_aten(n.target) == opclass.ALL_GATHER)
+
+
 def _block_flops(step, phase: str) -> int:
     return sum(_flops(getattr(p, phase)) * p.repeat for p in step.parts if p.name.startswith("block"))
 
@@ -58,6 +62,8 @@ def test_full_recomputes_the_block_forward():
     assert extra == _recomputed_flops(block.fwd, lambda n: False)
     assert _mm(full.part("block").bwd) == _mm(block.bwd) + _mm(block.fwd) - 1
     assert full.summary().flops - none.summary().flops == extra * block.repeat
+    # FSDP's gathers stay in their own MUST_RECOMPUTE region: re-gathered in backward under every mode
+    assert _gathers(full.part("block").bwd) == _gathers(block.bwd) == _gathers(block.fwd) == 1
 
 
 def test_selective_op_recomputes_what_torchtitans_policy_does_not_save():
@@ -73,6 +79,7 @@ def test_selective_op_recomputes_what_torchtitans_policy_does_not_save():
     # the attention kernel is saved, never rerun in backward
     assert not any("flash_attention" in str(n.target) and "backward" not in str(n.target)
                    for n in sac.part("block").bwd.nodes())
+    assert _gathers(sac.part("block").bwd) == _gathers(block.bwd) == 1
 
 
 def test_selective_layer_two_block_roles():
