@@ -59,7 +59,7 @@ def captured_byom(name: str, plan: str, world: int, tp: int = 1, inputs: str | N
 
 @cache
 def captured_ac(mode: str, every: int = 1, plan: str = "fsdp", world: int = 2, model: str = "llama-tiny",
-                layers: int = 4):
+                layers: int = 4, tp: int = 1):
     """(captured step, its IR module) of recipe ``plan`` with activation checkpointing ``mode``
     (``ac_every`` = ``every``), ``model`` with ``layers`` blocks; two sequences of SEQ tokens per
     data-parallel rank."""
@@ -67,7 +67,7 @@ def captured_ac(mode: str, every: int = 1, plan: str = "fsdp", world: int = 2, m
 
     from flint.importer import import_step
 
-    p = dataclasses.replace(from_recipe(plan, world), activation_checkpoint=mode, ac_every=every)
+    p = dataclasses.replace(from_recipe(plan, world, tp), activation_checkpoint=mode, ac_every=every)
     batch = (2 * p.dp, SEQ)
     step = capture_step(factory(model, n_layers=layers), {"tokens": batch, "labels": batch}, plan=p)
     return step, import_step(step)

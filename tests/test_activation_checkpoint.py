@@ -144,3 +144,18 @@ def test_selective_layer_with_pipeline_stages_is_refused():
     plan = Plan(dp_shard=1, pp=2, microbatches=2, activation_checkpoint="selective-layer", ac_every=2).validate()
     with pytest.raises(PlanError, match="ac_every.*pipeline-split"):
         capture_step(factory("llama-tiny", n_layers=4), {"tokens": (2, SEQ), "labels": (2, SEQ)}, plan=plan)
+
+
+def test_selective_op_under_sequence_parallelism_saves_the_reduce_scatter():
+    # torchtitan saves reduce_scatter_tensor: backward reads its (waited) result, never re-runs it
+    def count(step, phase, cls):
+        graph = getattr(step.part("block"), phase)
+        return sum(1 for n in graph.nodes() if opclass.classify_aten(n.target) == cls)
+
+    none, _ = captured_ac("none", plan="fsdp+tp+sp", world=4, tp=2)
+    sac, module = captured_ac("selective-op", plan="fsdp+tp+sp", world=4, tp=2)
+    assert count(sac, "fwd", opclass.REDUCE_SCATTER) == count(none, "fwd", opclass.REDUCE_SCATTER) > 0
+    assert count(sac, "bwd", opclass.REDUCE_SCATTER) == count(none, "bwd", opclass.REDUCE_SCATTER)
+    # the SP all-gathers are not in the save list: recomputed
+    assert count(sac, "bwd", opclass.ALL_GATHER) > count(none, "bwd", opclass.ALL_GATHER)
+    assert _activations(module) < _activations(captured_ac("none", plan="fsdp+tp+sp", world=4, tp=2)[1])

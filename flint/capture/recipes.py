@@ -153,12 +153,20 @@ _SAC_SAVE = {
 def _sac_context() -> tuple:
     """torchtitan's selective-op policy: save the ops in the list, except every second ``mm``."""
     counts = {"forward": 0, "recompute": 0}
+    unwaited = {"forward": 0, "recompute": 0}  # saved reduce-scatters whose wait has not run yet
 
     def policy(ctx, op, *args, **kwargs):  # noqa: ANN001
         mode = "recompute" if ctx.is_recompute else "forward"
         if op == torch.ops.aten.mm.default:
             counts[mode] += 1
+        if op == torch.ops._c10d_functional.wait_tensor.default and unwaited[mode]:
+            # the saved reduce-scatter's result is what backward reads; its wait there is a no-op
+            # in eager (the work has completed), so save the waited value with it
+            unwaited[mode] -= 1
+            return CheckpointPolicy.MUST_SAVE
         save = op in _SAC_SAVE and not (op == torch.ops.aten.mm.default and counts[mode] % 2 == 0)
+        if save and op == torch.ops._c10d_functional.reduce_scatter_tensor.default:
+            unwaited[mode] += 1
         return CheckpointPolicy.MUST_SAVE if save else CheckpointPolicy.PREFER_RECOMPUTE
 
     return create_selective_checkpoint_contexts(policy)
