@@ -55,3 +55,19 @@ def captured_byom(name: str, plan: str, world: int, tp: int = 1, inputs: str | N
     dp = from_recipe(plan, world, tp).dp
     shapes = parse_inputs(inputs) if inputs else {"input_ids": (2 * dp, 32), "labels": (2 * dp, 32)}
     return capture_step(fn, shapes, world_size=world, plan=plan, tp=tp)
+
+
+@cache
+def captured_ac(mode: str, every: int = 1, plan: str = "fsdp", world: int = 2, model: str = "llama-tiny",
+                layers: int = 4, tp: int = 1):
+    """(captured step, its IR module) of recipe ``plan`` with activation checkpointing ``mode``
+    (``ac_every`` = ``every``), ``model`` with ``layers`` blocks; two sequences of SEQ tokens per
+    data-parallel rank."""
+    import dataclasses
+
+    from flint.importer import import_step
+
+    p = dataclasses.replace(from_recipe(plan, world, tp), activation_checkpoint=mode, ac_every=every)
+    batch = (2 * p.dp, SEQ)
+    step = capture_step(factory(model, n_layers=layers), {"tokens": batch, "labels": batch}, plan=p)
+    return step, import_step(step)

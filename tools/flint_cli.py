@@ -154,6 +154,13 @@ def cmd_capture(args: argparse.Namespace) -> int:
         if args.microbatches < 1:
             raise PlanError("microbatches", f"--microbatches must be at least 1, got {args.microbatches}")
         plan = plan.replace(microbatches=args.microbatches)
+    if args.ac is not None or args.ac_every is not None:  # activation checkpointing (flint.capture.recipes)
+        from flint.plan import PlanError
+
+        if args.ac_every is not None and args.ac_every < 1:
+            raise PlanError("ac_every", f"--ac-every must be at least 1, got {args.ac_every}")
+        plan = plan.replace(activation_checkpoint=args.ac or plan.activation_checkpoint,
+                            ac_every=plan.ac_every if args.ac_every is None else args.ac_every)
     model_factory, cfg, user_module = _model_factory(args.model, args.layers)
     parallelize = None
     if args.parallelize:
@@ -416,6 +423,11 @@ def build_parser() -> argparse.ArgumentParser:
     cap.add_argument("--microbatches", type=int, default=None,
                      help="microbatches per step (gradient accumulation; pipeline microbatches with pp); "
                           "overrides the plan's")
+    cap.add_argument("--ac", default=None, metavar="MODE",
+                     help="activation checkpointing of the blocks, as torchtitan applies it: none, selective-op, "
+                          "selective-layer (every --ac-every-th block) or full; overrides the plan's")
+    cap.add_argument("--ac-every", type=int, default=None, metavar="N",
+                     help="selective-layer: checkpoint every N-th block (overrides the plan's ac_every)")
     cap.add_argument("--layers", type=int, default=None, help="override the model's depth (zoo models)")
     cap.add_argument("--batch-size", type=int, default=None, help="global batch size (default: one sequence per data-parallel rank and microbatch)")
     cap.add_argument("--seq-len", type=int, default=None, help="sequence length (default: min(model max, 2048))")

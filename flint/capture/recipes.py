@@ -44,16 +44,19 @@ from torch.distributed.tensor.parallel import (
     SequenceParallel,
     parallelize_module,
 )
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from flint.capture.errors import CaptureError
-from flint.plan import Plan
+from flint.plan import Plan, PlanError
 
 RECIPES = ("dp", "fsdp", "tp", "tp+sp", "dp+tp", "fsdp+tp", "fsdp+tp+sp")
 # Plan fields the capture recipes implement; others are refused by Plan.require.
 CAPTURE_FIELDS = ("dp_replicate", "dp_shard", "tp", "sp",
                   # pipeline and microbatches: one microbatch is captured, pipeline-split schedules it
-                  "pp", "microbatches", "grad_sync", "pp_schedule", "pp_virtual_stages", "pp_layers")
+                  "pp", "microbatches", "grad_sync", "pp_schedule", "pp_virtual_stages", "pp_layers",
+                  # activation checkpointing of the blocks (torchtitan's modes, flint.capture.recipes.apply_ac)
+                  "activation_checkpoint", "ac_every")
 
 
 @dataclass
@@ -127,6 +130,84 @@ class _ToSequenceShard(nn.Module):
         h = self.module(tokens)
         h = DTensor.from_local(h, self.tp_mesh, [Replicate()], run_check=False)
         return h.redistribute(placements=[Shard(1)]).to_local()
+
+
+# ------------------------------------------------------ activation checkpointing
+
+# torchtitan's selective-op save list (torchtitan/distributed/activation_checkpoint.py,
+# ``_op_sac_save_list``), plus the CPU flash kernel a meta capture runs in place of the
+# GPU flash kernel (flint.capture.step._fused_sdpa).
+_SAC_SAVE = {
+    torch.ops.aten.mm.default,
+    torch.ops.aten._scaled_dot_product_efficient_attention.default,
+    torch.ops.aten._scaled_dot_product_flash_attention.default,
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+    torch.ops.aten._scaled_dot_product_cudnn_attention.default,
+    torch.ops.aten._scaled_dot_product_attention_math.default,
+    torch.ops.aten._scaled_dot_product_fused_attention_overrideable.default,
+    torch.ops._c10d_functional.reduce_scatter_tensor.default,
+    torch.ops.aten.max.default,
+}
+
+
+def _sac_context() -> tuple:
+    """torchtitan's selective-op policy: save the ops in the list, except every second ``mm``."""
+    counts = {"forward": 0, "recompute": 0}
+    unwaited = {"forward": 0, "recompute": 0}  # saved reduce-scatters whose wait has not run yet
+
+    def policy(ctx, op, *args, **kwargs):  # noqa: ANN001
+        mode = "recompute" if ctx.is_recompute else "forward"
+        if op == torch.ops.aten.mm.default:
+            counts[mode] += 1
+        if op == torch.ops._c10d_functional.wait_tensor.default and unwaited[mode]:
+            # the saved reduce-scatter's result is what backward reads; its wait there is a no-op
+            # in eager (the work has completed), so save the waited value with it
+            unwaited[mode] -= 1
+            return CheckpointPolicy.MUST_SAVE
+        save = op in _SAC_SAVE and not (op == torch.ops.aten.mm.default and counts[mode] % 2 == 0)
+        if save and op == torch.ops._c10d_functional.reduce_scatter_tensor.default:
+            unwaited[mode] += 1
+        return CheckpointPolicy.MUST_SAVE if save else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
+
+
+def ac_layers(plan: Plan, n_layers: int) -> list[int]:
+    """Indices of the blocks the plan checkpoints (torchtitan: the ``ac_every``-th, 1-based)."""
+    mode = plan.activation_checkpoint
+    if mode == "none":
+        return []
+    if mode == "selective-layer":
+        return [i for i in range(n_layers) if (i + 1) % plan.ac_every == 0]
+    return list(range(n_layers))
+
+
+def ac_wrap(block: nn.Module, plan: Plan) -> nn.Module:
+    """``block`` under the plan's checkpointing, as torchtitan wraps it (``checkpoint_wrapper``)."""
+    if plan.activation_checkpoint == "selective-op":
+        return checkpoint_wrapper(block, context_fn=_sac_context, preserve_rng_state=False)
+    return checkpoint_wrapper(block, preserve_rng_state=False)
+
+
+def check_ac(plan: Plan, model: nn.Module, staged: bool) -> None:
+    """Refuse activation checkpointing where there is nothing it applies to."""
+    if plan.activation_checkpoint == "none":
+        return
+    if not staged:
+        raise PlanError("activation_checkpoint", f"'{plan.activation_checkpoint}' checkpoints the blocks of a "
+                        "repeated block stack; this model is not a StagedLM (embed, layers, head), so Flint "
+                        "finds no block stack to checkpoint", plan.source)
+    if not any(isinstance(m, nn.Linear) for m in model.layers.modules()):
+        raise PlanError("activation_checkpoint", f"'{plan.activation_checkpoint}' on blocks without linear "
+                        "layers: there are no GEMMs to save or recompute", plan.source)
+    if plan.activation_checkpoint == "selective-layer" and plan.ac_every > len(model.layers):
+        raise PlanError("ac_every", f"{plan.ac_every} exceeds the model's {len(model.layers)} layers: no block "
+                        "would be checkpointed", plan.source)
+    if plan.activation_checkpoint == "selective-layer" and plan.pp > 1 and 1 < plan.ac_every:
+        raise PlanError("ac_every", f"selective-layer every {plan.ac_every} blocks with pp = {plan.pp}: the "
+                        "checkpointed and plain blocks are two repeated bodies, and pipeline-split splits one "
+                        "block stack over the stages (not yet two); use full or selective-op with pp",
+                        plan.source)
 
 
 # ------------------------------------------------------------------ DP / FSDP
@@ -321,6 +402,9 @@ def apply(plan: Plan, model: nn.Module, mesh: DeviceMesh) -> tuple[dict[int, Par
             local = p.to_local() if isinstance(p, DTensor) else p
             sharding = {"tp": pl.dim for pl in getattr(p, "placements", ()) if isinstance(pl, Shard)}
             infos[id(p)] = ParamInfo(info.name, info.global_shape, tuple(local.shape), p.dtype, sharding)
+    if staged:
+        for i in ac_layers(plan, len(model.layers)):  # before data parallelism, as torchtitan does
+            model.layers[i] = ac_wrap(model.layers[i], plan)
     mode = data_parallel_mode(plan)
     if mode is None:
         return infos, model

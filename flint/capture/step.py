@@ -37,7 +37,8 @@ from flint.capture import opclass
 from flint.capture.composite import composite_autograd, no_rng_state_on_meta
 from flint.capture.errors import CaptureError
 from flint.capture.fake_dist import device_mesh, fake_world, group_axes
-from flint.capture.recipes import CAPTURE_FIELDS, RECIPES, ParamGroup, ParamInfo, apply, data_parallel_mode
+from flint.capture.recipes import (CAPTURE_FIELDS, RECIPES, ParamGroup, ParamInfo, ac_layers, apply, check_ac,
+                                   data_parallel_mode)
 from flint.mesh import Mesh
 from flint.plan import Plan, from_recipe
 
@@ -79,6 +80,8 @@ class CapturedPart:
 
     For the repeated block, parameter names are those of block 0
     (``layers.0.…``); block ``i`` has the same shapes under ``layers.i.…``.
+    Under selective-layer activation checkpointing the checkpointed blocks
+    are a second part, ``block_ac``, named after the first of them.
     """
 
     name: str
@@ -576,6 +579,8 @@ def capture_step(
         global_params = {n: tuple(p.shape) for n, p in model.named_parameters()}
         buffers = {id(b): n for n, b in model.named_buffers()}
         staged = all(hasattr(model, a) for a in ("embed", "layers", "head"))
+        if not custom:
+            check_ac(plan, model, staged and parallelize is None)
         if not staged or custom or parallelize is not None:
             # any module, or the user's own parallelisation (fully_shard intercepted): the generic path
             from flint.capture.generic import capture_generic
@@ -615,9 +620,22 @@ def capture_step(
         part, h = _capture_part("embed", model.embed, (tokens,), ("input",), 1, **kw)
         parts.append(part)
         if repeat:
-            h = h.detach().requires_grad_()
-            part, h = _capture_part("block", model.layers[0], (h,), ("activation",), len(model.layers), **kw)
-            parts.append(part)
+            # one body per block role: plain blocks and checkpointed blocks (selective-layer has
+            # both; the role of the last block, whose backward comes first, is scheduled last)
+            n_layers = len(model.layers)
+            checkpointed = ac_layers(plan, n_layers)
+            plain = [i for i in range(n_layers) if i not in checkpointed]
+            roles = [(name, idx[0], len(idx)) for name, idx in (("block", plain), ("block_ac", checkpointed)) if idx]
+            if len(roles) == 1:
+                roles = [("block", roles[0][1], n_layers)]
+            elif n_layers - 1 in plain:
+                roles.reverse()
+            x = h.detach()
+            for name, index, count in roles:
+                part, h = _capture_part(name, model.layers[index], (x.requires_grad_(),), ("activation",),
+                                        count, **kw)
+                parts.append(part)
+                x = x.detach()
         else:
             h = h.detach().requires_grad_()
             part, h = _capture_part("layers", _Stack(model.layers), (h,), ("activation",), 1, **kw)

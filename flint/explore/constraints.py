@@ -6,9 +6,9 @@ In the order they are checked (a point is counted under the first it fails):
                     it, TP divides the heads, ...; :meth:`Plan.validate` and
                     :meth:`Plan.check_model`) and the global batch divides
                     over the data-parallel ranks and the microbatches.
-``supported``       capture implements every plan field set (today
-                    ``dp_replicate``, ``dp_shard``, ``tp``, ``sp``: the capture
-                    recipes' ``CAPTURE_FIELDS``; pipelines, CP, EP and AC
+``supported``       capture implements every plan field set (the capture
+                    recipes' ``CAPTURE_FIELDS``: data, tensor and pipeline
+                    parallelism and activation checkpointing; CP and EP
                     are refused until they land).
 ``max_gpus`` / ``min_gpus``  bounds on the world size.
 ``memory_fits``     a lower bound of the per-rank memory fits the device's

@@ -1,0 +1,161 @@
+"""Activation checkpointing (torchtitan's modes) in capture: the recompute in the backward graph,
+the activation memory it saves, the two block roles of selective-layer, and bad input."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from torch import nn
+
+from flint.capture import capture_step, opclass
+from flint.ir.aten import get_schedule
+from flint.models import factory
+from flint.plan import Plan, PlanError, from_recipe
+from flint.sim.lifetimes import step_memory
+from tests.captures import SEQ, captured_ac
+
+
+def _flops(graph) -> int:
+    return sum(opclass.node_flops(n) for n in graph.nodes())
+
+
+def _mm(graph) -> int:
+    return sum(1 for n in graph.nodes() if n.target == torch.ops.aten.mm.default)
+
+
+def _gathers(graph) -> int:
+    return sum(1 for n in graph.nodes() if opclass.classify_aten(n.target) == opclass.ALL_GATHER)
+
+
+def _block_flops(step, phase: str) -> int:
+    return sum(_flops(getattr(p, phase)) * p.repeat for p in step.parts if p.name.startswith("block"))
+
+
+def _activations(module) -> int:
+    return step_memory(module).report.category_peak_bytes["activations"]
+
+
+def _recomputed_flops(fwd, keep) -> int:
+    """FLOPs of the forward ops a backward must rerun: the ancestors of what the un-checkpointed
+    forward saves for backward, stopping at the values ``keep`` says are saved."""
+    out = next(n for n in fwd.gm.graph.nodes if n.op == "output")
+    seen, stack = set(), [v for v in out.args[0][1:] if isinstance(v, torch.fx.Node)]
+    while stack:
+        node = stack.pop()
+        if node in seen or node.op != "call_function" or keep(node):
+            continue
+        seen.add(node)
+        stack.extend(node.all_input_nodes)
+    return sum(opclass.node_flops(n) for n in seen)
+
+
+def test_full_recomputes_the_block_forward():
+    none, _ = captured_ac("none")
+    full, _ = captured_ac("full")
+    block = none.part("block")
+    assert _block_flops(full, "fwd") == _block_flops(none, "fwd")
+    extra = _flops(full.part("block").bwd) - _flops(block.bwd)
+    # everything the backward reads is recomputed: the forward up to its last saved value (the
+    # output projection feeds only the residual add, which backward never reads)
+    assert extra == _recomputed_flops(block.fwd, lambda n: False)
+    assert _mm(full.part("block").bwd) == _mm(block.bwd) + _mm(block.fwd) - 1
+    assert full.summary().flops - none.summary().flops == extra * block.repeat
+    # FSDP's gathers stay in their own MUST_RECOMPUTE region: re-gathered in backward under every mode
+    assert _gathers(full.part("block").bwd) == _gathers(block.bwd) == _gathers(block.fwd) == 1
+
+
+def test_selective_op_recomputes_what_torchtitans_policy_does_not_save():
+    none, _ = captured_ac("none")
+    sac, _ = captured_ac("selective-op")
+    block = none.part("block")
+    mms = [n for n in block.fwd.nodes() if n.target == torch.ops.aten.mm.default]
+    saved = {n for i, n in enumerate(mms) if i % 2 == 0}  # every mm but each second one
+    saved |= {n for n in block.fwd.nodes() if "flash_attention" in str(n.target)}
+    extra = _flops(sac.part("block").bwd) - _flops(block.bwd)
+    assert extra == _recomputed_flops(block.fwd, lambda n: n in saved)
+    assert 0 < extra < _recomputed_flops(block.fwd, lambda n: False)
+    # the attention kernel is saved, never rerun in backward
+    assert not any("flash_attention" in str(n.target) and "backward" not in str(n.target)
+                   for n in sac.part("block").bwd.nodes())
+    assert _gathers(sac.part("block").bwd) == _gathers(block.bwd) == 1
+
+
+def test_selective_layer_two_block_roles():
+    none, _ = captured_ac("none")
+    full, _ = captured_ac("full")
+    layer, module = captured_ac("selective-layer", 2)
+    n_layers = none.part("block").repeat
+    roles = {p.name: p.repeat for p in layer.parts}
+    assert roles == {"embed": 1, "block": n_layers - n_layers // 2, "block_ac": n_layers // 2, "head": 1}
+    assert _flops(layer.part("block").bwd) == _flops(none.part("block").bwd)
+    assert _flops(layer.part("block_ac").bwd) == _flops(full.part("block").bwd)
+    extra = layer.summary().flops - none.summary().flops
+    assert extra * n_layers == (full.summary().flops - none.summary().flops) * (n_layers // 2)
+    # the schedule repeats each body, never unrolled per layer
+    assert ("block_ac_bwd", n_layers // 2) in get_schedule(module)
+    assert ("block_fwd", n_layers - n_layers // 2) in get_schedule(module)
+
+
+def test_activation_memory_drops_per_mode():
+    acts = {mode: _activations(captured_ac(mode)[1]) for mode in ("none", "selective-op", "full")}
+    assert acts["full"] < acts["selective-op"] < acts["none"]
+    assert acts["full"] < _activations(captured_ac("selective-layer", 2)[1]) < acts["none"]
+
+
+def test_ac_without_data_parallelism():
+    none, _ = captured_ac("none", plan="dp", world=1)
+    full, _ = captured_ac("full", plan="dp", world=1)
+    extra = _flops(full.part("block").bwd) - _flops(none.part("block").bwd)
+    assert extra == _recomputed_flops(none.part("block").fwd, lambda n: False) > 0
+
+
+class _NoLinear(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(16, 8)
+        self.layers = nn.ModuleList([nn.LayerNorm(8) for _ in range(2)])
+        self.head = nn.LayerNorm(8)
+
+    def forward(self, tokens):  # pragma: no cover - refused before it runs
+        return self.head(self.layers[1](self.layers[0](self.embed(tokens))))
+
+
+def test_ac_on_blocks_without_linear_layers_is_refused():
+    plan = dataclasses.replace(Plan(world_size=1), activation_checkpoint="full")
+    with pytest.raises(PlanError, match="activation_checkpoint.*without linear layers"):
+        capture_step(_NoLinear, {"tokens": (2, SEQ), "labels": (2, SEQ)}, plan=plan)
+
+
+def test_ac_without_block_stack_is_refused():
+    plan = dataclasses.replace(Plan(world_size=1), activation_checkpoint="selective-op")
+    with pytest.raises(PlanError, match="activation_checkpoint.*no block stack"):
+        capture_step(lambda: nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8)), {"x": (2, 8)}, plan=plan)
+
+
+def test_ac_every_beyond_the_layers_is_refused():
+    plan = dataclasses.replace(from_recipe("dp", 1), activation_checkpoint="selective-layer", ac_every=99)
+    with pytest.raises(PlanError, match="ac_every"):
+        capture_step(factory("llama-tiny"), {"tokens": (2, SEQ), "labels": (2, SEQ)}, plan=plan)
+
+
+def test_selective_layer_with_pipeline_stages_is_refused():
+    plan = Plan(dp_shard=1, pp=2, microbatches=2, activation_checkpoint="selective-layer", ac_every=2).validate()
+    with pytest.raises(PlanError, match="ac_every.*pipeline-split"):
+        capture_step(factory("llama-tiny", n_layers=4), {"tokens": (2, SEQ), "labels": (2, SEQ)}, plan=plan)
+
+
+def test_selective_op_under_sequence_parallelism_saves_the_reduce_scatter():
+    # torchtitan saves reduce_scatter_tensor: backward reads its (waited) result, never re-runs it
+    def count(step, phase, cls):
+        graph = getattr(step.part("block"), phase)
+        return sum(1 for n in graph.nodes() if opclass.classify_aten(n.target) == cls)
+
+    none, _ = captured_ac("none", plan="fsdp+tp+sp", world=4, tp=2)
+    sac, module = captured_ac("selective-op", plan="fsdp+tp+sp", world=4, tp=2)
+    assert count(sac, "fwd", opclass.REDUCE_SCATTER) == count(none, "fwd", opclass.REDUCE_SCATTER) > 0
+    assert count(sac, "bwd", opclass.REDUCE_SCATTER) == count(none, "bwd", opclass.REDUCE_SCATTER)
+    # the SP all-gathers are not in the save list: recomputed
+    assert count(sac, "bwd", opclass.ALL_GATHER) > count(none, "bwd", opclass.ALL_GATHER)
+    assert _activations(module) < _activations(captured_ac("none", plan="fsdp+tp+sp", world=4, tp=2)[1])
