@@ -48,6 +48,13 @@ class ShardExpandPass(ModulePass):
     per-rank shape, the function structure and ``flint.schedule`` are
     unchanged, and the module verifies. An op with no rule fails naming it
     and its source location. Options: ``rules`` (a rules TOML).
+
+    Mixture of experts (:mod:`flint.sharding.moe`): each rank routes its own
+    tokens; with ``ep > 1`` expert weights are split over the ``ep`` axes and
+    tokens move to their experts and back with ``dist.all_to_all`` (forward
+    after a token-count exchange, and backward), buffers sized by the plan's
+    ``capacity_factor``; expert weights are their own FSDP unit over
+    ``dp_shard_mod_ep``.
     """
 
     name = "shard-expand"
