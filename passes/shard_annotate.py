@@ -133,9 +133,9 @@ def check_model(module: ModuleOp, plan: Plan) -> None:
     from flint.sharding.moe import check_plan, n_experts_of
 
     experts = n_experts_of(module, rules)
-    check_plan(plan, experts)
     plan.check_model(n_heads=heads, n_kv_heads=kv, hidden=hidden, seq_len=seq, n_experts=experts,
                      local_batch=batch // plan.dp if batch and batch % plan.dp == 0 else None)
+    check_plan(plan, experts)
     if batch is not None and batch % plan.dp:
         raise FlintError(f"plan: the batch of {batch} sequences is not divisible by the data-parallel degree "
                          f"dp_replicate*dp_shard = {plan.dp}")
