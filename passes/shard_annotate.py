@@ -230,7 +230,7 @@ def _annotate_function(fn: func.FuncOp, phase: str, plan: Plan, rules: Rules, ax
         rank = len(arg.type.get_shape())
         storage = compute = None
         if role == "parameter" and param or role in ("gradient", "exp_avg", "exp_avg_sq") and param:
-            storage = param_storage_sharding(plan, rules, param, rank)
+            storage = param_storage_sharding(plan, rules, param, rank, arg.type.get_shape())
             if role == "parameter" and phase != "optim":
                 compute = param_compute_sharding(plan, rules, param, rank)
         elif role == "input":
@@ -296,7 +296,7 @@ def _result_targets(fn: func.FuncOp, phase: str, plan: Plan, rules: Rules,
         if role == "activation":
             out[i] = (activation_sharding(plan, rank), None)
         else:
-            out[i] = (param_storage_sharding(plan, rules, param, rank), param)
+            out[i] = (param_storage_sharding(plan, rules, param, rank, t.get_shape()), param)
     return out
 
 

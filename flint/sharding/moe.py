@@ -65,9 +65,24 @@ def expert_compute_sharding(plan: Plan, rank: int) -> Sharding:
     return Sharding.split(rank, {0: plan.axes("ep")})
 
 
-def expert_storage_sharding(plan: Plan, rank: int) -> Sharding:
-    """An expert weight, its gradient and optimizer state: dim 0 over ``expert_fsdp`` then ``ep``."""
-    return Sharding.split(rank, {0: tuple(plan.axes("expert_fsdp")) + tuple(plan.axes("ep"))})
+def _efsdp_size(plan: Plan) -> int:
+    mesh = plan.mesh()
+    return math.prod(mesh.shape[mesh.axis_index(a)] for a in plan.axes("expert_fsdp"))
+
+
+def expert_fsdp_dim(plan: Plan, n_experts: int | None) -> int:
+    """The dim FSDP shards an expert weight on: 0, or 1 when ``expert_fsdp x ep`` exceeds the experts
+    (torchtitan's ``apply_fsdp``: ``Shard(1)`` if ``dp_mod_ep.size() * ep > num_experts``)."""
+    return 1 if n_experts is not None and _efsdp_size(plan) * plan.ep > n_experts else 0
+
+
+def expert_storage_sharding(plan: Plan, rank: int, shape=None) -> Sharding:
+    """An expert weight, its gradient and optimizer state: dim 0 over ``expert_fsdp`` then ``ep``, or
+    dim 0 over ``ep`` and dim 1 over ``expert_fsdp`` (see :func:`expert_fsdp_dim`)."""
+    efsdp, ep = tuple(plan.axes("expert_fsdp")), tuple(plan.axes("ep"))
+    if efsdp and rank >= 2 and expert_fsdp_dim(plan, shape[0] if shape else None) == 1:
+        return Sharding.split(rank, {0: ep, 1: efsdp})
+    return Sharding.split(rank, {0: efsdp + ep})
 
 
 def n_experts_of(module: ModuleOp, rules: Rules) -> int | None:
@@ -105,12 +120,6 @@ def check_plan(plan: Plan, n_experts: int | None) -> None:
     if n_experts is not None and plan.tp > 1:
         raise PlanError("tp", "a mixture-of-experts model under tensor parallelism is not built in shard-expand "
                         "(MoE expands under dp_replicate, dp_shard and ep)", src)
-    if plan.ep > 1 and n_experts is not None:
-        mesh = plan.mesh()
-        shards = plan.ep * math.prod(mesh.shape[mesh.axis_index(a)] for a in plan.axes("expert_fsdp"))
-        if n_experts % shards:
-            raise PlanError("ep", f"{n_experts} experts do not split over ep x dp_shard_mod_ep = {shards} ranks "
-                            "(torchtitan then shards the experts' dim 1; not built in shard-expand)", src)
     if plan.ep > 1 and plan.cp > 1:
         raise PlanError("ep", "expert parallelism borrowing context-parallel ranks (ep with cp > 1) is not built "
                         "in shard-expand", src)
@@ -365,7 +374,9 @@ def gather_experts(state, ex, old, gather: list, new_args, storage, phase: str, 
     if not experts:
         return gather
     axes = tuple(plan.axes("expert_fsdp"))
-    if axes:
+    if axes and all(storage[i].dims[1] for _, i, _ in experts):
+        _gather_dim1(ex, experts, new_args, axes)
+    elif axes:
         with _swap_fsdp(state, axes):
             state._unit_gather(ex, old, experts, new_args, storage, phase)
     else:
@@ -383,6 +394,94 @@ def reduce_expert_grads(state, ex, grads: list, results: list, shardings: list) 
     experts = [g for g in grads if state.rules.is_expert(g[3])]
     if not experts:
         return grads
-    with _swap_fsdp(state, tuple(plan.axes("expert_fsdp"))):
-        state._unit_reduce(ex, experts, results, shardings)
+    axes = tuple(plan.axes("expert_fsdp"))
+    if axes and all(g[2].dims[1] for g in experts):
+        _reduce_dim1(state, ex, experts, results, shardings, axes)
+    else:
+        with _swap_fsdp(state, axes):
+            state._unit_reduce(ex, experts, results, shardings)
     return [g for g in grads if g not in experts]
+
+
+def _aten(ex, target: str, inputs, out_t: TensorType, **args) -> SSAValue:
+    attrs = {k: ArrayAttr([IntegerAttr(x, i64) for x in v]) if isinstance(v, (list, tuple)) else IntegerAttr(v, i64)
+             for k, v in args.items()}
+    op = AtenOp(target, list(inputs), [out_t], args=attrs)
+    ex.emit(op)
+    return op.outputs[0]
+
+
+def _numel(shape) -> int:
+    return math.prod(shape)
+
+
+def _gather_dim1(ex, experts: list, new_args, axes: tuple) -> None:
+    """FSDP2's unshard of dim-1 shards: one all_gather of the flat shards, then each weight's
+    ``[n, e, d/n, h]`` chunks moved back into place (``[e, d, h]``)."""
+    n = ex._n(axes)
+    et = new_args[experts[0][1]].type.element_type
+    flats, metas = [], []
+    for val, i, s in experts:
+        shp = list(new_args[i].type.get_shape())
+        flats.append(_aten(ex, "aten.view.default", [new_args[i]], TensorType(et, [_numel(shp)]), size=[_numel(shp)]))
+        metas.append((val, s, shp))
+    total = sum(_numel(m[2]) for m in metas)
+    flat = flats[0] if len(flats) == 1 else _aten(ex, "aten.cat.default", flats, TensorType(et, [total]), dim=0)
+    full = ex._coll(dist.AllGatherOp(flat, ex.grid, ex._ids(axes), dist.FutureType(TensorType(et, [n * total])),
+                                     gather_dim=0))
+    full = _aten(ex, "aten.view.default", [full], TensorType(et, [n, total]), size=[n, total])
+    off = 0
+    for val, s, shp in metas:
+        numel = _numel(shp)
+        piece = _aten(ex, "aten.slice.Tensor", [full], TensorType(et, [n, numel]), dim=1, start=off, end=off + numel)
+        off += numel
+        v = _aten(ex, "aten.view.default", [piece], TensorType(et, [n] + shp), size=[n] + shp)
+        v = _aten(ex, "aten.permute.default", [v], TensorType(et, [shp[0], n] + shp[1:]),
+                  dims=[1, 0] + list(range(2, len(shp) + 1)))
+        rows = [shp[0], n * shp[1]] + shp[2:]
+        v = _aten(ex, "aten.reshape.default", [v], TensorType(et, rows), size=rows)
+        local = s.local_shape(shape_of(val), ex.sizes)
+        if rows[1] != local[1]:
+            v = _aten(ex, "aten.slice.Tensor", [v], TensorType(et, local), dim=1, start=0, end=local[1])
+        ex.bind(val, v, s)
+
+
+def _reduce_dim1(state, ex, experts: list, results: list, shardings: list, axes: tuple) -> None:
+    """Reduce dim-1-sharded expert gradients: each padded to a multiple of ``n`` rows on dim 1, its
+    ``n`` chunks moved to the front, one flat reduce_scatter over ``axes``, then HSDP's all_reduce."""
+    n = ex._n(axes)
+    replicate = tuple(state.replicate)
+    pieces, metas = [], []
+    et = None
+    for i, src, target, param in experts:
+        dp = set(axes) | set(replicate)
+        inter = Sharding((target.dims[0], ()) + target.dims[2:], tuple(a for a in ex.sharding(src).partial if a in dp))
+        v = ex.value(src, inter, f"gradient of '{param}'")
+        et = v.type.element_type
+        shp = list(v.type.get_shape())
+        d1 = -(-shp[1] // n) * n
+        if d1 != shp[1]:
+            pad = [0, 0] * (len(shp) - 2) + [0, d1 - shp[1]]
+            v = _aten(ex, "aten.constant_pad_nd.default", [v], TensorType(et, [shp[0], d1] + shp[2:]), pad=pad)
+        split = [shp[0], n, d1 // n] + shp[2:]
+        v = _aten(ex, "aten.view.default", [v], TensorType(et, split), size=split)
+        v = _aten(ex, "aten.permute.default", [v], TensorType(et, [n, shp[0], d1 // n] + shp[2:]),
+                  dims=[1, 0] + list(range(2, len(split))))
+        numel = _numel([shp[0], d1 // n] + shp[2:])
+        pieces.append(_aten(ex, "aten.reshape.default", [v], TensorType(et, [n, numel]), size=[n, numel]))
+        metas.append((i, target, param, numel, [shp[0], d1 // n] + shp[2:]))
+    total = sum(m[3] for m in metas)
+    flat = pieces[0] if len(pieces) == 1 else _aten(ex, "aten.cat.default", pieces, TensorType(et, [n, total]), dim=1)
+    flat = _aten(ex, "aten.view.default", [flat], TensorType(et, [n * total]), size=[n * total])
+    flat = ex._coll(dist.ReduceScatterOp(flat, ex.grid, ex._ids(axes), dist.FutureType(TensorType(et, [total])),
+                                         reduction="sum", scatter_dim=0))
+    if replicate:
+        flat = ex._coll(dist.AllReduceOp(flat, ex.grid, ex._ids(replicate), dist.FutureType(flat.type),
+                                         reduction="average"))
+    off = 0
+    for i, target, param, numel, local in metas:
+        piece = _aten(ex, "aten.slice.Tensor", [flat], TensorType(et, [numel]), dim=0, start=off, end=off + numel)
+        off += numel
+        results[i] = _aten(ex, "aten.view.default", [piece], TensorType(et, local), size=local)
+        shardings[i] = target
+        state.grad_sharding[param] = target

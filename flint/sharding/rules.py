@@ -114,14 +114,14 @@ def param_compute_sharding(plan: Plan, rules: Rules, param: str, rank: int) -> S
     return Sharding.split(rank, {dim: plan.axes("tp")})
 
 
-def param_storage_sharding(plan: Plan, rules: Rules, param: str, rank: int) -> Sharding:
+def param_storage_sharding(plan: Plan, rules: Rules, param: str, rank: int, shape=None) -> Sharding:
     """How a parameter (and its gradient and optimizer state) is stored: compute sharding, then
     dim 0 split over the FSDP axes (ZeRO-3; rows padded to a multiple of the FSDP degree)."""
     s = param_compute_sharding(plan, rules, param, rank)
     if plan.ep > 1 and rules.is_expert(param):
         from flint.sharding.moe import expert_storage_sharding
 
-        return expert_storage_sharding(plan, rank)
+        return expert_storage_sharding(plan, rank, shape)
     fsdp = plan.axes("fsdp") if plan.dp_shard > 1 else ()
     if fsdp and rank >= 1:
         s = s.with_dim(0, tuple(fsdp) + s.dims[0])
