@@ -203,3 +203,17 @@ def test_moe_planned_path_agrees_with_captured_path(recipe):
     assert exp.flops == cap.flops
     assert dict(exp.collectives) == dict(cap.collectives)
     assert dict(exp.collective_bytes) == dict(cap.collective_bytes)
+
+
+def test_capture_refuses_ep_naming_the_field_not_the_model():
+    """The captured path has no EP recipe: `ep` on the MoE model is refused as unsupported by capture (the
+    planned path expands it), not as 'needs a mixture-of-experts model'."""
+    from flint.capture import capture_step
+    from flint.models import factory
+
+    with pytest.raises(PlanError, match="plan field 'ep': capture does not support it yet"):
+        capture_step(factory("moe-tiny"), {"tokens": (4, SEQ), "labels": (4, SEQ)},
+                     plan=Plan.from_dict({"dp_shard": 4, "ep": 4}))
+    with pytest.raises(PlanError, match="plan field 'ep': 8 does not divide the model's 4 experts"):
+        capture_step(factory("moe-tiny"), {"tokens": (8, SEQ), "labels": (8, SEQ)},
+                     plan=Plan.from_dict({"dp_shard": 8, "ep": 8}))
