@@ -217,3 +217,19 @@ def test_capture_refuses_ep_naming_the_field_not_the_model():
     with pytest.raises(PlanError, match="plan field 'ep': 8 does not divide the model's 4 experts"):
         capture_step(factory("moe-tiny"), {"tokens": (8, SEQ), "labels": (8, SEQ)},
                      plan=Plan.from_dict({"dp_shard": 8, "ep": 8}))
+
+
+@pytest.mark.slow
+def test_top1_routing_with_batch_equal_to_experts():
+    """top_k = 1 and batch = experts: the activations between blocks have the expert buffers' shape and
+    the same ep split, yet backward still runs exactly two all_to_all per layer (expert-layout values are
+    marked by the forward, not guessed from shapes)."""
+    _, m = single_device_config("moe-tiny", EXPERTS, (("n_experts", EXPERTS), ("top_k", 1)))
+    one = summarize_program(m)
+    s = summarize_program(expanded(EP8, m))
+    assert s.flops * EP8.world_size == one.flops
+    ep_axes = ("dp_shard_in_ep",)
+    buffer_bytes = (EXPERTS * SEQ // EP8.dp) * 1 * HIDDEN * F32_BYTES
+    assert s.collectives[("all_to_all", ep_axes, "bwd")] == 2 * LAYERS
+    assert s.collective_bytes[("all_to_all", ep_axes, "bwd")] == LAYERS * 2 * buffer_bytes
+    assert s.collective_bytes[("all_to_all", ep_axes, "fwd")] == LAYERS * (EXPERTS * INT64_BYTES + 2 * buffer_bytes)

@@ -128,6 +128,11 @@ def check_plan(plan: Plan, n_experts: int | None) -> None:
 # ----------------------------------------------------------------- the expander
 
 
+# Marks (in FunctionExpander.hints, which the forward hands to the backward for saved values) a value laid
+# out per expert: [experts over ep, rows, ...] (an expert bmm's result and what is computed from it).
+EXPERT_LAYOUT = "flint.moe.expert_layout"
+
+
 def _is_bmm(op) -> bool:
     return isinstance(op, AtenOp) and op.overload.split(".")[1] in ("bmm", "baddbmm")
 
@@ -149,6 +154,10 @@ class MoEExpander(FunctionExpander):
     def expand_op(self, op: AtenOp) -> None:
         self.phase = op.phase.data if op.phase is not None else None
         super().expand_op(op)
+        ep = set(self.ep_axes)
+        if ep and _is_bmm(op) and set(self.sharding(op.outputs[0]).dims[0]) == ep:
+            new = self.env[op.outputs[0]][0]
+            self.hints[new] = {**(self.hints.get(new) or {}), EXPERT_LAYOUT: True}
 
     # --------------------------------------------------------------- token-local
 
@@ -198,7 +207,7 @@ class MoEExpander(FunctionExpander):
             src = v.owner
             if _is_bmm(src) or (isinstance(src, AtenOp) and any(_is_bmm(x.owner) for x in src.inputs)):
                 return "combine"
-            if not isinstance(src, AtenOp) and set(self.sharding(v).dims[0]) & set(self.ep_axes):
+            if not isinstance(src, AtenOp) and (self.hints.get(self.env[v][0]) or {}).get(EXPERT_LAYOUT):
                 return "combine"  # an expert output saved by the forward
         return None
 
