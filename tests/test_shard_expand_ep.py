@@ -10,7 +10,6 @@ from captures import imported, single_device, single_device_config
 from xdsl.context import Context
 from xdsl.dialects import func
 
-from flint.errors import FlintError
 from flint.ir import dist
 from flint.passes.canonicalize_dist import CanonicalizeDistPass
 from flint.passes.shard_annotate import annotate, check_model

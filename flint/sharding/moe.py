@@ -42,7 +42,7 @@ Not built: expert tensor parallelism (``etp > 1``), MoE under ``tp`` and
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Sequence
 
 from xdsl.dialects import func
@@ -52,7 +52,7 @@ from xdsl.ir import SSAValue
 from flint.ir import dist
 from flint.ir.aten import AtenOp
 from flint.plan import Plan, PlanError
-from flint.sharding.engine import ExpandError, FunctionExpander, Rule, _arg, _norm, shape_of, where
+from flint.sharding.engine import ExpandError, FunctionExpander, Rule, _arg, _norm, shape_of
 from flint.sharding.rules import Rules
 from flint.sharding.spec import Sharding
 
@@ -149,7 +149,6 @@ class MoEExpander(FunctionExpander):
     phase: str | None = None
     expert_ids: SSAValue | None = None  # new value: the flattened selected experts (sort's input)
     counts_sent: bool = False
-    _reshard_depth: int = field(default=0)
 
     def expand_op(self, op: AtenOp) -> None:
         self.phase = op.phase.data if op.phase is not None else None
