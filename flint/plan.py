@@ -10,6 +10,8 @@ A plan names degrees over a device mesh with the names torchtitan users know
     tp            tensor parallel, with or without sequence parallel (``sp``)
     pp            pipeline parallel, with a schedule and microbatches
     ep, etp       expert parallel and expert tensor parallel (MoE)
+    capacity_factor  expert-parallel dispatch buffers: rows per expert and source
+                  rank = capacity_factor x the balanced share (default 1.0, >= 1)
 
 ``dp_replicate * dp_shard * cp * tp * pp`` is the world size. ``ep`` does
 not multiply it: as in torchtitan, experts borrow ranks from ``dp_shard *
@@ -101,6 +103,9 @@ class Plan:
     pp: int = 1
     ep: int = 1
     etp: int = 1
+    # expert-parallel all_to_all buffers hold capacity_factor x the balanced rows per (expert, source rank)
+    # (GShard / Switch capacity; 1.0 = exactly the balanced routing, as torchtitan's dropless EP sends)
+    capacity_factor: float = 1.0
     sp: bool = False
     zero: int = 3  # ZeRO stage of the dp_shard axis: 1 optimizer state, 2 + gradients, 3 + parameters
     order: tuple[str, ...] = DEFAULT_ORDER  # mesh axes, innermost first
@@ -195,6 +200,11 @@ class Plan:
                                 f"size {self.world_size}", src)
         if world > MAX_WORLD_SIZE:
             raise PlanError("world_size", f"{world} ranks is more than Flint can hold ({MAX_WORLD_SIZE})", src)
+        if not self.capacity_factor >= 1.0 or self.capacity_factor > 64:
+            raise PlanError("capacity_factor", f"must be between 1.0 and 64 (token dropping is not modeled), got "
+                            f"{self.capacity_factor}", src)
+        if self.capacity_factor != 1.0 and self.ep == 1:
+            raise PlanError("capacity_factor", "sizes expert-parallel dispatch buffers: it needs ep > 1", src)
         if self.zero not in ZERO_STAGES:
             raise PlanError("zero", f"must be one of {', '.join(map(str, ZERO_STAGES))}, got {self.zero}", src)
         if self.sp and self.tp == 1:
@@ -386,7 +396,8 @@ class Plan:
         if self.sp:
             parts = [p + " (sp)" if p.startswith("tp=") else p for p in parts]
         if self.ep > 1:
-            parts.append(f"ep={self.ep}" + (f" etp={self.etp}" if self.etp > 1 else ""))
+            parts.append(f"ep={self.ep}" + (f" etp={self.etp}" if self.etp > 1 else "")
+                         + (f" capacity {self.capacity_factor:g}" if self.capacity_factor != 1.0 else ""))
         text = " x ".join(parts) or "single rank"
         extra = []
         if self.pp > 1:
@@ -403,6 +414,7 @@ class Plan:
 _BOOL_FIELDS = {"sp"}
 _STR_FIELDS = {"grad_sync", "pp_schedule", "activation_checkpoint", "tp_style"}
 _LIST_FIELDS = {"order": str, "pp_layers": int}
+_FLOAT_FIELDS = {"capacity_factor"}
 
 
 def _coerce(key: str, value: Any, source: str | None) -> Any:
@@ -415,6 +427,10 @@ def _coerce(key: str, value: Any, source: str | None) -> Any:
         if not isinstance(value, str):
             raise PlanError(key, f"must be a string, got {value!r}", source)
         return value
+    if key in _FLOAT_FIELDS:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise PlanError(key, f"must be a number, got {value!r}", source)
+        return float(value)
     if key in _LIST_FIELDS:
         item = _LIST_FIELDS[key]
         if not isinstance(value, (list, tuple)) or not all(isinstance(v, item) and not isinstance(v, bool)
@@ -462,11 +478,13 @@ PLAN_ATTR = "flint.plan"
 
 def attach(module: Any, plan: Plan) -> None:
     """Record ``plan`` on an IR module (``flint.plan = {dp_shard = 8 : i64, ...}``)."""
-    from xdsl.dialects.builtin import ArrayAttr, BoolAttr, DictionaryAttr, IntegerAttr, StringAttr, i64
+    from xdsl.dialects.builtin import ArrayAttr, BoolAttr, DictionaryAttr, FloatAttr, IntegerAttr, StringAttr, f64, i64
 
     def attr(value: Any):
         if isinstance(value, bool):
             return BoolAttr.from_bool(value)
+        if isinstance(value, float):
+            return FloatAttr(value, f64)
         if isinstance(value, int):
             return IntegerAttr(value, i64)
         if isinstance(value, str):
@@ -478,7 +496,7 @@ def attach(module: Any, plan: Plan) -> None:
 
 def plan_of(module: Any) -> Plan | None:
     """The plan recorded on an IR module by :func:`attach`, validated (None if there is none)."""
-    from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, IntegerAttr, StringAttr
+    from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, FloatAttr, IntegerAttr, StringAttr
 
     table = module.attributes.get(PLAN_ATTR)
     if table is None:
@@ -492,6 +510,8 @@ def plan_of(module: Any) -> Plan | None:
             return bool(v) if a.type.width.data == 1 else v
         if isinstance(a, StringAttr):
             return a.data
+        if isinstance(a, FloatAttr):
+            return a.value.data
         if isinstance(a, ArrayAttr):
             return [value(v) for v in a.data]
         raise PlanError("plan", f"module attribute '{PLAN_ATTR}' holds an unsupported value {a}")

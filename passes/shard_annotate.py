@@ -33,7 +33,7 @@ PARAM_ATTR = "flint.param"
 PARTIAL_ATTR = "flint.partial"
 GRID = "mesh"
 # Plan fields shard-expand implements; others are refused before any work.
-EXPAND_FIELDS = ("dp_replicate", "dp_shard", "tp", "sp", "tp_style")
+EXPAND_FIELDS = ("dp_replicate", "dp_shard", "tp", "sp", "tp_style", "ep", "capacity_factor")
 
 
 def sharding_op(s: Sharding, axis_index: dict[str, int], grid: str = GRID) -> ShardingOp:
@@ -58,7 +58,8 @@ def read_sharding(op: ShardingOp, axis_names: list[str]) -> Sharding:
 def plan_from_options(p: "ShardAnnotatePass") -> Plan:
     if p.plan:
         return Plan.load(p.plan)
-    fields = {"dp_replicate": p.dp_replicate, "dp_shard": p.dp_shard, "tp": p.tp, "sp": p.sp, "tp_style": p.tp_style}
+    fields = {"dp_replicate": p.dp_replicate, "dp_shard": p.dp_shard, "tp": p.tp, "sp": p.sp, "tp_style": p.tp_style,
+              "ep": p.ep, "capacity_factor": p.capacity_factor}
     return Plan.from_dict(fields)
 
 
@@ -129,8 +130,12 @@ def check_model(module: ModuleOp, plan: Plan) -> None:
         for param, rows in split_dims:
             if param.endswith("attention.wk.weight"):
                 kv = rows // head_dim
-    plan.check_model(n_heads=heads, n_kv_heads=kv, hidden=hidden, seq_len=seq,
+    from flint.sharding.moe import check_plan, n_experts_of
+
+    experts = n_experts_of(module, rules)
+    plan.check_model(n_heads=heads, n_kv_heads=kv, hidden=hidden, seq_len=seq, n_experts=experts,
                      local_batch=batch // plan.dp if batch and batch % plan.dp == 0 else None)
+    check_plan(plan, experts)
     if batch is not None and batch % plan.dp:
         raise FlintError(f"plan: the batch of {batch} sequences is not divisible by the data-parallel degree "
                          f"dp_replicate*dp_shard = {plan.dp}")
@@ -158,9 +163,9 @@ class ShardAnnotatePass(ModulePass):
     The grid becomes the plan's mesh and the plan is recorded as ``flint.plan``.
 
     Options: ``plan`` (a plan TOML file; wins over the inline fields),
-    ``dp_replicate``, ``dp_shard``, ``tp``, ``sp``, ``tp_style``, ``rules``
+    ``dp_replicate``, ``dp_shard``, ``tp``, ``sp``, ``tp_style``, ``ep``, ``capacity_factor``, ``rules``
     (a rules TOML; default the built-in rules). Plan fields shard-expand does
-    not implement (cp, ep, pp, ZeRO-1/2, ...) are refused before any change.
+    not implement (cp, etp, pp, ZeRO-1/2, ...) are refused before any change.
     """
 
     name = "shard-annotate"
@@ -171,6 +176,8 @@ class ShardAnnotatePass(ModulePass):
     tp: int = 1
     sp: bool = False
     tp_style: str = "dtensor"
+    ep: int = 1
+    capacity_factor: float = 1.0
     rules: str = ""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
@@ -223,7 +230,7 @@ def _annotate_function(fn: func.FuncOp, phase: str, plan: Plan, rules: Rules, ax
         rank = len(arg.type.get_shape())
         storage = compute = None
         if role == "parameter" and param or role in ("gradient", "exp_avg", "exp_avg_sq") and param:
-            storage = param_storage_sharding(plan, rules, param, rank)
+            storage = param_storage_sharding(plan, rules, param, rank, arg.type.get_shape())
             if role == "parameter" and phase != "optim":
                 compute = param_compute_sharding(plan, rules, param, rank)
         elif role == "input":
@@ -289,7 +296,7 @@ def _result_targets(fn: func.FuncOp, phase: str, plan: Plan, rules: Rules,
         if role == "activation":
             out[i] = (activation_sharding(plan, rank), None)
         else:
-            out[i] = (param_storage_sharding(plan, rules, param, rank), param)
+            out[i] = (param_storage_sharding(plan, rules, param, rank, t.get_shape()), param)
     return out
 
 

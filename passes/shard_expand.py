@@ -18,6 +18,7 @@ from flint.ir.aten import AtenOp, get_schedule
 from flint.passes.shard_annotate import PARAM_ATTR, _role, read_sharding
 from flint.plan import Plan, plan_of
 from flint.sharding.engine import ExpandError, FunctionExpander, demand_pass, shape_of
+from flint.sharding.moe import assignments_of, gather_experts, make_expander, n_experts_of, reduce_expert_grads
 from flint.sharding.rules import Rules, load_rules
 from flint.sharding.spec import Sharding
 
@@ -48,6 +49,13 @@ class ShardExpandPass(ModulePass):
     per-rank shape, the function structure and ``flint.schedule`` are
     unchanged, and the module verifies. An op with no rule fails naming it
     and its source location. Options: ``rules`` (a rules TOML).
+
+    Mixture of experts (:mod:`flint.sharding.moe`): each rank routes its own
+    tokens; with ``ep > 1`` expert weights are split over the ``ep`` axes and
+    tokens move to their experts and back with ``dist.all_to_all`` (forward
+    after a token-count exchange, and backward), buffers sized by the plan's
+    ``capacity_factor``; expert weights are their own FSDP unit over
+    ``dp_shard_mod_ep``.
     """
 
     name = "shard-expand"
@@ -71,6 +79,7 @@ def expand(module: ModuleOp, plan: Plan, rules: Rules) -> None:
         [n for n in order if not n.endswith(("_fwd", "_bwd"))]
     order += [n for n in funcs if n not in order]
     state = _State(plan, rules, names, sizes)
+    state.n_experts, state.assignments = n_experts_of(module, rules), assignments_of(module, rules)
     for name in order:
         fn = funcs[name]
         new = state.expand_function(fn)
@@ -94,6 +103,8 @@ class _State:
         self.fsdp = tuple(plan.axes("fsdp")) if plan.dp_shard > 1 else ()
         self.replicate = tuple(plan.axes("dp_replicate")) if plan.dp_replicate > 1 else ()
         self.tp = tuple(plan.axes("tp"))
+        self.n_experts: int | None = None  # MoE: experts per layer, tokens * top_k (flint.sharding.moe)
+        self.assignments: int | None = None
 
     # ------------------------------------------------------------------ one function
 
@@ -104,8 +115,9 @@ class _State:
         ops = list(old.ops)
         sharding_ops = {o.result: read_sharding(o, self.names) for o in ops if isinstance(o, ShardingOp)}
         new_block = Block()
-        ex = FunctionExpander(self.rules, self.sizes, self.axis_index, "mesh", new_block.add_op,
-                              tp_style=self.plan.tp_style, eager_axes=self.tp, sequence_parallel=self.plan.sp)
+        ex = make_expander(self.plan, self.rules, self.n_experts, self.assignments, sizes=self.sizes, axis_index=self.axis_index,
+                           grid="mesh", emit=new_block.add_op,
+                           tp_style=self.plan.tp_style, eager_axes=self.tp, sequence_parallel=self.plan.sp)
         # argument shardings: annotations, else what the forward returned / backward produced
         storage: dict[int, Sharding] = {}
         compute: dict[SSAValue, tuple[int, Sharding]] = {}
@@ -162,6 +174,7 @@ class _State:
                     gather.append((o.result, i, s))
                 else:
                     ex.bind(o.result, ex.value(o.src, s, f"argument {i} of @{name}"), s)
+        gather = gather_experts(self, ex, old, gather, new_args, storage, phase, fn)
         if gather:
             self._unit_gather(ex, old, gather, new_args, storage, phase)
         # demanded splits of returned gradients (gemms producing them compute only their shard)
@@ -270,6 +283,7 @@ class _State:
                             break
                 results.append(new)
                 shardings.append(s)
+        grads = reduce_expert_grads(self, ex, grads, results, shardings)
         if grads:
             self._unit_reduce(ex, grads, results, shardings)
         return results, shardings

@@ -71,3 +71,14 @@ def captured_ac(mode: str, every: int = 1, plan: str = "fsdp", world: int = 2, m
     batch = (2 * p.dp, SEQ)
     step = capture_step(factory(model, n_layers=layers), {"tokens": batch, "labels": batch}, plan=p)
     return step, import_step(step)
+
+
+@cache
+def single_device_config(model: str, batch: int, overrides: tuple = ()):
+    """:func:`single_device` of ``model`` with config ``overrides`` (``(("n_experts", 8),)``). Tests must not
+    mutate the module."""
+    from flint.importer import import_step
+
+    step = capture_step(factory(model, **dict(overrides)), {"tokens": (batch, SEQ), "labels": (batch, SEQ)},
+                        world_size=1, plan="dp")
+    return step, import_step(step)

@@ -604,7 +604,7 @@ def capture_step(
             _check_layers(model.layers)
         _check_batch(batch_shapes, ("tokens", "labels"))
         cfg = getattr(model, "config", None)
-        plan.check_model(n_layers=getattr(cfg, "n_layers", None))
+        plan.check_model(n_layers=getattr(cfg, "n_layers", None), n_experts=getattr(cfg, "n_experts", None))
         infos, model = apply(plan, model, dm)
         data_axes = [a for a in mesh.axis_names if a in ("dp_replicate", "dp_shard")]
         dp_group = dm["dp_shard"].get_group().group_name if data_parallel_mode(plan) == "fsdp" else None

@@ -30,6 +30,7 @@ class Rules:
     linear_all: frozenset
     linear_first: frozenset
     source: str
+    expert_params: tuple[str, ...] = ()  # fnmatch patterns of stacked MoE expert weights (dim 0: experts)
 
     def op_kind(self, target: str) -> str | None:
         """The rule kind of an ATen overload name (``aten.mm.default`` -> ``matmul``), None if unknown."""
@@ -41,6 +42,10 @@ class Rules:
         parts = target.split(".")
         name = parts[1] if len(parts) >= 2 else target
         return "all" if name in self.linear_all else "first" if name in self.linear_first else "none"
+
+    def is_expert(self, param: str | None) -> bool:
+        """Whether ``param`` is a stacked expert weight (``[[experts]]`` in the rules)."""
+        return param is not None and any(fnmatch.fnmatchcase(param, p) for p in self.expert_params)
 
     def tp_dim(self, param: str) -> int | None:
         """The dim ``tp`` splits in parameter ``param`` (None: replicated over tp)."""
@@ -71,8 +76,14 @@ def load_rules(path: str | None = None) -> Rules:
             if n in kinds:
                 raise RulesError(f"{p}: op '{n}' is listed under both '{kinds[n]}' and '{kind}'")
             kinds[n] = kind
+    experts = []
+    for i, entry in enumerate(data.get("experts", [])):
+        if not isinstance(entry.get("pattern"), str):
+            raise RulesError(f"{p}: [[experts]] entry {i} needs pattern (string)")
+        experts.append(entry["pattern"])
     lin = data.get("linear", {})
-    return Rules(tuple(tp), kinds, frozenset(lin.get("all", ())), frozenset(lin.get("first", ())), str(p))
+    return Rules(tuple(tp), kinds, frozenset(lin.get("all", ())), frozenset(lin.get("first", ())), str(p),
+                 tuple(experts))
 
 
 # ------------------------------------------------------------- plan -> shardings
@@ -93,16 +104,24 @@ def activation_sharding(plan: Plan, rank: int) -> Sharding:
 
 def param_compute_sharding(plan: Plan, rules: Rules, param: str, rank: int) -> Sharding:
     """How a parameter is used in compute: split on ``tp`` by the rules (replicated otherwise)."""
+    if plan.ep > 1 and rules.is_expert(param):
+        from flint.sharding.moe import expert_compute_sharding
+
+        return expert_compute_sharding(plan, rank)
     dim = rules.tp_dim(param) if plan.tp > 1 else None
     if dim is None or dim >= rank:
         return Sharding.replicated(rank)
     return Sharding.split(rank, {dim: plan.axes("tp")})
 
 
-def param_storage_sharding(plan: Plan, rules: Rules, param: str, rank: int) -> Sharding:
+def param_storage_sharding(plan: Plan, rules: Rules, param: str, rank: int, shape=None) -> Sharding:
     """How a parameter (and its gradient and optimizer state) is stored: compute sharding, then
     dim 0 split over the FSDP axes (ZeRO-3; rows padded to a multiple of the FSDP degree)."""
     s = param_compute_sharding(plan, rules, param, rank)
+    if plan.ep > 1 and rules.is_expert(param):
+        from flint.sharding.moe import expert_storage_sharding
+
+        return expert_storage_sharding(plan, rank, shape)
     fsdp = plan.axes("fsdp") if plan.dp_shard > 1 else ()
     if fsdp and rank >= 1:
         s = s.with_dim(0, tuple(fsdp) + s.dims[0])

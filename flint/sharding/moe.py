@@ -1,0 +1,495 @@
+"""Mixture-of-experts rules for the sharding engine: routing, dispatch, expert matmuls, combine,
+and expert parallelism along the plan's ``ep`` axes.
+
+The single-device MoE step (``flint/models/moe.py``) routes with a gate
+linear, softmax and ``topk``; dispatches with ``sort`` / ``index`` into an
+``[experts, rows, hidden]`` buffer; runs the experts as ``bmm`` with stacked
+weights; and combines with ``index_add`` (backward: ``index_select`` /
+``index_put``). Under data parallelism every rank routes its own tokens:
+
+- ``token_local`` ops (``rules.toml``) keep dim 0 split over the token axes:
+  sorting, gathering and scattering use local indices into the rank's tokens.
+- The dispatch view ``[tokens*top_k, hidden] -> [experts, rows, hidden]``
+  puts the token split on ``rows`` (each rank holds 1/dp of every expert's
+  rows); the combine view goes back.
+
+With expert parallelism (``ep > 1``, torchtitan's ``ExpertParallel``) expert
+weights are split on dim 0 over the ``ep`` axes (and stored split further
+over ``expert_fsdp``, FSDP over ``dp_shard_mod_ep``, torchtitan's
+``dp_mod_ep`` mesh). An expert ``bmm`` wants its token operand as
+``[experts over ep, rows over the other token axes, hidden]``: going there
+from the token layout is the dispatch ``dist.all_to_all`` (split experts,
+concatenate rows) over all ``ep`` axes at once, and back is the combine;
+backward runs the same two in reverse order. The forward of each MoE layer
+first exchanges the token counts per expert (``aten.histc`` of the selected
+experts, then an ``all_to_all`` of ``n_experts`` int64), as torchtitan's
+``_token_dispatch`` does before its ``all_to_all_single``. Routing is
+balanced (as the model captures it), so every (expert, source rank) pair
+carries ``tokens * top_k / n_experts`` rows; ``Plan.capacity_factor``
+sizes the dispatch buffers: each rank pads its rows per expert to
+``ceil(capacity_factor * rows)`` before the all_to_all and the receiver
+drops the padding before the experts (and the reverse for the combine), so
+the bytes per peer are the plan's capacity while the expert FLOPs stay those
+of the routed tokens. Expert gradients are reduced over the data-parallel
+axes outside ``ep``: one flat reduce-scatter over ``expert_fsdp`` per unit
+(a separate FSDP unit, as torchtitan shards experts with their own
+``fully_shard``), then an all-reduce over ``dp_replicate``.
+
+Not built: expert tensor parallelism (``etp > 1``), MoE under ``tp`` and
+``ep`` together with ``cp``; :func:`check_plan` refuses them by name.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+from xdsl.dialects import func
+from xdsl.dialects.builtin import ArrayAttr, IntegerAttr, ModuleOp, TensorType, i64
+from xdsl.ir import SSAValue
+
+from flint.ir import dist
+from flint.ir.aten import AtenOp
+from flint.plan import Plan, PlanError
+from flint.sharding.engine import ExpandError, FunctionExpander, Rule, _arg, _norm, shape_of
+from flint.sharding.rules import Rules
+from flint.sharding.spec import Sharding
+
+
+# ----------------------------------------------------------------- parameters
+
+
+def expert_compute_sharding(plan: Plan, rank: int) -> Sharding:
+    """An expert weight in compute: dim 0 (the experts) split over the ``ep`` axes."""
+    return Sharding.split(rank, {0: plan.axes("ep")})
+
+
+def _efsdp_size(plan: Plan) -> int:
+    mesh = plan.mesh()
+    return math.prod(mesh.shape[mesh.axis_index(a)] for a in plan.axes("expert_fsdp"))
+
+
+def expert_fsdp_dim(plan: Plan, n_experts: int | None) -> int:
+    """The dim FSDP shards an expert weight on: 0, or 1 when ``expert_fsdp x ep`` exceeds the experts
+    (torchtitan's ``apply_fsdp``: ``Shard(1)`` if ``dp_mod_ep.size() * ep > num_experts``)."""
+    return 1 if n_experts is not None and _efsdp_size(plan) * plan.ep > n_experts else 0
+
+
+def expert_storage_sharding(plan: Plan, rank: int, shape=None) -> Sharding:
+    """An expert weight, its gradient and optimizer state: dim 0 over ``expert_fsdp`` then ``ep``, or
+    dim 0 over ``ep`` and dim 1 over ``expert_fsdp`` (see :func:`expert_fsdp_dim`)."""
+    efsdp, ep = tuple(plan.axes("expert_fsdp")), tuple(plan.axes("ep"))
+    if efsdp and rank >= 2 and expert_fsdp_dim(plan, shape[0] if shape else None) == 1:
+        return Sharding.split(rank, {0: ep, 1: efsdp})
+    return Sharding.split(rank, {0: efsdp + ep})
+
+
+def n_experts_of(module: ModuleOp, rules: Rules) -> int | None:
+    """The number of experts (dim 0 of the stacked expert weights), None for a dense model."""
+    from flint.passes.shard_annotate import _role
+
+    for fn in module.ops:
+        if not isinstance(fn, func.FuncOp):
+            continue
+        for i, a in enumerate(fn.body.block.args):
+            role, param = _role(fn, i)
+            if role == "parameter" and rules.is_expert(param) and isinstance(a.type, TensorType) \
+                    and len(a.type.get_shape()) == 3:
+                return a.type.get_shape()[0]
+    return None
+
+
+def assignments_of(module: ModuleOp, rules: Rules) -> int | None:
+    """tokens * top_k of the routed step: the length of the routing sort's input (None without one)."""
+    for fn in module.ops:
+        if isinstance(fn, func.FuncOp):
+            for op in fn.walk():
+                if isinstance(op, AtenOp) and rules.op_kind(op.overload) == "token_local" and \
+                        op.overload.split(".")[1] == "sort" and len(shape_of(op.inputs[0])) == 1:
+                    return shape_of(op.inputs[0])[0]
+    return None
+
+
+def check_plan(plan: Plan, n_experts: int | None) -> None:
+    """What expansion does not build for MoE, refused by the plan field before any work."""
+    src = plan.source
+    if plan.etp > 1:
+        raise PlanError("etp", f"expert tensor parallelism (etp = {plan.etp}) is not built in shard-expand; "
+                        "use etp = 1 (experts whole on each ep rank)", src)
+    if n_experts is not None and plan.tp > 1:
+        raise PlanError("tp", "a mixture-of-experts model under tensor parallelism is not built in shard-expand "
+                        "(MoE expands under dp_replicate, dp_shard and ep)", src)
+    if plan.ep > 1 and plan.cp > 1:
+        raise PlanError("ep", "expert parallelism borrowing context-parallel ranks (ep with cp > 1) is not built "
+                        "in shard-expand", src)
+
+
+# ----------------------------------------------------------------- the expander
+
+
+# Marks (in FunctionExpander.hints, which the forward hands to the backward for saved values) a value laid
+# out per expert: [experts over ep, rows, ...] (an expert bmm's result and what is computed from it).
+EXPERT_LAYOUT = "flint.moe.expert_layout"
+
+
+def _is_bmm(op) -> bool:
+    return isinstance(op, AtenOp) and op.overload.split(".")[1] in ("bmm", "baddbmm")
+
+
+@dataclass
+class MoEExpander(FunctionExpander):
+    """:class:`FunctionExpander` with the MoE rules (see the module docstring)."""
+
+    n_experts: int | None = None
+    assignments: int | None = None  # tokens * top_k (global)
+    ep_axes: tuple = ()  # mesh axes of the ep group (empty: no expert parallelism)
+    token_axes: tuple = ()  # the data-parallel axes splitting the batch, outermost first
+    capacity_factor: float = 1.0
+    phase: str | None = None
+    expert_ids: SSAValue | None = None  # new value: the flattened selected experts (sort's input)
+    counts_sent: bool = False
+
+    def expand_op(self, op: AtenOp) -> None:
+        self.phase = op.phase.data if op.phase is not None else None
+        super().expand_op(op)
+        ep = set(self.ep_axes)
+        if ep and _is_bmm(op) and set(self.sharding(op.outputs[0]).dims[0]) == ep:
+            new = self.env[op.outputs[0]][0]
+            self.hints[new] = {**(self.hints.get(new) or {}), EXPERT_LAYOUT: True}
+
+    # --------------------------------------------------------------- token-local
+
+    def _order(self, axes) -> tuple:
+        axes = list(dict.fromkeys(axes))
+        known = [a for a in self.token_axes if a in axes]
+        return tuple(known + [a for a in axes if a not in known])
+
+    def rule_token_local(self, op: AtenOp) -> Rule:
+        name = op.overload.split(".")[1]
+        ins = [v for v in op.inputs if isinstance(v.type, TensorType)]
+        d_attr = _arg(op, "dim")
+        rank0 = len(shape_of(ins[0]))
+        d = _norm(d_attr.value.data, rank0) if isinstance(d_attr, IntegerAttr) else (rank0 - 1 if name == "sort" else 0)
+        if d != 0:
+            return self.rule_dim_local(op)
+        axes: tuple = ()
+        for v in ins:
+            s = self.sharding(v)
+            if s.dims and s.dims[0]:
+                axes = s.dims[0]
+                break
+        axes = self._order(a for a in axes if a not in self.ep_axes or a in self.token_axes)
+        if name == "sort":
+            self.expert_ids = self.env[ins[0]][0]
+
+        def lay(v) -> Sharding:
+            r = len(shape_of(v))
+            return Sharding((axes,) + ((),) * (r - 1)) if r else Sharding(())
+        return Rule([lay(v) for v in op.inputs], [lay(r) for r in op.outputs])
+
+    # ----------------------------------------------------------- dispatch views
+
+    def _expert_view(self, op: AtenOp) -> str | None:
+        """'dispatch' ([tokens*top_k, h] -> [experts, rows, h] feeding a bmm), 'combine' (back, from a bmm
+        or a sum of bmms), or None."""
+        if self.n_experts is None or self.assignments is None:
+            return None
+        a, b = shape_of(op.inputs[0]), shape_of(op.outputs[0])
+        if len(a) == 2 and len(b) == 3 and b[0] == self.n_experts and a[0] == self.assignments and \
+                b[0] * b[1] == a[0] and a[1] == b[2]:
+            if any(_is_bmm(u.operation) for u in op.outputs[0].uses):
+                return "dispatch"
+        if len(a) == 3 and len(b) == 2 and a[0] == self.n_experts and b[0] == self.assignments and \
+                a[0] * a[1] == b[0] and a[2] == b[1]:
+            v = op.inputs[0]
+            src = v.owner
+            if _is_bmm(src) or (isinstance(src, AtenOp) and any(_is_bmm(x.owner) for x in src.inputs)):
+                return "combine"
+            if not isinstance(src, AtenOp) and (self.hints.get(self.env[v][0]) or {}).get(EXPERT_LAYOUT):
+                return "combine"  # an expert output saved by the forward
+        return None
+
+    def rule_reshape(self, op: AtenOp) -> Rule:
+        kind = self._expert_view(op)
+        if kind is None:
+            return super().rule_reshape(op)
+        s = self.sharding(op.inputs[0])
+        if kind == "dispatch":
+            tokens = self._order(s.dims[0])
+            return Rule([Sharding((tokens, ()), s.partial)], [Sharding(((), tokens, ()), s.partial)])
+        tokens = self._order(tuple(s.dims[0]) + tuple(s.dims[1]))
+        return Rule([Sharding(((), tokens, ()), s.partial)], [Sharding((tokens, ()), s.partial)])
+
+    def rule_transpose(self, op: AtenOp) -> Rule:
+        """A transpose of dispatched rows that the experts consumed uses the expert layout (the forward
+        saves the routed input the expert gemm saw, as torchtitan's grouped mm does)."""
+        v = op.inputs[0]
+        s = self.sharding(v)
+        ep = set(self.ep_axes)
+        if ep and s.rank == 3 and not s.partial and not set(s.dims[0]) & ep and ep <= set(s.dims[1]):
+            want = Sharding((tuple(self.ep_axes), tuple(a for a in s.dims[1] if a not in ep), s.dims[2]))
+            if (self.env[v][0], want) in self.cache:
+                self.env[v] = (self.cache[(self.env[v][0], want)], want)
+        return super().rule_transpose(op)
+
+    def saved_value(self, old: SSAValue) -> tuple[SSAValue, Sharding]:
+        """An expert output the forward combined is saved combined (torchtitan's autograd saves the
+        routed output after the combine all_to_all for the score product's backward)."""
+        new, s = super().saved_value(old)
+        ep = set(self.ep_axes)
+        if ep and s.rank == 3 and set(s.dims[0]) == ep:
+            for (v, want), out in self.cache.items():
+                if v is new and want.rank == 3 and not want.partial and not set(want.dims[0]) & ep:
+                    return out, want
+        return new, s
+
+    # ------------------------------------------------------------- expert bmm
+
+    def rule_matmul(self, op: AtenOp) -> Rule:
+        ep = set(self.ep_axes)
+        if not ep or op.overload.split(".")[1] != "bmm" or \
+                not any(set(self.sharding(v).dims[0]) & ep for v in op.inputs):
+            return super().rule_matmul(op)
+        a, b = op.inputs
+        sa, sb = self.sharding(a), self.sharding(b)
+
+        def off(axes):
+            return tuple(x for x in axes if x not in ep)
+        m, ka, kb, n = off(sa.dims[1]), off(sa.dims[2]), off(sb.dims[1]), off(sb.dims[2])
+        m = tuple(x for x in m if x not in n)
+        k = tuple(x for x in dict.fromkeys(ka + kb) if x not in m + n)
+        lead = (tuple(self.ep_axes),)
+        pa, pb = sa.partial, sb.partial
+        if pa and pb:
+            pb = ()
+        partial = tuple(dict.fromkeys(pa + pb + k))
+        return Rule([Sharding(lead + (m, k), pa), Sharding(lead + (k, n), pb)],
+                    [Sharding(lead + (m, n), partial)], k)
+
+    # ------------------------------------------------------- dispatch / combine
+
+    def reshard(self, v: SSAValue, gshape: Sequence[int], src: Sharding, dst: Sharding, why: str) -> SSAValue:
+        kind = self._ep_move(src, dst) if self.ep_axes and len(gshape) == 3 else None
+        if kind is None:
+            return super().reshard(v, gshape, src, dst, why)
+        key = (v, dst)
+        if key in self.cache:
+            return self.cache[key]
+        out = self._dispatch(v, gshape, dst) if kind == "dispatch" else self._combine(v, gshape, dst)
+        self.cache[key] = out
+        return out
+
+    def _ep_move(self, src: Sharding, dst: Sharding) -> str | None:
+        ep = set(self.ep_axes)
+        if src.partial or dst.partial or src.dims[2] or dst.dims[2]:
+            return None
+        if not set(src.dims[0]) & ep and set(dst.dims[0]) == ep and \
+                set(src.dims[0]) | set(src.dims[1]) == ep | set(dst.dims[1]) and not set(dst.dims[1]) & ep:
+            return "dispatch"
+        if set(src.dims[0]) == ep and not set(dst.dims[0]) & ep and \
+                set(dst.dims[0]) | set(dst.dims[1]) == ep | set(src.dims[1]) and not set(src.dims[1]) & ep:
+            return "combine"
+        return None
+
+    def _aten(self, target: str, inputs, out_t: TensorType, **args) -> SSAValue:
+        attrs = {k: ArrayAttr([IntegerAttr(x, i64) for x in v]) if isinstance(v, (list, tuple)) else IntegerAttr(v, i64)
+                 for k, v in args.items()}
+        op = AtenOp(target, list(inputs), [out_t], args=attrs, phase=self.phase)
+        self.emit(op)
+        return op.outputs[0]
+
+    def _resize_rows(self, v: SSAValue, rows: int) -> SSAValue:
+        """``v`` ([e, r, h]) with ``rows`` rows on dim 1: padded with zeros (capacity) or sliced back."""
+        e, r, h = v.type.get_shape()
+        if rows == r:
+            return v
+        t = TensorType(v.type.element_type, [e, rows, h])
+        if rows > r:
+            return self._aten("aten.constant_pad_nd.default", [v], t, pad=[0, 0, 0, rows - r])
+        return self._aten("aten.slice.Tensor", [v], t, dim=1, start=0, end=rows)
+
+    def _exchange_counts(self) -> None:
+        """torchtitan's first all_to_all: the number of tokens for each expert (forward only)."""
+        if self.expert_ids is None:
+            raise ExpandError("shard-expand: expert-parallel dispatch without a routing sort before it "
+                              "(the token counts per expert come from the selected experts)")
+        e = self.n_experts
+        counts = self._aten("aten.histc.default", [self.expert_ids], TensorType(self.expert_ids.type.element_type, [e]),
+                            bins=e, min=0, max=e)
+        self._coll(dist.AllToAllOp(counts, self.grid, self._ids(self.ep_axes), dist.FutureType(counts.type),
+                                   split_dim=0, concat_dim=0))
+        self.counts_sent = True
+
+    def _dispatch(self, v: SSAValue, gshape: Sequence[int], dst: Sharding) -> SSAValue:
+        """[experts, rows/dp, h] -> [experts/ep, rows/(dp/ep), h]: pad to capacity, all_to_all, drop padding."""
+        if self.phase == "fwd" and not self.counts_sent:
+            self._exchange_counts()
+        e, r, h = v.type.get_shape()
+        cap = math.ceil(self.capacity_factor * r)
+        n = self._n(self.ep_axes)
+        buf = self._resize_rows(v, cap)
+        t = TensorType(v.type.element_type, [e // n, cap * n, h])
+        out = self._coll(dist.AllToAllOp(buf, self.grid, self._ids(self.ep_axes), dist.FutureType(t),
+                                         split_dim=0, concat_dim=1))
+        return self._resize_rows(out, dst.local_shape(gshape, self.sizes)[1])
+
+    def _combine(self, v: SSAValue, gshape: Sequence[int], dst: Sharding) -> SSAValue:
+        """[experts/ep, rows*ep/dp, h] -> [experts, rows/dp, h]: pad to capacity, all_to_all, drop padding."""
+        e, r, h = v.type.get_shape()
+        n = self._n(self.ep_axes)
+        local = dst.local_shape(gshape, self.sizes)
+        cap = math.ceil(self.capacity_factor * local[1])
+        buf = self._resize_rows(v, cap * n)
+        t = TensorType(v.type.element_type, [e * n, cap, h])
+        out = self._coll(dist.AllToAllOp(buf, self.grid, self._ids(self.ep_axes), dist.FutureType(t),
+                                         split_dim=1, concat_dim=0))
+        return self._resize_rows(out, local[1])
+
+
+def make_expander(plan: Plan, rules: Rules, n_experts: int | None, assignments: int | None, **kwargs) -> MoEExpander:
+    """The engine for one function of a plan (MoE rules active when the model has experts)."""
+    return MoEExpander(rules=rules, n_experts=n_experts, assignments=assignments, ep_axes=tuple(plan.axes("ep")) if plan.ep > 1 else (),
+                       token_axes=tuple(plan.axes("dp")), capacity_factor=plan.capacity_factor, **kwargs)
+
+
+# ------------------------------------------------- expert units (gather / reduce)
+
+
+def _swap_fsdp(state, axes: tuple, replicate: tuple | None = None):
+    """Run a data-parallel unit helper of :class:`~flint.passes.shard_expand._State` over the expert axes."""
+    class _Ctx:
+        def __enter__(self):
+            self.saved = (state.fsdp, state.replicate)
+            state.fsdp = axes
+            if replicate is not None:
+                state.replicate = replicate
+
+        def __exit__(self, *exc):
+            state.fsdp, state.replicate = self.saved
+    return _Ctx()
+
+
+def gather_experts(state, ex, old, gather: list, new_args, storage, phase: str, fn) -> list:
+    """FSDP-gather the unit's expert weights over ``expert_fsdp`` (their own all_gather, as torchtitan's
+    separate ``fully_shard`` of the experts); returns the other parameters to gather."""
+    from flint.passes.shard_annotate import _role
+
+    plan = state.plan
+    if plan.ep == 1:
+        return gather
+    experts = [g for g in gather if state.rules.is_expert(_role(fn, g[1])[1])]
+    if not experts:
+        return gather
+    axes = tuple(plan.axes("expert_fsdp"))
+    if axes and all(storage[i].dims[1] for _, i, _ in experts):
+        _gather_dim1(ex, experts, new_args, axes)
+    elif axes:
+        with _swap_fsdp(state, axes):
+            state._unit_gather(ex, old, experts, new_args, storage, phase)
+    else:
+        for val, i, s in experts:
+            ex.bind(val, new_args[i], s)
+    return [g for g in gather if g not in experts]
+
+
+def reduce_expert_grads(state, ex, grads: list, results: list, shardings: list) -> list:
+    """Reduce the unit's expert gradients over the data-parallel axes outside ``ep`` (reduce-scatter over
+    ``expert_fsdp``, all-reduce over ``dp_replicate``); returns the other gradients."""
+    plan = state.plan
+    if plan.ep == 1:
+        return grads
+    experts = [g for g in grads if state.rules.is_expert(g[3])]
+    if not experts:
+        return grads
+    axes = tuple(plan.axes("expert_fsdp"))
+    if axes and all(g[2].dims[1] for g in experts):
+        _reduce_dim1(state, ex, experts, results, shardings, axes)
+    else:
+        with _swap_fsdp(state, axes):
+            state._unit_reduce(ex, experts, results, shardings)
+    return [g for g in grads if g not in experts]
+
+
+def _aten(ex, target: str, inputs, out_t: TensorType, **args) -> SSAValue:
+    attrs = {k: ArrayAttr([IntegerAttr(x, i64) for x in v]) if isinstance(v, (list, tuple)) else IntegerAttr(v, i64)
+             for k, v in args.items()}
+    op = AtenOp(target, list(inputs), [out_t], args=attrs)
+    ex.emit(op)
+    return op.outputs[0]
+
+
+def _numel(shape) -> int:
+    return math.prod(shape)
+
+
+def _gather_dim1(ex, experts: list, new_args, axes: tuple) -> None:
+    """FSDP2's unshard of dim-1 shards: one all_gather of the flat shards, then each weight's
+    ``[n, e, d/n, h]`` chunks moved back into place (``[e, d, h]``)."""
+    n = ex._n(axes)
+    et = new_args[experts[0][1]].type.element_type
+    flats, metas = [], []
+    for val, i, s in experts:
+        shp = list(new_args[i].type.get_shape())
+        flats.append(_aten(ex, "aten.view.default", [new_args[i]], TensorType(et, [_numel(shp)]), size=[_numel(shp)]))
+        metas.append((val, s, shp))
+    total = sum(_numel(m[2]) for m in metas)
+    flat = flats[0] if len(flats) == 1 else _aten(ex, "aten.cat.default", flats, TensorType(et, [total]), dim=0)
+    full = ex._coll(dist.AllGatherOp(flat, ex.grid, ex._ids(axes), dist.FutureType(TensorType(et, [n * total])),
+                                     gather_dim=0))
+    full = _aten(ex, "aten.view.default", [full], TensorType(et, [n, total]), size=[n, total])
+    off = 0
+    for val, s, shp in metas:
+        numel = _numel(shp)
+        piece = _aten(ex, "aten.slice.Tensor", [full], TensorType(et, [n, numel]), dim=1, start=off, end=off + numel)
+        off += numel
+        v = _aten(ex, "aten.view.default", [piece], TensorType(et, [n] + shp), size=[n] + shp)
+        v = _aten(ex, "aten.permute.default", [v], TensorType(et, [shp[0], n] + shp[1:]),
+                  dims=[1, 0] + list(range(2, len(shp) + 1)))
+        rows = [shp[0], n * shp[1]] + shp[2:]
+        v = _aten(ex, "aten.reshape.default", [v], TensorType(et, rows), size=rows)
+        local = s.local_shape(shape_of(val), ex.sizes)
+        if rows[1] != local[1]:
+            v = _aten(ex, "aten.slice.Tensor", [v], TensorType(et, local), dim=1, start=0, end=local[1])
+        ex.bind(val, v, s)
+
+
+def _reduce_dim1(state, ex, experts: list, results: list, shardings: list, axes: tuple) -> None:
+    """Reduce dim-1-sharded expert gradients: each padded to a multiple of ``n`` rows on dim 1, its
+    ``n`` chunks moved to the front, one flat reduce_scatter over ``axes``, then HSDP's all_reduce."""
+    n = ex._n(axes)
+    replicate = tuple(state.replicate)
+    pieces, metas = [], []
+    et = None
+    for i, src, target, param in experts:
+        dp = set(axes) | set(replicate)
+        inter = Sharding((target.dims[0], ()) + target.dims[2:], tuple(a for a in ex.sharding(src).partial if a in dp))
+        v = ex.value(src, inter, f"gradient of '{param}'")
+        et = v.type.element_type
+        shp = list(v.type.get_shape())
+        d1 = -(-shp[1] // n) * n
+        if d1 != shp[1]:
+            pad = [0, 0] * (len(shp) - 2) + [0, d1 - shp[1]]
+            v = _aten(ex, "aten.constant_pad_nd.default", [v], TensorType(et, [shp[0], d1] + shp[2:]), pad=pad)
+        split = [shp[0], n, d1 // n] + shp[2:]
+        v = _aten(ex, "aten.view.default", [v], TensorType(et, split), size=split)
+        v = _aten(ex, "aten.permute.default", [v], TensorType(et, [n, shp[0], d1 // n] + shp[2:]),
+                  dims=[1, 0] + list(range(2, len(split))))
+        numel = _numel([shp[0], d1 // n] + shp[2:])
+        pieces.append(_aten(ex, "aten.reshape.default", [v], TensorType(et, [n, numel]), size=[n, numel]))
+        metas.append((i, target, param, numel, [shp[0], d1 // n] + shp[2:]))
+    total = sum(m[3] for m in metas)
+    flat = pieces[0] if len(pieces) == 1 else _aten(ex, "aten.cat.default", pieces, TensorType(et, [n, total]), dim=1)
+    flat = _aten(ex, "aten.view.default", [flat], TensorType(et, [n * total]), size=[n * total])
+    flat = ex._coll(dist.ReduceScatterOp(flat, ex.grid, ex._ids(axes), dist.FutureType(TensorType(et, [total])),
+                                         reduction="sum", scatter_dim=0))
+    if replicate:
+        flat = ex._coll(dist.AllReduceOp(flat, ex.grid, ex._ids(replicate), dist.FutureType(flat.type),
+                                         reduction="average"))
+    off = 0
+    for i, target, param, numel, local in metas:
+        piece = _aten(ex, "aten.slice.Tensor", [flat], TensorType(et, [numel]), dim=0, start=off, end=off + numel)
+        off += numel
+        results[i] = _aten(ex, "aten.view.default", [piece], TensorType(et, local), size=local)
+        shardings[i] = target
+        state.grad_sharding[param] = target
