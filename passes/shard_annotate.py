@@ -23,6 +23,7 @@ from flint.sharding.rules import (
     Rules,
     activation_sharding,
     batch_sharding,
+    fsdp_axes,
     load_rules,
     param_compute_sharding,
     param_storage_sharding,
@@ -34,6 +35,7 @@ PARTIAL_ATTR = "flint.partial"
 GRID = "mesh"
 # Plan fields shard-expand implements; others are refused before any work.
 EXPAND_FIELDS = ("dp_replicate", "dp_shard", "tp", "sp", "tp_style", "ep", "capacity_factor")
+EXPAND_FIELDS += ("cp",)  # context parallelism (flint/sharding/cp.py)
 
 
 def sharding_op(s: Sharding, axis_index: dict[str, int], grid: str = GRID) -> ShardingOp:
@@ -60,6 +62,7 @@ def plan_from_options(p: "ShardAnnotatePass") -> Plan:
         return Plan.load(p.plan)
     fields = {"dp_replicate": p.dp_replicate, "dp_shard": p.dp_shard, "tp": p.tp, "sp": p.sp, "tp_style": p.tp_style,
               "ep": p.ep, "capacity_factor": p.capacity_factor}
+    fields["cp"] = p.cp
     return Plan.from_dict(fields)
 
 
@@ -179,6 +182,7 @@ class ShardAnnotatePass(ModulePass):
     ep: int = 1
     capacity_factor: float = 1.0
     rules: str = ""
+    cp: int = 1
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         plan = plan_from_options(self)
@@ -202,7 +206,7 @@ def annotate(module: ModuleOp, plan: Plan, rules: Rules) -> None:
                                  for r, p in [_role(fn, i)] if r == "parameter" and p]
     for name, fn in funcs.items():
         part, _, phase = name.rpartition("_")
-        if phase == "bwd" and plan.dp_shard > 1 and part in part_params:
+        if phase == "bwd" and fsdp_axes(plan) and part in part_params:
             have = {_role(fn, i)[1] for i in range(len(fn.body.block.args))}
             for p, t in part_params[part]:
                 if p not in have:

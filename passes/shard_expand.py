@@ -19,7 +19,7 @@ from flint.passes.shard_annotate import PARAM_ATTR, _role, read_sharding
 from flint.plan import Plan, plan_of
 from flint.sharding.engine import ExpandError, FunctionExpander, demand_pass, shape_of
 from flint.sharding.moe import assignments_of, gather_experts, make_expander, n_experts_of, reduce_expert_grads
-from flint.sharding.rules import Rules, load_rules
+from flint.sharding.rules import Rules, fsdp_axes, load_rules
 from flint.sharding.spec import Sharding
 
 EXPANDED_ATTR = "flint.expanded"
@@ -100,7 +100,8 @@ class _State:
         self.fwd_results: dict[str, list[Sharding]] = {}
         self.grad_sharding: dict[str, Sharding] = {}
         self.fwd_hints: dict[str, list] = {}
-        self.fsdp = tuple(plan.axes("fsdp")) if plan.dp_shard > 1 else ()
+        self.fsdp = fsdp_axes(plan)
+        self.cp = tuple(plan.axes("cp"))
         self.replicate = tuple(plan.axes("dp_replicate")) if plan.dp_replicate > 1 else ()
         self.tp = tuple(plan.axes("tp"))
         self.n_experts: int | None = None  # MoE: experts per layer, tokens * top_k (flint.sharding.moe)
@@ -117,7 +118,8 @@ class _State:
         new_block = Block()
         ex = make_expander(self.plan, self.rules, self.n_experts, self.assignments, sizes=self.sizes, axis_index=self.axis_index,
                            grid="mesh", emit=new_block.add_op,
-                           tp_style=self.plan.tp_style, eager_axes=self.tp, sequence_parallel=self.plan.sp)
+                           tp_style=self.plan.tp_style, eager_axes=self.tp, sequence_parallel=self.plan.sp,
+                           cp_axes=self.cp)
         # argument shardings: annotations, else what the forward returned / backward produced
         storage: dict[int, Sharding] = {}
         compute: dict[SSAValue, tuple[int, Sharding]] = {}

@@ -133,6 +133,14 @@ class FunctionExpander:
     hints: dict = field(default_factory=dict)  # new SSAValue -> where the axes of a merged dim came from
     _next_hint: dict | None = None
     reduced: dict = field(default_factory=dict)  # old SSAValue -> (new value, sharding) once its partial was reduced
+    cp_axes: tuple = ()  # context-parallel axes: attention over a sequence split on them is ring attention (cp.py)
+    _p2p_tag: int = 0
+
+    def next_p2p_tag(self, count: int) -> int:
+        """The first of ``count`` fresh send/recv tags of this function."""
+        tag = self._p2p_tag
+        self._p2p_tag += count
+        return tag
 
     # ----------------------------------------------------------- resharding
 
@@ -334,6 +342,11 @@ class FunctionExpander:
 
     def expand_op(self, op: AtenOp) -> None:
         kind = self.rules.op_kind(op.overload)
+        if kind == "attention" and self.cp_axes:
+            from flint.sharding.cp import expand_attention
+
+            if expand_attention(self, op):
+                return
         handler = getattr(self, f"rule_{kind}", None) if kind else None
         if handler is None:
             raise ExpandError(f"no sharding rule for '{op.overload}'{where(op)}; add it to a kind in "
