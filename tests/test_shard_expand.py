@@ -124,7 +124,7 @@ def test_conservation(plan):
 @pytest.mark.parametrize("fields,field,match", [
     ({"tp": 3}, "tp", "does not divide the model's n_heads = 16"),
     ({"tp": 16}, "tp", "n_kv_heads = 8"),
-    ({"cp": 2}, "cp", "shard-expand does not support it yet"),
+    ({"pp": 2}, "pp", "shard-expand does not support it yet"),
     ({"dp_shard": 3}, "plan", "batch per data-parallel rank|not divisible by the data-parallel degree"),
 ])
 def test_bad_plans_are_refused_before_any_work(fields, field, match):
@@ -133,8 +133,8 @@ def test_bad_plans_are_refused_before_any_work(fields, field, match):
     before = str(m)
     CanonicalizeDistPass().apply(Context(), m)
     with pytest.raises(FlintError, match=match):
-        ShardAnnotatePass(**{k: v for k, v in fields.items() if k != "cp"},
-                          plan="" if "cp" not in fields else _plan_file(fields)).apply(Context(), m)
+        ShardAnnotatePass(**{k: v for k, v in fields.items() if k != "pp"},
+                          plan="" if "pp" not in fields else _plan_file(fields)).apply(Context(), m)
     assert str(m) == before or "shard." not in str(m)
 
 
@@ -185,7 +185,7 @@ def test_cli_expand_writes_the_per_rank_program_and_refuses_bad_plans(tmp_path, 
     assert "dist.reduce_scatter" in out.read_text() and "shard.shard" not in out.read_text()
     for body, match in (("tp = 3\n", "plan field 'tp': 3 does not divide"),
                         ("tp = 2\nfoo = 1\n", "plan field 'foo': unknown field"),
-                        ("cp = 2\n", "plan field 'cp': flint expand does not support it yet"),
+                        ("pp = 2\n", "plan field 'pp': flint expand does not support it yet"),
                         ("tp = 2\nworld_size = 8\n", "plan field 'world_size'")):
         bad = tmp_path / "bad.toml"
         bad.write_text(body)

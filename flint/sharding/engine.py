@@ -230,6 +230,8 @@ class FunctionExpander:
                 out = op.outputs[0]
                 cur = nxt
         self.cache[key] = out
+        if out is not v and v in self.hints:
+            self.hints.setdefault(out, self.hints[v])  # a merged dim keeps where its axes came from
         return out
 
     # ---------------------------------------------------------------- values
@@ -273,7 +275,8 @@ class FunctionExpander:
                 dims[p] = want.dims[d]
             return Sharding(tuple(dims), want.partial)
         if kind == "reshape":
-            need, back, _ = self.reshape_sharding(want, b, a)
+            merged = self.env.get(op.outputs[0])
+            need, back, _ = self.reshape_sharding(want, b, a, self.hints.get(merged[0]) if merged else None)
             if need != want:
                 return None
             _, again, _ = self.reshape_sharding(back, a, b)
@@ -306,6 +309,12 @@ class FunctionExpander:
                      phase=op.phase.data if op.phase else None, module=op.module.data if op.module else None)
         new.location = op.location
         self.emit(new)
+        if self.rules.op_kind(op.overload) == "reshape":
+            hint = self.reshape_sharding(in_want, shape_of(inp), shape_of(old), self.hints.get(src))[2]
+        else:
+            hint = self.hints.get(src)
+        if hint:
+            self.hints[new.outputs[0]] = hint
         return new.outputs[0]
 
     def saved_value(self, old: SSAValue) -> tuple[SSAValue, Sharding]:
@@ -431,7 +440,14 @@ class FunctionExpander:
             off = R - len(shp)
             for i, axes in enumerate(s.dims):
                 d = i + off
-                if d < 0 or d >= R or not axes or dims[d] or d in dim_free or shp[i] != out_shape[d]:
+                if d < 0 or d >= R or not axes or d in dim_free or shp[i] != out_shape[d]:
+                    continue
+                if dims[d]:
+                    # a finer split of the same dim wins ((cp, tp) over cp: sequence parallelism inside CP)
+                    more = set(axes) - set(dims[d])
+                    if set(dims[d]) < set(axes) and not used & more:
+                        dims[d] = axes
+                        used |= more
                     continue
                 if used & set(axes):
                     continue
