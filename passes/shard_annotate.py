@@ -27,6 +27,7 @@ from flint.sharding.rules import (
     load_rules,
     param_compute_sharding,
     param_storage_sharding,
+    zero_storage_sharding,
 )
 from flint.sharding.spec import Sharding
 
@@ -36,6 +37,7 @@ GRID = "mesh"
 # Plan fields shard-expand implements; others are refused before any work.
 EXPAND_FIELDS = ("dp_replicate", "dp_shard", "tp", "sp", "tp_style", "ep", "capacity_factor")
 EXPAND_FIELDS += ("cp",)  # context parallelism (flint/sharding/cp.py)
+EXPAND_FIELDS += ("zero",)  # ZeRO-1/2/3 of the FSDP axes (flint.sharding.rules.zero_storage_sharding)
 
 
 def sharding_op(s: Sharding, axis_index: dict[str, int], grid: str = GRID) -> ShardingOp:
@@ -63,6 +65,7 @@ def plan_from_options(p: "ShardAnnotatePass") -> Plan:
     fields = {"dp_replicate": p.dp_replicate, "dp_shard": p.dp_shard, "tp": p.tp, "sp": p.sp, "tp_style": p.tp_style,
               "ep": p.ep, "capacity_factor": p.capacity_factor}
     fields["cp"] = p.cp
+    fields["zero"] = p.zero
     return Plan.from_dict(fields)
 
 
@@ -183,6 +186,7 @@ class ShardAnnotatePass(ModulePass):
     capacity_factor: float = 1.0
     rules: str = ""
     cp: int = 1
+    zero: int = 3
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         plan = plan_from_options(self)
@@ -234,9 +238,11 @@ def _annotate_function(fn: func.FuncOp, phase: str, plan: Plan, rules: Rules, ax
         rank = len(arg.type.get_shape())
         storage = compute = None
         if role == "parameter" and param or role in ("gradient", "exp_avg", "exp_avg_sq") and param:
-            storage = param_storage_sharding(plan, rules, param, rank, arg.type.get_shape())
+            storage = zero_storage_sharding(plan, rules, param, rank, role, phase, arg.type.get_shape())
             if role == "parameter" and phase != "optim":
                 compute = param_compute_sharding(plan, rules, param, rank)
+            elif role == "parameter" and plan.zero == 1:  # ZeRO-1: each rank steps its shard of the parameter
+                compute = param_storage_sharding(plan, rules, param, rank, arg.type.get_shape())
         elif role == "input":
             storage = batch_sharding(plan, rank)
         elif role in ("activation", "tangent"):
@@ -300,7 +306,7 @@ def _result_targets(fn: func.FuncOp, phase: str, plan: Plan, rules: Rules,
         if role == "activation":
             out[i] = (activation_sharding(plan, rank), None)
         else:
-            out[i] = (param_storage_sharding(plan, rules, param, rank, t.get_shape()), param)
+            out[i] = (zero_storage_sharding(plan, rules, param, rank, "gradient", phase, t.get_shape()), param)
     return out
 
 
