@@ -18,7 +18,7 @@ from flint.errors import FlintError
 from flint.ir import dist
 from flint.ir.aten import AtenOp, get_schedule
 from flint.passes.lower_to_chakra import ROLE_ATTR
-from flint.plan import Plan, attach, plan_of
+from flint.plan import Plan, PlanError, attach, plan_of
 from flint.sharding.rules import (
     Rules,
     activation_sharding,
@@ -142,6 +142,9 @@ def check_model(module: ModuleOp, plan: Plan) -> None:
     plan.check_model(n_heads=heads, n_kv_heads=kv, hidden=hidden, seq_len=seq, n_experts=experts,
                      local_batch=batch // plan.dp if batch and batch % plan.dp == 0 else None)
     check_plan(plan, experts)
+    if plan.zero != 3 and not fsdp_axes(plan):
+        raise PlanError("zero", f"ZeRO-{plan.zero} shards over dp_shard (and cp); this plan has dp_shard = 1 and "
+                        "cp = 1, so there is nothing to shard", plan.source)
     if batch is not None and batch % plan.dp:
         raise FlintError(f"plan: the batch of {batch} sequences is not divisible by the data-parallel degree "
                          f"dp_replicate*dp_shard = {plan.dp}")

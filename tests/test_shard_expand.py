@@ -193,3 +193,78 @@ def test_cli_expand_writes_the_per_rank_program_and_refuses_bad_plans(tmp_path, 
         assert main(["expand", str(step), str(bad), "-o", str(out2)]) != 0
         assert match in capsys.readouterr().err
         assert not out2.exists()
+
+
+# ZeRO stages of the FSDP axes (plan field `zero`): collective kinds and bytes, and memory per rank.
+# P = the model's parameter bytes; units: embedding, ONE block (x 2 layers), head = 4 collectives each.
+ZERO_COLLECTIVES = {
+    # ZeRO-1 = DDP + ZeroRedundancyOptimizer: whole gradients all-reduced, updated shards gathered back
+    1: {("all_reduce", ("dp_shard",), "bwd"): (4, 1.0), ("all_gather", ("dp_shard",), "optim"): (4, 0.5)},
+    # ZeRO-2 = FSDP2 reshard_after_forward=False: gathered once (forward), gradients reduce-scattered
+    2: {("all_gather", ("dp_shard",), "fwd"): (4, 0.5), ("reduce_scatter", ("dp_shard",), "bwd"): (4, 1.0)},
+    # ZeRO-3 = FSDP2: gathered in forward and again in backward
+    3: {("all_gather", ("dp_shard",), "fwd"): (4, 0.5), ("all_gather", ("dp_shard",), "bwd"): (4, 0.5),
+        ("reduce_scatter", ("dp_shard",), "bwd"): (4, 1.0)},
+}
+# resident bytes per rank as a fraction of P: (parameters, gradients, optimizer state = exp_avg + exp_avg_sq)
+ZERO_MEMORY = {1: (1.0, 1.0, 1.0), 2: (1.0, 0.5, 1.0), 3: (0.5, 0.5, 1.0)}
+
+
+@pytest.mark.parametrize("zero", [1, 2, 3])
+def test_zero_stages_collectives_and_memory_per_rank(zero):
+    from flint.sim.lifetimes import step_memory
+
+    batch = 8
+    _, single = single_device("llama-tiny", batch)
+    m = single.clone()
+    CanonicalizeDistPass().apply(Context(), m)
+    ShardAnnotatePass(dp_shard=2, zero=zero).apply(Context(), m)
+    ShardExpandPass().apply(Context(), m)
+    m.verify()
+    got = summarize_program(m)
+    P = 1705216 * 4  # llama-tiny's parameters (embedding 262144, 2 blocks of 590336, head 262400), float32
+    assert {k: (got.collectives[k], got.collective_bytes[k]) for k in got.collectives} == \
+        {k: (n, int(P * f)) for k, (n, f) in ZERO_COLLECTIVES[zero].items()}
+    one = summarize_program(single)
+    assert got.flops * 2 == one.flops  # the batch split; the optimizer's elementwise work counts no FLOPs
+    peaks = step_memory(m).report.category_peak_bytes
+    params, grads, optim = ZERO_MEMORY[zero]
+    steps = 4 * 4  # AdamW's float32 step counter per parameter group (embedding, 2 blocks, head)
+    assert (peaks["params"], peaks["grads"], peaks["optimizer"]) == (int(P * params), int(P * grads),
+                                                                      int(P * optim) + steps)
+
+
+def test_zero1_steps_only_its_shard():
+    """ZeRO-1's AdamW runs on 1/dp of every parameter: each elementwise op of the optimizer touches
+    half the elements at dp_shard = 2 (bytes of the optimizer functions' aten ops halve)."""
+    from xdsl.dialects import func
+
+    from flint.ir.aten import AtenOp
+    from flint.passes.annotate_cost import aten_op_work
+
+    _, single = single_device("llama-tiny", 8)
+
+    def optim_bytes(module):
+        total = 0
+        for f in module.ops:
+            if isinstance(f, func.FuncOp) and f.sym_name.data.endswith("_optim"):
+                for op in f.walk():
+                    if isinstance(op, AtenOp) and op.phase is not None and op.phase.data == "optim":
+                        total += aten_op_work(op).bytes
+        return total
+    m = single.clone()
+    CanonicalizeDistPass().apply(Context(), m)
+    ShardAnnotatePass(dp_shard=2, zero=1).apply(Context(), m)
+    ShardExpandPass().apply(Context(), m)
+    full, local = optim_bytes(single), optim_bytes(m)
+    assert full / 2 <= local <= full / 2 + 4096  # scalar bias-correction ops are not split
+
+
+def test_zero_stage_without_fsdp_axes_is_refused():
+    _, single = single_device("llama-tiny", 8)
+    m = single.clone()
+    CanonicalizeDistPass().apply(Context(), m)
+    before = str(m)
+    with pytest.raises(PlanError, match="plan field 'zero': ZeRO-1 shards over dp_shard"):
+        ShardAnnotatePass(dp_replicate=2, zero=1).apply(Context(), m)
+    assert str(m) == before
