@@ -171,10 +171,15 @@ class ShardAnnotatePass(ModulePass):
 
     The grid becomes the plan's mesh and the plan is recorded as ``flint.plan``.
 
+    With ``cp`` the sequence dim of batch inputs and activations is split
+    over ``cp`` too, and FSDP shards over ``dp_shard x cp``. ``zero`` picks
+    how parameter state is stored (:func:`flint.sharding.rules.zero_storage_sharding`).
+
     Options: ``plan`` (a plan TOML file; wins over the inline fields),
-    ``dp_replicate``, ``dp_shard``, ``tp``, ``sp``, ``tp_style``, ``ep``, ``capacity_factor``, ``rules``
-    (a rules TOML; default the built-in rules). Plan fields shard-expand does
-    not implement (cp, etp, pp, ZeRO-1/2, ...) are refused before any change.
+    ``dp_replicate``, ``dp_shard``, ``tp``, ``sp``, ``tp_style``, ``ep``, ``capacity_factor``, ``cp``,
+    ``zero``, ``rules`` (a rules TOML; default the built-in rules). Plan
+    fields shard-expand does not implement (etp, pp, ...) are refused before
+    any change.
     """
 
     name = "shard-annotate"

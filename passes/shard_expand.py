@@ -44,6 +44,11 @@ class ShardExpandPass(ModulePass):
     ``"megatron"``: the sequence shard, gathered again in backward). With
     ``tp_style = "dtensor"`` sequence-parallel norm gradients leave backward
     partial over ``tp`` and the optimizer all-reduces them, as DTensor does.
+    Attention over a sequence split on ``cp`` becomes PyTorch's ring attention
+    (:mod:`flint.sharding.cp`: K/V all-gather, load-balanced causal steps,
+    the K/V gradient sent round the ring). ZeRO-2 skips the backward
+    re-gather; ZeRO-1 all-reduces gradients and all-gathers the shards the
+    optimizer updated.
 
     Afterwards: no ``shard`` annotation is left, every tensor has its
     per-rank shape, the function structure and ``flint.schedule`` are
