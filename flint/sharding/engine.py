@@ -579,6 +579,16 @@ class FunctionExpander:
                 for x in axes:
                     out[gj[hint[x][1]]] += (x,)
                 continue
+            known = [x for x in axes if x in hint and hint[x][0] == sizes]
+            if len(gj) > 1 and known:
+                # some axes have a known origin: the others split the same dim, inside them (a sequence split
+                # over cp, then over tp with sequence parallelism)
+                inner = gj[hint[known[-1]][1]]
+                extra = self._n([x for x in axes if x not in known])
+                if b[inner] % (self._n([x for x in known if gj[hint[x][1]] == inner]) * extra) == 0:
+                    for x in axes:
+                        out[gj[hint[x][1]] if x in known else inner] += (x,)
+                    continue
             n = self._n(axes)
             target = next((j for j in gj if b[j] > 1 and b[j] % n == 0), None)
             if target is None:
