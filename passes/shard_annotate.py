@@ -18,14 +18,16 @@ from flint.errors import FlintError
 from flint.ir import dist
 from flint.ir.aten import AtenOp, get_schedule
 from flint.passes.lower_to_chakra import ROLE_ATTR
-from flint.plan import Plan, attach, plan_of
+from flint.plan import Plan, PlanError, attach, plan_of
 from flint.sharding.rules import (
     Rules,
     activation_sharding,
     batch_sharding,
+    fsdp_axes,
     load_rules,
     param_compute_sharding,
     param_storage_sharding,
+    zero_storage_sharding,
 )
 from flint.sharding.spec import Sharding
 
@@ -34,6 +36,8 @@ PARTIAL_ATTR = "flint.partial"
 GRID = "mesh"
 # Plan fields shard-expand implements; others are refused before any work.
 EXPAND_FIELDS = ("dp_replicate", "dp_shard", "tp", "sp", "tp_style", "ep", "capacity_factor")
+EXPAND_FIELDS += ("cp",)  # context parallelism (flint/sharding/cp.py)
+EXPAND_FIELDS += ("zero",)  # ZeRO-1/2/3 of the FSDP axes (flint.sharding.rules.zero_storage_sharding)
 
 
 def sharding_op(s: Sharding, axis_index: dict[str, int], grid: str = GRID) -> ShardingOp:
@@ -60,6 +64,8 @@ def plan_from_options(p: "ShardAnnotatePass") -> Plan:
         return Plan.load(p.plan)
     fields = {"dp_replicate": p.dp_replicate, "dp_shard": p.dp_shard, "tp": p.tp, "sp": p.sp, "tp_style": p.tp_style,
               "ep": p.ep, "capacity_factor": p.capacity_factor}
+    fields["cp"] = p.cp
+    fields["zero"] = p.zero
     return Plan.from_dict(fields)
 
 
@@ -136,6 +142,9 @@ def check_model(module: ModuleOp, plan: Plan) -> None:
     plan.check_model(n_heads=heads, n_kv_heads=kv, hidden=hidden, seq_len=seq, n_experts=experts,
                      local_batch=batch // plan.dp if batch and batch % plan.dp == 0 else None)
     check_plan(plan, experts)
+    if plan.zero != 3 and not fsdp_axes(plan):
+        raise PlanError("zero", f"ZeRO-{plan.zero} shards over dp_shard (and cp); this plan has dp_shard = 1 and "
+                        "cp = 1, so there is nothing to shard", plan.source)
     if batch is not None and batch % plan.dp:
         raise FlintError(f"plan: the batch of {batch} sequences is not divisible by the data-parallel degree "
                          f"dp_replicate*dp_shard = {plan.dp}")
@@ -162,10 +171,15 @@ class ShardAnnotatePass(ModulePass):
 
     The grid becomes the plan's mesh and the plan is recorded as ``flint.plan``.
 
+    With ``cp`` the sequence dim of batch inputs and activations is split
+    over ``cp`` too, and FSDP shards over ``dp_shard x cp``. ``zero`` picks
+    how parameter state is stored (:func:`flint.sharding.rules.zero_storage_sharding`).
+
     Options: ``plan`` (a plan TOML file; wins over the inline fields),
-    ``dp_replicate``, ``dp_shard``, ``tp``, ``sp``, ``tp_style``, ``ep``, ``capacity_factor``, ``rules``
-    (a rules TOML; default the built-in rules). Plan fields shard-expand does
-    not implement (cp, etp, pp, ZeRO-1/2, ...) are refused before any change.
+    ``dp_replicate``, ``dp_shard``, ``tp``, ``sp``, ``tp_style``, ``ep``, ``capacity_factor``, ``cp``,
+    ``zero``, ``rules`` (a rules TOML; default the built-in rules). Plan
+    fields shard-expand does not implement (etp, pp, ...) are refused before
+    any change.
     """
 
     name = "shard-annotate"
@@ -179,6 +193,8 @@ class ShardAnnotatePass(ModulePass):
     ep: int = 1
     capacity_factor: float = 1.0
     rules: str = ""
+    cp: int = 1
+    zero: int = 3
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         plan = plan_from_options(self)
@@ -202,7 +218,7 @@ def annotate(module: ModuleOp, plan: Plan, rules: Rules) -> None:
                                  for r, p in [_role(fn, i)] if r == "parameter" and p]
     for name, fn in funcs.items():
         part, _, phase = name.rpartition("_")
-        if phase == "bwd" and plan.dp_shard > 1 and part in part_params:
+        if phase == "bwd" and fsdp_axes(plan) and part in part_params:
             have = {_role(fn, i)[1] for i in range(len(fn.body.block.args))}
             for p, t in part_params[part]:
                 if p not in have:
@@ -230,9 +246,11 @@ def _annotate_function(fn: func.FuncOp, phase: str, plan: Plan, rules: Rules, ax
         rank = len(arg.type.get_shape())
         storage = compute = None
         if role == "parameter" and param or role in ("gradient", "exp_avg", "exp_avg_sq") and param:
-            storage = param_storage_sharding(plan, rules, param, rank, arg.type.get_shape())
+            storage = zero_storage_sharding(plan, rules, param, rank, role, phase, arg.type.get_shape())
             if role == "parameter" and phase != "optim":
                 compute = param_compute_sharding(plan, rules, param, rank)
+            elif role == "parameter" and plan.zero == 1:  # ZeRO-1: each rank steps its shard of the parameter
+                compute = param_storage_sharding(plan, rules, param, rank, arg.type.get_shape())
         elif role == "input":
             storage = batch_sharding(plan, rank)
         elif role in ("activation", "tangent"):
@@ -296,7 +314,7 @@ def _result_targets(fn: func.FuncOp, phase: str, plan: Plan, rules: Rules,
         if role == "activation":
             out[i] = (activation_sharding(plan, rank), None)
         else:
-            out[i] = (param_storage_sharding(plan, rules, param, rank, t.get_shape()), param)
+            out[i] = (zero_storage_sharding(plan, rules, param, rank, "gradient", phase, t.get_shape()), param)
     return out
 
 

@@ -19,7 +19,7 @@ from flint.passes.shard_annotate import PARAM_ATTR, _role, read_sharding
 from flint.plan import Plan, plan_of
 from flint.sharding.engine import ExpandError, FunctionExpander, demand_pass, shape_of
 from flint.sharding.moe import assignments_of, gather_experts, make_expander, n_experts_of, reduce_expert_grads
-from flint.sharding.rules import Rules, load_rules
+from flint.sharding.rules import Rules, fsdp_axes, load_rules
 from flint.sharding.spec import Sharding
 
 EXPANDED_ATTR = "flint.expanded"
@@ -44,6 +44,11 @@ class ShardExpandPass(ModulePass):
     ``"megatron"``: the sequence shard, gathered again in backward). With
     ``tp_style = "dtensor"`` sequence-parallel norm gradients leave backward
     partial over ``tp`` and the optimizer all-reduces them, as DTensor does.
+    Attention over a sequence split on ``cp`` becomes PyTorch's ring attention
+    (:mod:`flint.sharding.cp`: K/V all-gather, load-balanced causal steps,
+    the K/V gradient sent round the ring). ZeRO-2 skips the backward
+    re-gather; ZeRO-1 all-reduces gradients and all-gathers the shards the
+    optimizer updated.
 
     Afterwards: no ``shard`` annotation is left, every tensor has its
     per-rank shape, the function structure and ``flint.schedule`` are
@@ -100,7 +105,8 @@ class _State:
         self.fwd_results: dict[str, list[Sharding]] = {}
         self.grad_sharding: dict[str, Sharding] = {}
         self.fwd_hints: dict[str, list] = {}
-        self.fsdp = tuple(plan.axes("fsdp")) if plan.dp_shard > 1 else ()
+        self.fsdp = fsdp_axes(plan)
+        self.cp = tuple(plan.axes("cp"))
         self.replicate = tuple(plan.axes("dp_replicate")) if plan.dp_replicate > 1 else ()
         self.tp = tuple(plan.axes("tp"))
         self.n_experts: int | None = None  # MoE: experts per layer, tokens * top_k (flint.sharding.moe)
@@ -117,7 +123,8 @@ class _State:
         new_block = Block()
         ex = make_expander(self.plan, self.rules, self.n_experts, self.assignments, sizes=self.sizes, axis_index=self.axis_index,
                            grid="mesh", emit=new_block.add_op,
-                           tp_style=self.plan.tp_style, eager_axes=self.tp, sequence_parallel=self.plan.sp)
+                           tp_style=self.plan.tp_style, eager_axes=self.tp, sequence_parallel=self.plan.sp,
+                           cp_axes=self.cp)
         # argument shardings: annotations, else what the forward returned / backward produced
         storage: dict[int, Sharding] = {}
         compute: dict[SSAValue, tuple[int, Sharding]] = {}
@@ -170,7 +177,7 @@ class _State:
         for o in ops:
             if isinstance(o, ShardOp) and o.result in compute:
                 i, s = compute[o.result]
-                if self.fsdp and _role(fn, i)[0] == "parameter":
+                if self.fsdp and _role(fn, i)[0] == "parameter" and set(self.fsdp) & storage[i].axes():
                     gather.append((o.result, i, s))
                 else:
                     ex.bind(o.result, ex.value(o.src, s, f"argument {i} of @{name}"), s)
@@ -194,6 +201,8 @@ class _State:
             else:
                 raise ExpandError(f"shard-expand: '{o.name}' in @{name} has no sharding rule "
                                   "(expand a single-device program of aten ops)")
+        if phase == "optim" and self.plan.zero == 1 and self.fsdp:
+            self._zero1_sync(ex, fn, old, new_args)
         results, result_sh = self._returns(ex, fn, phase, part, ret, returns, storage)
         new_block.add_op(func.ReturnOp(*results))
         if phase == "fwd":
@@ -257,6 +266,62 @@ class _State:
                 v = self._aten(ex, "aten.slice.Tensor", [v], TensorType(et, local), dim=0, start=0, end=local[0])
             ex.bind(val, v, s)
 
+    def _zero1_sync(self, ex, fn: func.FuncOp, old: Block, new_args) -> None:
+        """ZeRO-1 after the optimizer step: the updated shards of the unit's parameters gathered back into
+        every rank's whole parameters, with one all-gather of the flat shards (PyTorch's
+        ZeroRedundancyOptimizer broadcasts each parameter from the rank owning it, parameters assigned to
+        ranks greedily by size: the same bytes received per rank, (n-1)/n of the parameters, in one
+        collective instead of one broadcast per parameter)."""
+        metas = []
+        for i, a in enumerate(old.args):
+            if _role(fn, i)[0] != "parameter":
+                continue
+            v, updated = a, False
+            while True:  # through the annotations, then the optimizer's in-place updates of the parameter
+                nxt = next((u.operation.results[0] for u in v.uses if isinstance(u.operation, ShardOp)), None)
+                if nxt is None:
+                    nxt = next((u.operation.outputs[0] for u in v.uses if isinstance(u.operation, AtenOp)
+                                and u.index == 0 and u.operation.overload.split(".")[1].endswith("_")
+                                and u.operation.outputs), None)
+                    updated = updated or nxt is not None
+                if nxt is None:
+                    break
+                v = nxt
+            if not updated or v not in ex.env:
+                continue
+            nv, s = ex.env[v]
+            if not s.dims or not set(self.fsdp) & set(s.dims[0]):
+                continue
+            metas.append((i, nv))
+        if not metas:
+            return
+        n = ex._n(self.fsdp)
+        et = metas[0][1].type.element_type
+        flats, sizes = [], []
+        for i, nv in metas:
+            numel = 1
+            for x in nv.type.get_shape():
+                numel *= x
+            flats.append(self._aten(ex, "aten.view.default", [nv], TensorType(et, [numel]), size=[numel]))
+            sizes.append(numel)
+        total = sum(sizes)
+        flat = flats[0] if len(flats) == 1 else self._aten(ex, "aten.cat.default", flats, TensorType(et, [total]), dim=0)
+        full = ex._coll(dist.AllGatherOp(flat, ex.grid, ex._ids(self.fsdp), dist.FutureType(TensorType(et, [n * total])),
+                                         gather_dim=0))
+        full2 = self._aten(ex, "aten.view.default", [full], TensorType(et, [n, total]), size=[n, total])
+        off = 0
+        for (i, nv), numel in zip(metas, sizes):
+            piece = self._aten(ex, "aten.slice.Tensor", [full2], TensorType(et, [n, numel]), dim=1, start=off,
+                               end=off + numel)
+            off += numel
+            shp = list(nv.type.get_shape())
+            rows = [n * shp[0]] + shp[1:]
+            w = self._aten(ex, "aten.view.default", [piece], TensorType(et, rows), size=rows)
+            local = list(new_args[i].type.get_shape())
+            if rows[0] != local[0]:
+                w = self._aten(ex, "aten.slice.Tensor", [w], TensorType(et, local), dim=0, start=0, end=local[0])
+            self._aten(ex, "aten.copy_.default", [new_args[i], w], new_args[i].type)
+
     def _returns(self, ex, fn, phase, part, ret, returns, storage):
         results, shardings = [], []
         grads = []
@@ -292,15 +357,18 @@ class _State:
         """Reduce the unit's gradients over the data-parallel axes with one collective (FSDP: one
         reduce-scatter of the flat padded gradients, then HSDP's all-reduce of the shard; DDP: one
         all-reduce), each gradient then in its storage layout."""
-        dp = set(self.fsdp) | set(self.replicate)
+        fsdp, replicate = self.fsdp, self.replicate
+        if self.plan.zero == 1:  # DDP all-reduces whole gradients over every data-parallel axis
+            fsdp, replicate = (), tuple(a for a in self.names if a in set(self.fsdp) | set(self.replicate))
+        dp = set(fsdp) | set(replicate)
         staged = []
         for i, src, target, param in grads:
             cur = ex.sharding(src)
             keep_tp = tuple(a for a in cur.partial if a in self.tp) \
                 if self.plan.tp_style == "dtensor" and not (target.axes() & set(self.tp)) else ()
             dims = list(target.dims)
-            if self.fsdp and dims:
-                dims[0] = tuple(a for a in dims[0] if a not in self.fsdp)
+            if fsdp and dims:
+                dims[0] = tuple(a for a in dims[0] if a not in fsdp)
             inter = Sharding(tuple(dims), tuple(a for a in cur.partial if a in dp) + keep_tp)
             v = ex.value(src, inter, f"gradient of '{param}'")
             staged.append((i, v, inter, target, param, keep_tp))
@@ -312,11 +380,11 @@ class _State:
                 self.grad_sharding[param] = final
             return
         et = staged[0][1].type.element_type
-        n = ex._n(self.fsdp) if self.fsdp else 1
+        n = ex._n(fsdp) if fsdp else 1
         pieces, metas = [], []
         for i, v, inter, target, param, keep_tp in staged:
             shp = list(v.type.get_shape())
-            if self.fsdp:
+            if fsdp:
                 rows = -(-shp[0] // n) * n
                 if rows != shp[0]:
                     pad = [0, 0] * (len(shp) - 1) + [0, rows - shp[0]]
@@ -332,17 +400,17 @@ class _State:
                 pieces.append(self._aten(ex, "aten.view.default", [v], TensorType(et, [numel]), size=[numel]))
             metas.append((i, target, param, keep_tp, numel))
         total = sum(m[4] for m in metas)
-        if self.fsdp:
+        if fsdp:
             flat = pieces[0] if len(pieces) == 1 else self._aten(ex, "aten.cat.default", pieces,
                                                                  TensorType(et, [n, total]), dim=1)
             flat = self._aten(ex, "aten.view.default", [flat], TensorType(et, [n * total]), size=[n * total])
-            flat = ex._coll(dist.ReduceScatterOp(flat, ex.grid, ex._ids(self.fsdp), dist.FutureType(TensorType(et, [total])),
+            flat = ex._coll(dist.ReduceScatterOp(flat, ex.grid, ex._ids(fsdp), dist.FutureType(TensorType(et, [total])),
                                                  reduction="sum", scatter_dim=0))
         else:
             flat = pieces[0] if len(pieces) == 1 else self._aten(ex, "aten.cat.default", pieces,
                                                                  TensorType(et, [total]), dim=0)
-        if self.replicate:
-            flat = ex._coll(dist.AllReduceOp(flat, ex.grid, ex._ids(self.replicate), dist.FutureType(flat.type),
+        if replicate:
+            flat = ex._coll(dist.AllReduceOp(flat, ex.grid, ex._ids(replicate), dist.FutureType(flat.type),
                                              reduction="average"))
         off = 0
         for i, target, param, keep_tp, numel in metas:

@@ -124,7 +124,7 @@ def test_conservation(plan):
 @pytest.mark.parametrize("fields,field,match", [
     ({"tp": 3}, "tp", "does not divide the model's n_heads = 16"),
     ({"tp": 16}, "tp", "n_kv_heads = 8"),
-    ({"cp": 2}, "cp", "shard-expand does not support it yet"),
+    ({"pp": 2}, "pp", "shard-expand does not support it yet"),
     ({"dp_shard": 3}, "plan", "batch per data-parallel rank|not divisible by the data-parallel degree"),
 ])
 def test_bad_plans_are_refused_before_any_work(fields, field, match):
@@ -133,8 +133,8 @@ def test_bad_plans_are_refused_before_any_work(fields, field, match):
     before = str(m)
     CanonicalizeDistPass().apply(Context(), m)
     with pytest.raises(FlintError, match=match):
-        ShardAnnotatePass(**{k: v for k, v in fields.items() if k != "cp"},
-                          plan="" if "cp" not in fields else _plan_file(fields)).apply(Context(), m)
+        ShardAnnotatePass(**{k: v for k, v in fields.items() if k != "pp"},
+                          plan="" if "pp" not in fields else _plan_file(fields)).apply(Context(), m)
     assert str(m) == before or "shard." not in str(m)
 
 
@@ -185,7 +185,7 @@ def test_cli_expand_writes_the_per_rank_program_and_refuses_bad_plans(tmp_path, 
     assert "dist.reduce_scatter" in out.read_text() and "shard.shard" not in out.read_text()
     for body, match in (("tp = 3\n", "plan field 'tp': 3 does not divide"),
                         ("tp = 2\nfoo = 1\n", "plan field 'foo': unknown field"),
-                        ("cp = 2\n", "plan field 'cp': flint expand does not support it yet"),
+                        ("pp = 2\n", "plan field 'pp': flint expand does not support it yet"),
                         ("tp = 2\nworld_size = 8\n", "plan field 'world_size'")):
         bad = tmp_path / "bad.toml"
         bad.write_text(body)
@@ -193,3 +193,115 @@ def test_cli_expand_writes_the_per_rank_program_and_refuses_bad_plans(tmp_path, 
         assert main(["expand", str(step), str(bad), "-o", str(out2)]) != 0
         assert match in capsys.readouterr().err
         assert not out2.exists()
+
+
+# ZeRO stages of the FSDP axes (plan field `zero`): collective kinds and bytes, and memory per rank.
+# P = the model's parameter bytes; units: embedding, ONE block (x 2 layers), head = 4 collectives each.
+ZERO_COLLECTIVES = {
+    # ZeRO-1 = DDP + ZeroRedundancyOptimizer: whole gradients all-reduced, updated shards gathered back
+    1: {("all_reduce", ("dp_shard",), "bwd"): (4, 1.0), ("all_gather", ("dp_shard",), "optim"): (4, 0.5)},
+    # ZeRO-2 = FSDP2 reshard_after_forward=False: gathered once (forward), gradients reduce-scattered
+    2: {("all_gather", ("dp_shard",), "fwd"): (4, 0.5), ("reduce_scatter", ("dp_shard",), "bwd"): (4, 1.0)},
+    # ZeRO-3 = FSDP2: gathered in forward and again in backward
+    3: {("all_gather", ("dp_shard",), "fwd"): (4, 0.5), ("all_gather", ("dp_shard",), "bwd"): (4, 0.5),
+        ("reduce_scatter", ("dp_shard",), "bwd"): (4, 1.0)},
+}
+# resident bytes per rank as a fraction of P: (parameters, gradients, optimizer state = exp_avg + exp_avg_sq)
+ZERO_MEMORY = {1: (1.0, 1.0, 1.0), 2: (1.0, 0.5, 1.0), 3: (0.5, 0.5, 1.0)}
+
+
+@pytest.mark.parametrize("zero", [1, 2, 3])
+def test_zero_stages_collectives_and_memory_per_rank(zero):
+    from flint.sim.lifetimes import step_memory
+
+    batch = 8
+    _, single = single_device("llama-tiny", batch)
+    m = single.clone()
+    CanonicalizeDistPass().apply(Context(), m)
+    ShardAnnotatePass(dp_shard=2, zero=zero).apply(Context(), m)
+    ShardExpandPass().apply(Context(), m)
+    m.verify()
+    got = summarize_program(m)
+    P = 1705216 * 4  # llama-tiny's parameters (embedding 262144, 2 blocks of 590336, head 262400), float32
+    assert {k: (got.collectives[k], got.collective_bytes[k]) for k in got.collectives} == \
+        {k: (n, int(P * f)) for k, (n, f) in ZERO_COLLECTIVES[zero].items()}
+    one = summarize_program(single)
+    assert got.flops * 2 == one.flops  # the batch split; the optimizer's elementwise work counts no FLOPs
+    peaks = step_memory(m).report.category_peak_bytes
+    params, grads, optim = ZERO_MEMORY[zero]
+    steps = 4 * 4  # AdamW's float32 step counter per parameter group (embedding, 2 blocks, head)
+    assert (peaks["params"], peaks["grads"], peaks["optimizer"]) == (int(P * params), int(P * grads),
+                                                                      int(P * optim) + steps)
+
+
+def test_zero1_steps_only_its_shard():
+    """ZeRO-1's AdamW runs on 1/dp of every parameter: each elementwise op of the optimizer touches
+    half the elements at dp_shard = 2 (bytes of the optimizer functions' aten ops halve)."""
+    from xdsl.dialects import func
+
+    from flint.ir.aten import AtenOp
+    from flint.passes.annotate_cost import aten_op_work
+
+    _, single = single_device("llama-tiny", 8)
+
+    def optim_bytes(module):
+        total = 0
+        for f in module.ops:
+            if isinstance(f, func.FuncOp) and f.sym_name.data.endswith("_optim"):
+                for op in f.walk():
+                    if isinstance(op, AtenOp) and op.phase is not None and op.phase.data == "optim":
+                        total += aten_op_work(op).bytes
+        return total
+    m = single.clone()
+    CanonicalizeDistPass().apply(Context(), m)
+    ShardAnnotatePass(dp_shard=2, zero=1).apply(Context(), m)
+    ShardExpandPass().apply(Context(), m)
+    full, local = optim_bytes(single), optim_bytes(m)
+    assert full / 2 <= local <= full / 2 + 4096  # scalar bias-correction ops are not split
+
+
+def test_zero_stage_without_fsdp_axes_is_refused():
+    _, single = single_device("llama-tiny", 8)
+    m = single.clone()
+    CanonicalizeDistPass().apply(Context(), m)
+    before = str(m)
+    with pytest.raises(PlanError, match="plan field 'zero': ZeRO-1 shards over dp_shard"):
+        ShardAnnotatePass(dp_replicate=2, zero=1).apply(Context(), m)
+    assert str(m) == before
+
+
+def test_megatron_sequence_parallel_block_matches_megatron_communication():
+    """tp_style = "megatron" with sp, per transformer block, against Megatron-LM's sequence parallelism
+    (Korthikanti et al. 2022; megatron/core/tensor_parallel/layers.py and mappings.py):
+    forward: 2 all-gathers of the sequence shard [B, S/tp, D] (attention and MLP inputs) and 2
+    reduce-scatters of the row-parallel outputs [B, S, D]; backward: the 2 conjugate all-gathers of the
+    output gradients, 2 more all-gathers re-gathering the saved sequence shard for the weight gradients
+    (LinearWithGradAccumulationAndAsyncCommunication.backward), and 2 reduce-scatters of the input
+    gradients. Plus the sequence-parallel norm weights' gradients all-reduced over tp (Megatron does that
+    once per step in finalize_model_grads, coalesced; here per block in backward: the same bytes)."""
+    from collections import Counter
+
+    from xdsl.dialects import func
+
+    from flint.ir import dist
+
+    tp, batch = 2, 8  # the capture test_conservation shares
+    plan = from_recipe("tp+sp", tp, tp).replace(tp_style="megatron")
+    m = expanded("llama-tiny", plan, batch)
+    B, S, D, elem = batch, 64, 256, 4  # llama-tiny, float32 capture
+    per_fn = {}
+    for f in m.ops:
+        if isinstance(f, func.FuncOp) and f.sym_name.data in ("block_fwd", "block_bwd"):
+            c = Counter()
+            for op in f.walk():
+                if isinstance(op, dist.CollectiveOp):
+                    t = op.input.type
+                    n = 1
+                    for x in t.get_shape():
+                        n *= x
+                    c[(op.name.split(".")[1], n * elem)] += 1
+            per_fn[f.sym_name.data] = c
+    shard, full = B * S // tp * D * elem, B * S * D * elem
+    assert per_fn["block_fwd"] == Counter({("all_gather", shard): 2, ("reduce_scatter", full): 2})
+    assert per_fn["block_bwd"] == Counter({("all_gather", shard): 4, ("reduce_scatter", full): 2,
+                                           ("all_reduce", D * elem): 2})

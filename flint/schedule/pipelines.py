@@ -43,7 +43,7 @@ def default_pipeline(module: ModuleOp) -> str:
         return ""
     if plan is None:
         return ""
-    if plan.dp_shard > 1:
+    if plan.dp_shard > 1 or plan.cp > 1:  # with context parallelism FSDP shards over dp_shard x cp
         return FSDP_PIPELINE
     if plan.dp_replicate > 1:
         return DDP_PIPELINE

@@ -133,6 +133,14 @@ class FunctionExpander:
     hints: dict = field(default_factory=dict)  # new SSAValue -> where the axes of a merged dim came from
     _next_hint: dict | None = None
     reduced: dict = field(default_factory=dict)  # old SSAValue -> (new value, sharding) once its partial was reduced
+    cp_axes: tuple = ()  # context-parallel axes: attention over a sequence split on them is ring attention (cp.py)
+    _p2p_tag: int = 0
+
+    def next_p2p_tag(self, count: int) -> int:
+        """The first of ``count`` fresh send/recv tags of this function."""
+        tag = self._p2p_tag
+        self._p2p_tag += count
+        return tag
 
     # ----------------------------------------------------------- resharding
 
@@ -222,6 +230,8 @@ class FunctionExpander:
                 out = op.outputs[0]
                 cur = nxt
         self.cache[key] = out
+        if out is not v and v in self.hints:
+            self.hints.setdefault(out, self.hints[v])  # a merged dim keeps where its axes came from
         return out
 
     # ---------------------------------------------------------------- values
@@ -265,7 +275,8 @@ class FunctionExpander:
                 dims[p] = want.dims[d]
             return Sharding(tuple(dims), want.partial)
         if kind == "reshape":
-            need, back, _ = self.reshape_sharding(want, b, a)
+            merged = self.env.get(op.outputs[0])
+            need, back, _ = self.reshape_sharding(want, b, a, self.hints.get(merged[0]) if merged else None)
             if need != want:
                 return None
             _, again, _ = self.reshape_sharding(back, a, b)
@@ -298,6 +309,12 @@ class FunctionExpander:
                      phase=op.phase.data if op.phase else None, module=op.module.data if op.module else None)
         new.location = op.location
         self.emit(new)
+        if self.rules.op_kind(op.overload) == "reshape":
+            hint = self.reshape_sharding(in_want, shape_of(inp), shape_of(old), self.hints.get(src))[2]
+        else:
+            hint = self.hints.get(src)
+        if hint:
+            self.hints[new.outputs[0]] = hint
         return new.outputs[0]
 
     def saved_value(self, old: SSAValue) -> tuple[SSAValue, Sharding]:
@@ -334,6 +351,11 @@ class FunctionExpander:
 
     def expand_op(self, op: AtenOp) -> None:
         kind = self.rules.op_kind(op.overload)
+        if kind == "attention" and self.cp_axes:
+            from flint.sharding.cp import expand_attention
+
+            if expand_attention(self, op):
+                return
         handler = getattr(self, f"rule_{kind}", None) if kind else None
         if handler is None:
             raise ExpandError(f"no sharding rule for '{op.overload}'{where(op)}; add it to a kind in "
@@ -418,7 +440,14 @@ class FunctionExpander:
             off = R - len(shp)
             for i, axes in enumerate(s.dims):
                 d = i + off
-                if d < 0 or d >= R or not axes or dims[d] or d in dim_free or shp[i] != out_shape[d]:
+                if d < 0 or d >= R or not axes or d in dim_free or shp[i] != out_shape[d]:
+                    continue
+                if dims[d]:
+                    # a finer split of the same dim wins ((cp, tp) over cp: sequence parallelism inside CP)
+                    more = set(axes) - set(dims[d])
+                    if set(dims[d]) < set(axes) and not used & more:
+                        dims[d] = axes
+                        used |= more
                     continue
                 if used & set(axes):
                     continue
@@ -550,6 +579,16 @@ class FunctionExpander:
                 for x in axes:
                     out[gj[hint[x][1]]] += (x,)
                 continue
+            known = [x for x in axes if x in hint and hint[x][0] == sizes]
+            if len(gj) > 1 and known:
+                # some axes have a known origin: the others split the same dim, inside them (a sequence split
+                # over cp, then over tp with sequence parallelism)
+                inner = gj[hint[known[-1]][1]]
+                extra = self._n([x for x in axes if x not in known])
+                if b[inner] % (self._n([x for x in known if gj[hint[x][1]] == inner]) * extra) == 0:
+                    for x in axes:
+                        out[gj[hint[x][1]] if x in known else inner] += (x,)
+                    continue
             n = self._n(axes)
             target = next((j for j in gj if b[j] > 1 and b[j] % n == 0), None)
             if target is None:

@@ -90,8 +90,10 @@ def load_rules(path: str | None = None) -> Rules:
 
 
 def batch_sharding(plan: Plan, rank: int, seq_axes: tuple[str, ...] = ()) -> Sharding:
-    """Batch data and activations: dim 0 split over the data-parallel axes, dim 1 over ``seq_axes``."""
+    """Batch data and activations: dim 0 split over the data-parallel axes, dim 1 (the sequence) over
+    ``cp`` (context parallelism, outermost) and ``seq_axes``."""
     splits = {0: plan.axes("dp")} if rank >= 1 else {}
+    seq_axes = tuple(plan.axes("cp")) + tuple(seq_axes)
     if rank >= 2 and seq_axes:
         splits[1] = seq_axes
     return Sharding.split(rank, splits)
@@ -122,8 +124,36 @@ def param_storage_sharding(plan: Plan, rules: Rules, param: str, rank: int, shap
         from flint.sharding.moe import expert_storage_sharding
 
         return expert_storage_sharding(plan, rank, shape)
-    fsdp = plan.axes("fsdp") if plan.dp_shard > 1 else ()
+    fsdp = fsdp_axes(plan)
     if fsdp and rank >= 1:
         s = s.with_dim(0, tuple(fsdp) + s.dims[0])
     return s
 
+
+
+def fsdp_axes(plan: Plan) -> tuple[str, ...]:
+    """The axes FSDP shards parameters over: ``dp_shard`` and ``cp`` (torchtitan's ``dp_shard_cp``: with
+    context parallelism FSDP runs even at ``dp_shard = 1``, and gradients are reduced over ``cp`` too)."""
+    return tuple(plan.axes("fsdp")) if plan.dp_shard > 1 or plan.cp > 1 else ()
+
+
+def zero_storage_sharding(plan: Plan, rules: Rules, param: str, rank: int, role: str, phase: str,
+                          shape=None) -> Sharding:
+    """How a parameter's state is stored under the plan's ZeRO stage (``zero``, of the FSDP axes):
+
+    - ZeRO-3 (FSDP2 ``fully_shard``): parameters, gradients and optimizer state sharded.
+    - ZeRO-2 (FSDP2 ``reshard_after_forward=False``): parameters sharded between steps and gathered once
+      in forward, then kept whole through backward (no re-gather); gradients reduce-scattered; optimizer
+      state sharded.
+    - ZeRO-1 (DDP + ``ZeroRedundancyOptimizer``): parameters and gradients whole (DDP all-reduces
+      gradients); optimizer state sharded: each rank steps its shard, then the updated shards are
+      gathered back into every rank's parameters.
+    """
+    sharded = param_storage_sharding(plan, rules, param, rank, shape)
+    if plan.zero == 3 or not fsdp_axes(plan) or role in ("exp_avg", "exp_avg_sq") or \
+            plan.ep > 1 and rules.is_expert(param):
+        return sharded
+    full = param_compute_sharding(plan, rules, param, rank)
+    if role == "gradient":
+        return sharded if plan.zero == 2 else full
+    return sharded if plan.zero == 2 and phase != "bwd" else full

@@ -21,7 +21,7 @@ from flint.ir.aten import AtenOp, get_schedule
 @dataclass
 class ProgramSummary:
     flops: int
-    collectives: Counter  # (kind, axes names, phase) -> count
+    collectives: Counter  # (kind, axes names, phase) -> count; kind "send" counts point-to-point sends
     collective_bytes: Counter  # (kind, axes names, phase) -> input bytes
     sends: int
     recvs: int
@@ -53,6 +53,10 @@ def summarize_program(module: ModuleOp) -> ProgramSummary:
                 nbytes[key] += _bytes(op.input.type) * count
             elif isinstance(op, dist.SendOp):
                 sends += count
+                # point-to-point traffic (context parallelism's ring) per axis, as kind "send"
+                key = ("send", tuple(names[a] for a in op.axes()), phase)
+                colls[key] += count
+                nbytes[key] += _bytes(op.input.type) * count
             elif isinstance(op, dist.RecvOp):
                 recvs += count
     return ProgramSummary(flops, colls, nbytes, sends, recvs)
