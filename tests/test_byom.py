@@ -94,6 +94,33 @@ def test_cross_entropy_backward_on_meta_root_cause():
     torch._dynamo.reset()
 
 
+def test_two_worlds_in_one_process_use_their_own_process_groups(monkeypatch):
+    """DTensor caches sharding by mesh VALUE: a later world's tp sub-mesh (ranks [0, 1]) equals an earlier
+    world's; without emptying the caches between worlds, the op's output lands on the earlier, destroyed
+    world's mesh and its collectives name that world's process group."""
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    from flint.capture import fake_dist
+
+    def tp_linear(shape: tuple[int, ...], names: tuple[str, ...]) -> tuple[str, str]:
+        with fake_dist.fake_world(8):
+            tp = fake_dist.device_mesh(shape, names)["tp"]
+            w = distribute_tensor(torch.empty(16, 8, device="meta"), tp, [Shard(0)])
+            x = distribute_tensor(torch.empty(4, 8, device="meta"), tp, [Replicate()])
+            y = nn.functional.linear(x, w).redistribute(tp, [Replicate()])
+            return y.device_mesh.get_group().group_name, tp.get_group().group_name
+
+    for shape, names in (((4, 2), ("dp_shard", "tp")), ((2, 2, 2), ("pp", "dp_shard", "tp"))):
+        used, own = tp_linear(shape, names)
+        assert used == own
+    # the cause, shown: the same two worlds with the caches kept
+    monkeypatch.setattr(fake_dist, "forget_dtensor_caches", lambda: None)
+    tp_linear((4, 2), ("dp_shard", "tp"))
+    with pytest.raises(RuntimeError, match="Could not resolve the process group"):
+        tp_linear((2, 2, 2), ("pp", "dp_shard", "tp"))
+    fake_dist.forget_dtensor_caches()
+
+
 # ------------------------------------------------------------------ bad input (fast: refused before capture)
 
 
