@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import textwrap
 from collections import Counter
 
@@ -342,17 +340,18 @@ def test_hf_llama_matches_zoo_llama_8b_shapes():
 
 
 @pytest.mark.slow
-def test_torchtitan_style_parallelize_unchanged(tmp_path):
+def test_torchtitan_style_parallelize_unchanged(tmp_path, capsys):
     """A parallelize function written as torchtitan's (TP, AC wrapper, fully_shard with mp_policy) runs as is."""
+    from flint.tools.flint_cli import main
+
     out = tmp_path / "tt.mlir"
     model = os.path.join(DATA, "tt_llama.py")
-    proc = subprocess.run([sys.executable, "-m", "flint.tools.flint_cli", "capture", "--model", model,
-                           "--parallelize", f"{model}:parallelize_llama", "--world-size", "4", "--plan", "fsdp+tp",
-                           "--tp", "2", "--dtype", "float32", "-o", str(out)],
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    rc = main(["capture", "--model", model, "--parallelize", f"{model}:parallelize_llama", "--world-size", "4",
+               "--plan", "fsdp+tp", "--tp", "2", "--dtype", "float32", "-o", str(out)])
+    captured_io = capsys.readouterr()
+    assert rc == 0, captured_io.err[-2000:]
     text = out.read_text()
     assert "dist.all_gather" in text and "dist.reduce_scatter" in text
     assert "_scaled_dot_product_flash_attention_for_cpu_backward" in text
     # blocks: 2 with reshard_after_forward (gathered again in backward); [norm, output] not resharded
-    assert "block x2" in proc.stdout and "parallelize_llama" in proc.stderr
+    assert "block x2" in captured_io.out and "parallelize_llama" in captured_io.err
