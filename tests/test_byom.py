@@ -245,8 +245,9 @@ def test_cli_bad_byom_arguments(tmp_path, capsys, extra, message):
 
 # The matrix: each causal LM under DP, FSDP and FSDP+TP (MoE: DP and FSDP; Mistral and Qwen2 share
 # one row: at least one of them under each plan), tiny configs (hidden 64, 2 layers, vocab 256, 2 x 32 tokens
-# per DP rank); HF Llama under FSDP+TP at 8B shapes is the acceptance test below.
-HF_MATRIX = [("llama", "dp", 2, 1), ("llama", "fsdp", 2, 1), ("mistral", "dp", 2, 1), ("mistral", "fsdp", 2, 1),
+# per DP rank). HF Llama under FSDP+TP at 8B shapes is the acceptance test below; HF Llama under FSDP is
+# tests/test_validate.py's hf-llama-tiny case (collectives checked against a real gloo run).
+HF_MATRIX = [("llama", "dp", 2, 1), ("mistral", "dp", 2, 1), ("mistral", "fsdp", 2, 1),
              ("qwen2", "fsdp+tp", 4, 2), ("gpt2", "dp", 2, 1), ("gpt2", "fsdp", 2, 1), ("gpt2", "fsdp+tp", 4, 2),
              ("mixtral", "dp", 2, 1), ("mixtral", "fsdp", 2, 1)]
 
@@ -316,7 +317,12 @@ def test_plain_modules_capture(name, plan, inputs):
     assert sum(colls.values()) == (1 if plan == "dp" else 2)
     if name == "cnn":
         assert any("convolution_backward" in str(n.target) for n in step.parts[0].bwd.nodes())
-    import_step(step)  # convolution_backward's None results import
+    module = import_step(step)  # convolution_backward's None results import
+    # and are costed: the IR's FLOPs (one part, run once) are the captured graph's
+    from flint.ir.aten import AtenOp
+    from flint.passes.annotate_cost import aten_op_work
+
+    assert sum(aten_op_work(op).flops for op in module.walk() if isinstance(op, AtenOp)) == step.summary().flops
 
 
 @pytest.mark.slow
