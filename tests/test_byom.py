@@ -119,6 +119,24 @@ def test_two_worlds_in_one_process_use_their_own_process_groups(monkeypatch):
     fake_dist.forget_dtensor_caches()
 
 
+def test_multihead_attention_runs_the_fused_kernel():
+    """nn.MultiheadAttention (dynamo keeps F.multi_head_attention_forward whole; its SDPA runs only when
+    AOTAutograd traces it, under fake tensor modes) still gets the kernel a real run picks, as HF's SDPA does."""
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.attn = nn.MultiheadAttention(32, 4, batch_first=True)
+
+        def forward(self, x):
+            return self.attn(x, x, x, need_weights=False)[0].sum()
+
+    step = capture_step(Net, {"x": (2, 16, 32)}, world_size=1, plan="dp", optimizer=None)
+    targets = [str(n.target) for g in step.parts[0].graphs() for n in g.nodes()]
+    assert "aten._scaled_dot_product_flash_attention_for_cpu.default" in targets
+    assert "aten._scaled_dot_product_flash_attention_for_cpu_backward.default" in targets
+    assert "aten._safe_softmax.default" not in targets  # not the math path
+
+
 # ------------------------------------------------------------------ bad input (fast: refused before capture)
 
 
