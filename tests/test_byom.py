@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import textwrap
 from collections import Counter
 
@@ -92,6 +90,51 @@ def test_cross_entropy_backward_on_meta_root_cause():
     assert run(fixed=True)
     assert not run(fixed=False)  # if PyTorch fixes this upstream, the workaround can go
     torch._dynamo.reset()
+
+
+def test_two_worlds_in_one_process_use_their_own_process_groups(monkeypatch):
+    """DTensor caches sharding by mesh VALUE: a later world's tp sub-mesh (ranks [0, 1]) equals an earlier
+    world's; without emptying the caches between worlds, the op's output lands on the earlier, destroyed
+    world's mesh and its collectives name that world's process group."""
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    from flint.capture import fake_dist
+
+    def tp_linear(shape: tuple[int, ...], names: tuple[str, ...]) -> tuple[str, str]:
+        with fake_dist.fake_world(8):
+            tp = fake_dist.device_mesh(shape, names)["tp"]
+            w = distribute_tensor(torch.empty(16, 8, device="meta"), tp, [Shard(0)])
+            x = distribute_tensor(torch.empty(4, 8, device="meta"), tp, [Replicate()])
+            y = nn.functional.linear(x, w).redistribute(tp, [Replicate()])
+            return y.device_mesh.get_group().group_name, tp.get_group().group_name
+
+    for shape, names in (((4, 2), ("dp_shard", "tp")), ((2, 2, 2), ("pp", "dp_shard", "tp"))):
+        used, own = tp_linear(shape, names)
+        assert used == own
+    # the cause, shown: the same two worlds with the caches kept
+    monkeypatch.setattr(fake_dist, "forget_dtensor_caches", lambda: None)
+    tp_linear((4, 2), ("dp_shard", "tp"))
+    with pytest.raises(RuntimeError, match="Could not resolve the process group"):
+        tp_linear((2, 2, 2), ("pp", "dp_shard", "tp"))
+    fake_dist.forget_dtensor_caches()
+
+
+def test_multihead_attention_runs_the_fused_kernel():
+    """nn.MultiheadAttention (dynamo keeps F.multi_head_attention_forward whole; its SDPA runs only when
+    AOTAutograd traces it, under fake tensor modes) still gets the kernel a real run picks, as HF's SDPA does."""
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.attn = nn.MultiheadAttention(32, 4, batch_first=True)
+
+        def forward(self, x):
+            return self.attn(x, x, x, need_weights=False)[0].sum()
+
+    step = capture_step(Net, {"x": (2, 16, 32)}, world_size=1, plan="dp", optimizer=None)
+    targets = [str(n.target) for g in step.parts[0].graphs() for n in g.nodes()]
+    assert "aten._scaled_dot_product_flash_attention_for_cpu.default" in targets
+    assert "aten._scaled_dot_product_flash_attention_for_cpu_backward.default" in targets
+    assert "aten._safe_softmax.default" not in targets  # not the math path
 
 
 # ------------------------------------------------------------------ bad input (fast: refused before capture)
@@ -218,10 +261,17 @@ def test_cli_bad_byom_arguments(tmp_path, capsys, extra, message):
 # ------------------------------------------------------------------ captures (slow)
 
 
+# The issue's matrix: each causal LM under DP, FSDP and FSDP+TP (MoE: DP and FSDP; Mistral and Qwen2 share
+# one row: at least one of them under each plan), tiny configs (hidden 64, 2 layers, vocab 256, 2 x 32 tokens
+# per DP rank). HF Llama under FSDP+TP at 8B shapes is the acceptance test below; HF Llama under FSDP is
+# tests/test_validate.py's hf-llama-tiny case (collectives checked against a real gloo run).
+HF_MATRIX = [("llama", "dp", 2, 1), ("mistral", "dp", 2, 1), ("mistral", "fsdp", 2, 1),
+             ("qwen2", "fsdp+tp", 4, 2), ("gpt2", "dp", 2, 1), ("gpt2", "fsdp", 2, 1), ("gpt2", "fsdp+tp", 4, 2),
+             ("mixtral", "dp", 2, 1), ("mixtral", "fsdp", 2, 1)]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name,plan,world,tp", [
-    ("llama", "fsdp", 2, 1), ("qwen2", "fsdp+tp", 4, 2), ("gpt2", "dp", 2, 1), ("mixtral", "fsdp", 2, 1),
-])
+@pytest.mark.parametrize("name,plan,world,tp", HF_MATRIX, ids=lambda v: str(v))
 def test_hf_models_capture(name, plan, world, tp):
     from flint.importer import import_step
 
@@ -230,22 +280,50 @@ def test_hf_models_capture(name, plan, world, tp):
     bwd = _bwd_ops(step)
     assert bwd["gemm"] + bwd["other"] > 0  # a real backward (every parameter's gradient is checked in capture)
     colls = step.summary().collectives
-    kinds = {k for k, _, _ in colls}
-    assert kinds >= ({"all_reduce"} if plan == "dp" else {"all_gather", "reduce_scatter"})
-    if "fsdp" in plan:
+    if plan == "dp":
+        # one gradient all-reduce per group: 2 blocks and two more (untied embedding, [final norm, output] as
+        # torchtitan groups them, root left empty; GPT-2: [ln_f, lm_head + tied wte], root with wpe; Mixtral,
+        # no TP preset: embedding, root with norm and output)
+        assert {k for k in colls} == {("all_reduce", ("dp_replicate",), "bwd")}
+        assert colls[("all_reduce", ("dp_replicate",), "bwd")] == 4
+    else:
         # FSDP2: gathered in forward and again in backward (reshard after forward), one reduce-scatter per group
         fwd = sum(n for (k, ax, ph), n in colls.items() if k == "all_gather" and ax == ("dp_shard",) and ph == "fwd")
         rs = sum(n for (k, ax, ph), n in colls.items() if k == "reduce_scatter" and ax == ("dp_shard",))
         assert fwd == rs > 0
+    if "tp" in plan:  # DTensor TP: one forward all-reduce per row-parallel output, one backward per column input
+        assert colls[("all_reduce", ("tp",), "fwd")] > 0 and colls[("all_reduce", ("tp",), "bwd")] > 0
     # the fused kernel, forward and backward, per block (GPT-2: with its attention dropout, as a GPU's flash runs it)
     assert step.summary().op_classes["attention"] == 2 * 2
     import_step(step)
 
 
+def _block_gemm_flops(step) -> int:
+    from flint.capture.opclass import GEMM, node_flops
+
+    return sum(node_flops(n) for n in step.part("block").fwd.nodes() if classify_aten(n.target) == GEMM)
+
+
+@pytest.mark.slow
+def test_gpt2_conv1d_tensor_parallel():
+    """GPT-2's Conv1D (weight (in, out), nn.Linear's transposed) under the hf-gpt2 TP preset: column-parallel
+    layers shard the weight's dim 1 and the bias, row-parallel ones the weight's dim 0; the tied embedding stays
+    one parameter; each rank's block does half the GEMM FLOPs of the same local batch without TP."""
+    tp = captured_byom("gpt2", "fsdp+tp", 4, 2)
+    fsdp = captured_byom("gpt2", "fsdp", 2, 1)  # the same local batch (2 x 32)
+    sharding = {p.name: p.sharding.get("tp") for part in tp.parts for p in part.params}
+    assert sharding["transformer.h.0.attn.c_attn.weight"] == 1 and sharding["transformer.h.0.attn.c_attn.bias"] == 0
+    assert sharding["transformer.h.0.mlp.c_fc.weight"] == 1 and sharding["transformer.h.0.mlp.c_fc.bias"] == 0
+    assert sharding["transformer.h.0.attn.c_proj.weight"] == 0 and sharding["transformer.h.0.attn.c_proj.bias"] is None
+    assert sharding["transformer.h.0.mlp.c_proj.weight"] == 0 and sharding["transformer.wte.weight"] == 0
+    assert "lm_head.weight" not in sharding  # tied to transformer.wte.weight, as in the untouched model
+    assert _block_gemm_flops(tp) * 2 == _block_gemm_flops(fsdp) > 0
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name,plan,inputs", [
     ("mlp", "dp", "x=8x32:float32,target=8:int64"), ("mlp", "fsdp", "x=8x32:float32,target=8:int64"),
-    ("cnn", "fsdp", "x=8x3x16x16,target=8"),
+    ("cnn", "dp", "x=8x3x16x16,target=8"), ("cnn", "fsdp", "x=8x3x16x16,target=8"),
 ])
 def test_plain_modules_capture(name, plan, inputs):
     from flint.importer import import_step
@@ -257,7 +335,12 @@ def test_plain_modules_capture(name, plan, inputs):
     assert sum(colls.values()) == (1 if plan == "dp" else 2)
     if name == "cnn":
         assert any("convolution_backward" in str(n.target) for n in step.parts[0].bwd.nodes())
-    import_step(step)  # convolution_backward's None results import
+    module = import_step(step)  # convolution_backward's None results import
+    # and are costed: the IR's FLOPs (one part, run once) are the captured graph's
+    from flint.ir.aten import AtenOp
+    from flint.passes.annotate_cost import aten_op_work
+
+    assert sum(aten_op_work(op).flops for op in module.walk() if isinstance(op, AtenOp)) == step.summary().flops
 
 
 @pytest.mark.slow
@@ -281,34 +364,18 @@ def test_hf_llama_matches_zoo_llama_8b_shapes():
 
 
 @pytest.mark.slow
-def test_torchtitan_style_parallelize_unchanged(tmp_path):
+def test_torchtitan_style_parallelize_unchanged(tmp_path, capsys):
     """A parallelize function written as torchtitan's (TP, AC wrapper, fully_shard with mp_policy) runs as is."""
+    from flint.tools.flint_cli import main
+
     out = tmp_path / "tt.mlir"
     model = os.path.join(DATA, "tt_llama.py")
-    proc = subprocess.run([sys.executable, "-m", "flint.tools.flint_cli", "capture", "--model", model,
-                           "--parallelize", f"{model}:parallelize_llama", "--world-size", "4", "--plan", "fsdp+tp",
-                           "--tp", "2", "--dtype", "float32", "-o", str(out)],
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    rc = main(["capture", "--model", model, "--parallelize", f"{model}:parallelize_llama", "--world-size", "4",
+               "--plan", "fsdp+tp", "--tp", "2", "--dtype", "float32", "-o", str(out)])
+    captured_io = capsys.readouterr()
+    assert rc == 0, captured_io.err[-2000:]
     text = out.read_text()
     assert "dist.all_gather" in text and "dist.reduce_scatter" in text
     assert "_scaled_dot_product_flash_attention_for_cpu_backward" in text
     # blocks: 2 with reshard_after_forward (gathered again in backward); [norm, output] not resharded
-    assert "block x2" in proc.stdout and "parallelize_llama" in proc.stderr
-
-
-@pytest.mark.slow
-def test_validate_hf_llama_against_real_gloo_run():
-    """`flint validate`'s Hugging Face case: collectives (kind, phase, bytes), GEMM and attention counts exact."""
-    from flint.validate.cli import HF_CASES
-    from flint.validate.compare import Case
-    from flint.validate.run import validate_case
-
-    res = validate_case(Case(*HF_CASES[0]), timeout_s=400)
-    assert res.flint.collectives
-    for rc in res.ranks:
-        assert rc.collectives == res.flint.collectives, f"rank {rc.rank}"
-        assert rc.collective_bytes == res.flint.collective_bytes, f"rank {rc.rank}"
-    for row in res.rows:
-        if row.cls in ("gemm", "attention"):
-            assert row.flint == row.executed > 0, row
+    assert "block x2" in captured_io.out and "parallelize_llama" in captured_io.err

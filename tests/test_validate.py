@@ -14,7 +14,7 @@ import torch
 from flint.capture import classify_aten
 from flint.validate.classify import (C10D_TO_FUNCTIONAL, collective_input_bytes, executed_class, executed_target,
                                      innermost_of_class)
-from flint.validate.cli import cases, main
+from flint.validate.cli import HF_CASES, cases, main
 from flint.validate.compare import Case
 from flint.validate.executed import count_host_trace
 from flint.validate.expected import base_op, explain
@@ -128,6 +128,11 @@ def test_expected_differences_rules():
     assert explain("elementwise", "optim", "aten::reciprocal").key == "optimizer"
     assert explain("gemm", "fwd", "aten::mm") is None  # an mm difference is never "expected"
     assert explain("all_gather", "fwd", "_c10d_functional::all_gather_into_tensor") is None
+    # Hugging Face's traced-mask ops are explained for Hugging Face models only
+    assert explain("elementwise", "fwd", "aten::bitwise_and", "fsdp", "hf-llama-tiny").key == "hf-traced-mask"
+    assert explain("reduction", "fwd", "aten::all", "fsdp", "hf-llama-tiny").key == "hf-traced-mask"
+    assert explain("elementwise", "fwd", "aten::bitwise_and", "fsdp", "llama-tiny") is None
+    assert explain("reduction", "bwd", "aten::sum", "fsdp", "llama-tiny") is None
 
 
 def test_cases_skip_2d_recipes_below_world_size_4():
@@ -248,7 +253,7 @@ def test_timeout_is_reported_and_cleaned_up(tmp_path):
 
 #: one case per supported parallelism; world size 4 for the 2-D recipe
 SLOW_CASES = [Case("gpt2-tiny", "dp", 2), Case("llama-tiny", "fsdp", 2), Case("llama-tiny", "tp", 2),
-              Case("llama-tiny", "fsdp+tp", 4)]
+              Case("llama-tiny", "fsdp+tp", 4), Case(*HF_CASES[0])]
 
 #: the stated tolerance for classes that need not match: Flint / executed count ratio, rank by rank
 TOLERANCE = {"elementwise": (0.5, 2.0), "reduction": (0.5, 1.5)}
@@ -296,7 +301,8 @@ def test_every_operator_level_difference_is_explained(validated):
     for rc in validated.ranks:
         for cls in ("gemm", "attention", "elementwise", "reduction"):
             for phase, op, a, b in op_deltas(validated.flint, rc, cls):
-                assert explain(cls, phase, op, validated.case.plan), (rc.rank, cls, phase, op, a, b)
+                assert explain(cls, phase, op, validated.case.plan, validated.case.model), \
+                    (rc.rank, cls, phase, op, a, b)
 
 
 @pytest.mark.slow

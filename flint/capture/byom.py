@@ -11,7 +11,7 @@
   activation checkpointing run for real;
 - :data:`TP_PRESETS` are tensor-parallel plans as data (module-path pattern ->
   ``ColwiseParallel`` / ``RowwiseParallel`` / ``SequenceParallel``) for
-  torchtitan's and Hugging Face's Llama naming, and :func:`preset_parallelize`
+  torchtitan's and Hugging Face's Llama naming and Hugging Face's GPT-2 (Conv1D), and :func:`preset_parallelize`
   writes Flint's named plans as such a function.
 """
 
@@ -380,9 +380,11 @@ def intercept(user_globals: dict | None = None) -> Iterator[Recorded]:
 # ------------------------------------------------------------------ TP plans as data
 
 
-# (module-path pattern relative to the model root, style); styles: colwise, rowwise,
-# colwise_rep (colwise with a replicated output: the LM head), embed (rowwise embedding),
-# sp_norm (SequenceParallel), prepare (block input from Shard(1) to Replicate).
+# (module-path pattern relative to the model root, style); styles: colwise, rowwise (nn.Linear),
+# conv1d_colwise, conv1d_rowwise (Hugging Face's Conv1D, whose weight is nn.Linear's transposed),
+# sp_norm (SequenceParallel), prepare (block input from Shard(1) to Replicate). "divide": module
+# attributes of a block holding a width that TP shards (divided by the TP degree); "sp": False
+# when the model cannot run sequence parallel with this plan.
 TP_PRESETS: dict[str, dict[str, Any]] = {
     "torchtitan": {
         "blocks": "layers",
@@ -402,7 +404,57 @@ TP_PRESETS: dict[str, dict[str, Any]] = {
                   "self_attn": "prepare", "mlp": "prepare"},
         "heads": ("num_attention_heads", "num_key_value_heads"),
     },
+    # GPT-2's fused c_attn (x @ [Wq Wk Wv]) is column-sharded as one Conv1D: each rank holds n/tp of
+    # its 3n columns and reads them as its own [q | k | v] slices (split_size divided), Megatron's
+    # layout of a fused QKV (a pretrained checkpoint is permuted on load, as Megatron's GPT-2
+    # converter does). Sequence parallel is refused: the learned position embedding is added to the
+    # token embedding's output at full sequence length.
+    "hf-gpt2": {
+        "blocks": "transformer.h",
+        "embed": "transformer.wte", "norm": "transformer.ln_f", "head": "lm_head",
+        "block": {"attn.c_attn": "conv1d_colwise", "attn.c_proj": "conv1d_rowwise",
+                  "mlp.c_fc": "conv1d_colwise", "mlp.c_proj": "conv1d_rowwise"},
+        "divide": ("attn.split_size",),
+        "heads": ("num_attention_heads",),
+        "sp": False,
+    },
 }
+
+
+def _conv1d_styles():
+    """ColwiseParallel / RowwiseParallel for Hugging Face's ``Conv1D`` (``y = x @ W + b``, ``W`` of shape
+    (in, out)): colwise shards ``W`` on dim 1 and the bias on dim 0, rowwise shards ``W`` on dim 0 and
+    replicates the bias; inputs and outputs are prepared by torch's own styles."""
+    from functools import partial
+
+    from torch.distributed.tensor import Replicate, Shard, distribute_module, distribute_tensor
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    def shard(style, module: nn.Module, mesh, placements: dict[str, Any]) -> None:
+        for pname, placement in placements.items():
+            param = getattr(module, pname)
+            module.register_parameter(pname, nn.Parameter(
+                distribute_tensor(param, mesh, [placement], src_data_rank=style.src_data_rank),
+                requires_grad=param.requires_grad))
+
+    class Conv1DColwiseParallel(ColwiseParallel):
+        def _apply(self, module: nn.Module, device_mesh) -> nn.Module:
+            return distribute_module(
+                module, device_mesh,
+                lambda _, m, mesh: shard(self, m, mesh, {"weight": Shard(1), "bias": Shard(0)}),
+                partial(self._prepare_input_fn, self.input_layouts, self.desired_input_layouts),
+                partial(self._prepare_output_fn, self.output_layouts, self.use_local_output))
+
+    class Conv1DRowwiseParallel(RowwiseParallel):
+        def _apply(self, module: nn.Module, device_mesh) -> nn.Module:
+            self.desired_input_layouts = (Shard(-1),)
+            return distribute_module(
+                module, device_mesh,
+                lambda _, m, mesh: shard(self, m, mesh, {"weight": Shard(0), "bias": Replicate()}),
+                partial(self._prepare_input_fn, self.input_layouts, self.desired_input_layouts),
+                partial(self._prepare_output_fn, self.output_layouts, self.use_local_output))
+
+    return Conv1DColwiseParallel, Conv1DRowwiseParallel
 
 
 def detect_tp_preset(model: nn.Module) -> str | None:
@@ -422,6 +474,7 @@ def tp_plan(preset: str, sp: bool, model: nn.Module) -> dict[str, Any]:
                                                    SequenceParallel)
 
     table = TP_PRESETS[preset]
+    Conv1DColwiseParallel, Conv1DRowwiseParallel = _conv1d_styles()
     out_layout = Shard(1) if sp else Replicate()
     plan: dict[str, Any] = {table["embed"]: RowwiseParallel(input_layouts=Replicate(), output_layouts=out_layout),
                             table["head"]: ColwiseParallel(input_layouts=out_layout, output_layouts=Replicate())}
@@ -436,6 +489,10 @@ def tp_plan(preset: str, sp: bool, model: nn.Module) -> dict[str, Any]:
             plan[key] = ColwiseParallel()
         elif style == "rowwise":
             plan[key] = RowwiseParallel(output_layouts=out_layout)
+        elif style == "conv1d_colwise":
+            plan[key] = Conv1DColwiseParallel()
+        elif style == "conv1d_rowwise":
+            plan[key] = Conv1DRowwiseParallel(output_layouts=out_layout)
         elif sp and style == "sp_norm":
             plan[key] = SequenceParallel()
         elif sp and style == "prepare":
@@ -478,7 +535,21 @@ def preset_parallelize(plan, model: nn.Module, blocks_path: str | None) -> Calla
             if _cfg_get(model, "num_local_experts") or _cfg_get(model, "n_experts"):
                 raise CaptureError("plan", "tensor parallelism of mixture-of-experts layers is not implemented; "
                                    "use 'dp' or 'fsdp' for MoE models")
+            table = TP_PRESETS[preset]
+            if plan.sp and not table.get("sp", True):
+                raise CaptureError("sp", f"sequence parallelism of {type(model).__name__} (TP preset '{preset}') is "
+                                   "not implemented: use tensor parallelism without sp, or --parallelize",
+                                   where_defined(model))
+            head, embed = model.get_submodule(table["head"]), model.get_submodule(table["embed"])
+            tied = head.weight is embed.weight
             parallelize_module(model, mesh["tp"], tp_plan(preset, plan.sp, model))
+            if tied:  # both vocab-sharded (Shard(0)): keep ONE parameter, as the untouched model does
+                head.weight = embed.weight
+            for block in model.get_submodule(table["blocks"]).children():
+                for attr in table.get("divide", ()):
+                    owner, _, name = attr.rpartition(".")
+                    holder = block.get_submodule(owner) if owner else block
+                    setattr(holder, name, getattr(holder, name) // plan.tp)
         if plan.dp_shard > 1:
             dp_mesh = mesh["dp_replicate", "dp_shard"] if plan.dp_replicate > 1 else mesh["dp_shard"]
             wrap = lambda m: fsdp_mod.fully_shard(m, mesh=dp_mesh)  # noqa: E731

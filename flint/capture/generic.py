@@ -144,6 +144,10 @@ def _apply_groups(root: nn.Module, calls: Sequence[GroupCall], infos: dict[int, 
         if not params:
             continue  # FSDP2: a group with no parameters left moves nothing
         parents = {id(c): (p, n) for p in root.modules() for n, c in p.named_children()}
+        while id(module) in parents and isinstance(parents[id(module)][0], ParamGroup):
+            # the module already holds an earlier group (fully_shard([norm, output]) at the root): the new
+            # group wraps that group, whose names are relative to the module it holds
+            module = parents[id(module)][0]
         # FSDP2 never reshards the root group after forward (its parameters are used first in backward)
         reshard = call.reshard_after_forward and not (is_root and only is None)
         group = ParamGroup(module, dp_mesh, call.mode, "", infos, rep_mesh, exclude=taken,

@@ -207,16 +207,25 @@ _EAGER_SDPA = torch.nn.functional.scaled_dot_product_attention
 @torch._dynamo.assume_constant_result
 def _sdp_choice(q: tuple, k: tuple, v: tuple, dtype: torch.dtype, mask: tuple | None, dropout_p: float,
                 is_causal: bool, scale: float | None, enable_gqa: bool) -> int:
-    """PyTorch's SDPA backend choice for these shapes (stand-in CPU tensors: one row, broadcast)."""
-    def stand_in(shape: tuple, dt: torch.dtype) -> torch.Tensor:
-        return torch.empty(shape[-1], dtype=dt).expand(shape)
+    """PyTorch's SDPA backend choice for these shapes (stand-in CPU tensors: one row, broadcast).
 
-    try:
-        return int(torch.ops.aten._fused_sdp_choice(
-            stand_in(q, dtype), stand_in(k, dtype), stand_in(v, dtype),
-            None if mask is None else stand_in(*mask), dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa))
-    except RuntimeError:
-        return -1
+    Asked outside every active dispatch mode: SDPA inside a function dynamo keeps whole in its graph
+    (``nn.MultiheadAttention``'s ``F.multi_head_attention_forward``) runs only when AOTAutograd traces
+    it, under fake and functional tensor modes, whose ``_fused_sdp_choice`` always answers "math".
+    """
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    def stand_in(shape: tuple, dt: torch.dtype) -> torch.Tensor:
+        return torch.empty(shape[-1], dtype=dt, device="cpu").expand(shape)
+
+    with _disable_current_modes():
+        try:
+            return int(torch.ops.aten._fused_sdp_choice(
+                stand_in(q, dtype), stand_in(k, dtype), stand_in(v, dtype),
+                None if mask is None else stand_in(*mask), dropout_p, is_causal, scale=scale,
+                enable_gqa=enable_gqa))
+        except RuntimeError:
+            return -1
 
 
 def _fused_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):

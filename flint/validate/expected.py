@@ -19,7 +19,8 @@ class Expected:
     """An explained op-level difference.
 
     ``cls`` and ``phase`` (None: any) must equal the difference's; ``op`` is a
-    regex on the base operator name; ``plans`` (None: any) a regex on the recipe.
+    regex on the base operator name; ``plans`` (None: any) a regex on the recipe;
+    ``models`` (None: any) a regex on the model preset.
     """
 
     key: str
@@ -28,15 +29,23 @@ class Expected:
     phase: str | None
     reason: str
     plans: str | None = None
+    models: str | None = None
 
-    def matches(self, cls: str, phase: str, op: str, plan: str = "") -> bool:
+    def matches(self, cls: str, phase: str, op: str, plan: str = "", model: str = "") -> bool:
         return (cls == self.cls and (self.phase is None or phase == self.phase)
                 and re.fullmatch(self.op, op) is not None
-                and (self.plans is None or re.fullmatch(self.plans, plan) is not None))
+                and (self.plans is None or re.fullmatch(self.plans, plan) is not None)
+                and (self.models is None or re.fullmatch(self.models, model) is not None))
 
 
 _DATA_PARALLEL = r"(dp|fsdp)(\+.*)?"
 _FSDP = r"fsdp(\+.*)?"
+_HF = r"hf-.*"  # Hugging Face models (flint.models.hf)
+_HF_TRACED_MASK = (
+    "Hugging Face's mask creation cannot read position_ids under torch.compile (find_packed_sequence_indices "
+    "skips its data-dependent 'no packed sequences' check when traced), so the traced model builds an explicit "
+    "bool mask, causal (le) and same-sequence (bitwise_and), and calls SDPA with it; eager finds no packing "
+    "(aten::all) and calls SDPA with is_causal=True and no mask. ")
 
 EXPECTED: tuple[Expected, ...] = (
     Expected("optimizer", "elementwise", r"aten::\w+", "optim",
@@ -61,6 +70,18 @@ EXPECTED: tuple[Expected, ...] = (
              "add_); AOTAutograd's joint graph is functionalized and decomposed (norm and mean backward as "
              "explicit mul/div/add chains), and its min-cut partitioner "
              "recomputes cheap forward ops such as silu in the backward instead of saving them."),
+    Expected("hf-traced-mask", "elementwise", r"aten::(le|bitwise_and)", "fwd",
+             _HF_TRACED_MASK + "Same attention kernel and count on both sides.", models=_HF),
+    Expected("hf-traced-mask", "reduction", r"aten::all", "fwd", _HF_TRACED_MASK, models=_HF),
+    Expected("hf-traced-mask-gqa", "reduction", r"aten::sum", "bwd",
+             "With that explicit mask, Hugging Face's sdpa_attention does not pass enable_gqa (use_gqa_in_sdpa "
+             "wants no mask) and repeats the key/value heads itself (repeat_kv: expand + reshape); the expand's "
+             "backward sums the gradient over the repeated heads, one sum for K and one for V per block. Eager "
+             "(no mask) passes enable_gqa=True and has no expand.", models=_HF),
+    Expected("hf-recomputed-rope", "elementwise", r"aten::(cos|sin)", "bwd",
+             "Hugging Face's rotary embedding computes cos and sin of the positions in forward; AOTAutograd's "
+             "min-cut partitioner recomputes them in the backward (cheap, no gradient) instead of saving them.",
+             models=_HF),
 )
 
 
@@ -69,9 +90,9 @@ def base_op(name: str) -> str:
     return name[:-1] if name.endswith("_") and not name.endswith("__") else name
 
 
-def explain(cls: str, phase: str, op: str, plan: str = "") -> Expected | None:
-    """The first rule explaining an op-level difference under recipe ``plan``, or ``None``."""
-    return next((e for e in EXPECTED if e.matches(cls, phase, base_op(op), plan)), None)
+def explain(cls: str, phase: str, op: str, plan: str = "", model: str = "") -> Expected | None:
+    """The first rule explaining an op-level difference of ``model`` under recipe ``plan``, or ``None``."""
+    return next((e for e in EXPECTED if e.matches(cls, phase, base_op(op), plan, model)), None)
 
 
 @dataclass(frozen=True)

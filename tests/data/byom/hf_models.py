@@ -26,6 +26,14 @@ def qwen2():
                                         tie_word_embeddings=False))
 
 
+def mistral():
+    from transformers import MistralConfig, MistralForCausalLM
+
+    return MistralForCausalLM(MistralConfig(vocab_size=256, hidden_size=64, intermediate_size=128,
+                                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                            max_position_embeddings=128, sliding_window=16))
+
+
 def gpt2():
     from transformers import GPT2Config, GPT2LMHeadModel
 
