@@ -268,3 +268,52 @@ def table(results: list[MemoryComparison], overheads: RuntimeOverheads | None = 
             row += f" {(r.flint.total_bytes + extra) / mib:.1f} |"
         lines.append(row)
     return "\n".join(lines) + "\n"
+
+
+# -------------------------------------------------------------- one case, fresh process
+
+
+def _to_json(r: MemoryComparison) -> dict:
+    return {"case": dataclasses.asdict(r.case), "tracker_name": r.tracker_name,
+            "flint": dataclasses.asdict(r.flint), "tracker": dataclasses.asdict(r.tracker)}
+
+
+def _from_json(d: dict) -> MemoryComparison:
+    c = dict(d["case"])
+    if c.get("batch") is not None:
+        c["batch"] = tuple(c["batch"])
+    return MemoryComparison(MemoryCase(**c), Peak(**d["flint"]), Peak(**d["tracker"]), d["tracker_name"])
+
+
+def compare_in_subprocess(case: MemoryCase, timeout_s: float = 900.0) -> MemoryComparison:
+    """:func:`compare_case` in a fresh Python process (each capture and each fake world starts clean)."""
+    import json
+    import subprocess
+    import sys
+
+    arg = json.dumps(dataclasses.asdict(case))
+    try:
+        proc = subprocess.run([sys.executable, "-m", "flint.validate.memory", arg], capture_output=True, text=True,
+                              timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise FlintError(f"{case.label()}: memory check timed out after {timeout_s:.0f} s") from None
+    if proc.returncode != 0:
+        last = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()][-1:] or ["(no output)"]
+        raise FlintError(f"{case.label()}: memory check failed: {last[0]}")
+    return _from_json(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def _main(argv: list[str]) -> int:
+    import json
+
+    d = json.loads(argv[0])
+    if d.get("batch") is not None:
+        d["batch"] = tuple(d["batch"])
+    print(json.dumps(_to_json(compare_case(MemoryCase(**d)))))
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(_main(sys.argv[1:]))
