@@ -345,10 +345,10 @@ class ParamGroup(nn.Module):
             shards = tuple(s.to(self.param_dtype) for s in shards)
         flat = torch.cat([s.reshape(-1) for s in shards])
         full = funcol.all_gather_tensor_autograd(flat, 0, self.group_name).view(self.dp_size, -1)
-        # FSDP2's copy-out (split_with_sizes_copy into each unsharded parameter); its backward
+        # FSDP2's copy-out (torch.split_with_sizes_copy, into each unsharded parameter); its backward
         # is one cat into the flat reduce-scatter input, as FSDP2's chunk_cat (one slice_backward
         # per parameter would materialize the whole flat buffer once per parameter)
-        chunks = full.split_with_sizes([s.numel() for s in shards], dim=1)
+        chunks = torch.split_with_sizes_copy(full, [s.numel() for s in shards], dim=1)
         out = [c.reshape(-1, *shape[1:]) for c, shape in zip(chunks, self.local_shapes)]
         return [o if o.shape[0] == shape[0] else o[: shape[0]] for o, shape in zip(out, self.local_shapes)]
 

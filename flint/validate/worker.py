@@ -66,6 +66,13 @@ def parallelize(model: nn.Module, plan: Plan, mesh: DeviceMesh) -> None:
             wrap(module, mesh=dp_mesh)
 
 
+def with_ac(plan: Plan, mode: str) -> Plan:
+    """``plan`` with activation checkpointing ``mode`` (selective-layer: every second block)."""
+    import dataclasses
+
+    return dataclasses.replace(plan, activation_checkpoint=mode, ac_every=2 if mode == "selective-layer" else 1)
+
+
 def run(spec: dict, rank: int) -> None:
     """One rank of the real run described by ``spec`` (see :class:`flint.validate.realrun.RunSpec`)."""
     from flint.models import build
@@ -79,7 +86,7 @@ def run(spec: dict, rank: int) -> None:
     try:
         from flint.plan import from_recipe
 
-        plan = from_recipe(spec["plan"], spec["world_size"], spec.get("tp", 1))
+        plan = with_ac(from_recipe(spec["plan"], spec["world_size"], spec.get("tp", 1)), spec.get("ac", "none"))
         fmesh = plan.mesh()
         mesh = init_device_mesh("cpu", fmesh.shape, mesh_dim_names=fmesh.axis_names)
         torch.manual_seed(0)
