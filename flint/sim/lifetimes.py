@@ -76,7 +76,8 @@ What allocates, and for how long
   iteration's last use of its non-resident arguments. FSDP2 keeps a group's
   reduce-scatter input (``reduce_scatter_state``) until the next group's
   post-backward, i.e. through the next block's backward (as
-  ``FSDPMemTracker``'s ``Reduce Scatter`` category shows).
+  ``FSDPMemTracker``'s ``Reduce Scatter`` category shows); in the step's
+  last function, to the end of its iteration.
 
 Schedule attributes
 -------------------
@@ -504,7 +505,8 @@ def step_memory(module: ModuleOp, capacity_bytes: int | None = None, role: int =
                 until = saved_until.setdefault(k, hand.copy())
                 until[rows] = offsets[be] + cons_i[rows] * bp.n_pos + max(bp.arg_last_use[arg], 0)
         for a in np.nonzero(p.held)[0].tolist():  # reduce-scatter inputs: until the next hand-off
-            free[:, a] = np.where((free[:, a] == -1) | (hand == -1), -1, np.maximum(free[:, a], hand))
+            held_until = np.where(hand == -1, start + p.n_pos - 1, hand)  # the step's last part: its own end
+            free[:, a] = np.where(free[:, a] == -1, -1, np.maximum(free[:, a], held_until))
         for a, ks in enumerate(p.result_of):
             if not ks:
                 continue
