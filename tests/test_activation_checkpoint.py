@@ -4,6 +4,7 @@ the activation memory it saves, the two block roles of selective-layer, and bad 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import pytest
 import torch
@@ -190,6 +191,7 @@ class _BlockStack(nn.Module):
         return torch.nn.functional.cross_entropy(self.out(h), target)
 
 
+@functools.cache
 def _generic(mode: str, plan: str = "fsdp", world: int = 2):
     p = dataclasses.replace(from_recipe(plan, world), activation_checkpoint=mode)
     return capture_step(_BlockStack, {"x": (8, 16), "target": (8,)}, plan=p)
@@ -199,7 +201,7 @@ def _gemm_flops(graph) -> int:
     return sum(opclass.node_flops(n) for n in graph.nodes() if opclass.classify_aten(n.target) == opclass.GEMM)
 
 
-@pytest.mark.parametrize("plan,world", [("fsdp", 2), ("dp", 1)])
+@pytest.mark.parametrize("plan,world", [("fsdp", 2), pytest.param("dp", 1, marks=pytest.mark.slow)])
 def test_generic_path_full_recomputes_the_block_forward(plan, world):
     none, full = _generic("none", plan, world), _generic("full", plan, world)
     assert [(p.name, p.repeat) for p in full.parts] == [("model", 1), ("block", 3)]
@@ -214,6 +216,7 @@ def test_generic_path_full_recomputes_the_block_forward(plan, world):
     assert full.summary().flops - none.summary().flops == extra * 3
 
 
+@pytest.mark.slow
 def test_generic_path_selective_op_saves_the_policy_list():
     none, sac = _generic("none"), _generic("selective-op")
     # nn.Linear with a bias is addmm, which torchtitan's list (aten.mm) does not save: everything reruns
