@@ -7,7 +7,7 @@ Each case runs in a fresh process (flint.validate.memory.compare_in_subprocess):
 two eager training steps of the model on fake tensors over a fake process group, Flint captures the
 same model, plan and batch and computes its peak from tensor lifetimes. Prints one Markdown table:
 both peaks (MiB), the gap (Flint - tracker) / tracker, the per-category split (Flint / tracker), and
-Flint's peak plus the runtime overheads of flint/devices/runtime_memory.toml (not compared).
+Flint's peak plus the runtime overheads of flint/devices/runtime/memory.toml (not compared).
 """
 
 from __future__ import annotations

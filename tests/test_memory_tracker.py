@@ -1,5 +1,5 @@
 """Flint's peak memory per rank against PyTorch's FSDPMemTracker / MemTracker on fake tensors (flint.validate.memory),
-and the runtime overheads data (flint/devices/runtime_memory.toml)."""
+and the runtime overheads data (flint/devices/runtime/memory.toml)."""
 
 from __future__ import annotations
 

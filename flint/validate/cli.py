@@ -87,7 +87,7 @@ def memory_main(models, plans, world_sizes, ac_modes) -> int:
                   f"{r.tracker.total_bytes / 2**20:.2f} MiB, gap {100 * r.gap:+.1f}%", flush=True)
     if results:
         print(table(results, runtime_overheads()), end="")
-        print("(the last column adds flint/devices/runtime_memory.toml's CUDA context, NCCL buffers and "
+        print("(the last column adds flint/devices/runtime/memory.toml's CUDA context, NCCL buffers and "
               "fragmentation, which the tracker does not see)")
     return 1 if failed or not results else 0
 

@@ -25,7 +25,7 @@ world size and an activation-checkpointing mode. Two sides:
 The peaks are compared in total and by category, the tracker's categories
 mapped to Flint's (:data:`TRACKER_TO_FLINT`). Runtime overheads neither side
 sees (CUDA context, NCCL buffers, allocator fragmentation) are named
-parameters in ``flint/devices/runtime_memory.toml`` (:func:`runtime_overheads`),
+parameters in ``flint/devices/runtime/memory.toml`` (:func:`runtime_overheads`),
 reported next to the peak, never part of the comparison.
 """
 
@@ -50,7 +50,7 @@ TRACKER_TO_FLINT = {
     "Inputs": "other",
 }
 AC_MODES = ("none", "selective-op", "selective-layer", "full")
-RUNTIME_MEMORY_TOML = Path(__file__).resolve().parent.parent / "devices" / "runtime_memory.toml"
+RUNTIME_MEMORY_TOML = Path(__file__).resolve().parent.parent / "devices" / "runtime" / "memory.toml"
 
 
 @dataclass(frozen=True)
@@ -199,7 +199,7 @@ def compare_case(case: MemoryCase) -> MemoryComparison:
 
 @dataclass(frozen=True)
 class RuntimeOverheads:
-    """Memory a real run holds beyond its live tensors (``flint/devices/runtime_memory.toml``)."""
+    """Memory a real run holds beyond its live tensors (``flint/devices/runtime/memory.toml``)."""
 
     cuda_context_bytes: int
     nccl_bytes_per_communicator: int
