@@ -4,6 +4,7 @@ the activation memory it saves, the two block roles of selective-layer, and bad 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import pytest
 import torch
@@ -159,3 +160,77 @@ def test_selective_op_under_sequence_parallelism_saves_the_reduce_scatter():
     # the SP all-gathers are not in the save list: recomputed
     assert count(sac, "bwd", opclass.ALL_GATHER) > count(none, "bwd", opclass.ALL_GATHER)
     assert _activations(module) < _activations(captured_ac("none", plan="fsdp+tp+sp", world=4, tp=2)[1])
+
+
+# ------------------------------------------------------- the generic path (any nn.Module)
+
+
+class _Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = nn.Linear(32, 64)
+        self.down = nn.Linear(64, 32)
+
+    def forward(self, h):
+        return h + self.down(torch.nn.functional.gelu(self.up(h)))
+
+
+class _BlockStack(nn.Module):
+    """A plain model (not a StagedLM): input projection, a ModuleList of identical blocks, output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = nn.Linear(16, 32)
+        self.blocks = nn.ModuleList([_Block() for _ in range(3)])
+        self.out = nn.Linear(32, 10)
+
+    def forward(self, x, target):
+        h = self.inp(x)
+        for block in self.blocks:
+            h = block(h)
+        return torch.nn.functional.cross_entropy(self.out(h), target)
+
+
+@functools.cache
+def _generic(mode: str, plan: str = "fsdp", world: int = 2):
+    p = dataclasses.replace(from_recipe(plan, world), activation_checkpoint=mode)
+    return capture_step(_BlockStack, {"x": (8, 16), "target": (8,)}, plan=p)
+
+
+def _gemm_flops(graph) -> int:
+    return sum(opclass.node_flops(n) for n in graph.nodes() if opclass.classify_aten(n.target) == opclass.GEMM)
+
+
+@pytest.mark.parametrize("plan,world", [("fsdp", 2), pytest.param("dp", 1, marks=pytest.mark.slow)])
+def test_generic_path_full_recomputes_the_block_forward(plan, world):
+    none, full = _generic("none", plan, world), _generic("full", plan, world)
+    assert [(p.name, p.repeat) for p in full.parts] == [("model", 1), ("block", 3)]
+    block = none.part("block")
+    # the block's two GEMMs rerun in backward (the second one's output is read by backward only through
+    # the residual add, so only `up` is needed again: gelu's backward reads up's output)
+    extra = _flops(full.part("block").bwd) - _flops(block.bwd)
+    assert extra == _recomputed_flops(block.fwd, lambda n: False) > 0
+    assert _gemm_flops(full.part("block").bwd) - _gemm_flops(block.bwd) == 2 * (8 // world) * 32 * 64
+    assert all("_checkpoint_wrapped_module" not in p.name for p in full.part("block").params)
+    assert _flops(full.part("model").bwd) == _flops(none.part("model").bwd)  # outside the blocks: no change
+    assert full.summary().flops - none.summary().flops == extra * 3
+
+
+@pytest.mark.slow
+def test_generic_path_selective_op_saves_the_policy_list():
+    none, sac = _generic("none"), _generic("selective-op")
+    # nn.Linear with a bias is addmm, which torchtitan's list (aten.mm) does not save: everything reruns
+    extra = _flops(sac.part("block").bwd) - _flops(none.part("block").bwd)
+    assert extra == _recomputed_flops(none.part("block").fwd, lambda n: False) > 0
+
+
+def test_generic_path_selective_layer_every_second_block_is_refused():
+    p = dataclasses.replace(from_recipe("fsdp", 2), activation_checkpoint="selective-layer", ac_every=2)
+    with pytest.raises(PlanError, match="ac_every.*one block body"):
+        capture_step(_BlockStack, {"x": (8, 16), "target": (8,)}, plan=p)
+
+
+def test_generic_path_ac_with_own_parallelize_function_is_refused():
+    p = dataclasses.replace(from_recipe("fsdp", 2), activation_checkpoint="full")
+    with pytest.raises(PlanError, match="activation_checkpoint.*own parallelize"):
+        capture_step(_BlockStack, {"x": (8, 16), "target": (8,)}, plan=p, parallelize=lambda model, mesh: None)

@@ -148,6 +148,7 @@ def test_cases_skip_2d_recipes_below_world_size_4():
     (["--world-sizes", "1"], "at least 2"),
     (["--world-sizes", "two"], "must be integers"),
     (["--plans", "fsdp+tp", "--world-sizes", "2"], "no case to run"),
+    (["--memory", "--ac", "sometimes"], "--ac: unknown mode 'sometimes'"),
 ])
 def test_cli_rejects_bad_arguments(argv, message, capsys, tmp_path):
     assert main([*argv, "--out", str(tmp_path / "v.md")]) == 2
@@ -311,3 +312,53 @@ def test_real_trace_goes_through_reader_checker_and_simulator(validated):
     assert validated.trace_problems == []  # inferred groups: same collectives in the same order per group
     assert validated.imported_collectives == sum(sum(rc.collectives.values()) for rc in validated.ranks)
     assert validated.simulated_us > 0
+
+
+# ------------------------------------------- activation checkpointing: real gloo run vs Flint
+
+
+def test_ac_cases_are_selected_and_labelled():
+    from flint.validate.cli import ac_cases
+
+    got = ac_cases(["llama-tiny"], ["fsdp"], [2])
+    assert [c.ac for c in got] == ["full", "selective-op"]
+    assert got[0].label() == "llama-tiny fsdp w2 ac=full"
+    assert ac_cases(["gpt2-tiny"], ["fsdp"], [2]) == []
+
+
+def test_orphaned_host_trace_nodes_are_reparented_to_their_thread_root(tmp_path):
+    import json
+
+    from flint.validate.realrun import repair_orphans
+
+    def node(i, name, parent, tid=1):
+        return {"id": i, "name": name, "ctrl_deps": parent, "inputs": {}, "outputs": {},
+                "attrs": [{"name": "tid", "type": "uint64", "value": tid}]}
+
+    nodes = [node(1, "[pytorch|profiler|execution_trace|process]", None),
+             node(2, "[pytorch|profiler|execution_trace|thread]", 1),
+             node(5, "[pytorch|profiler|execution_trace|thread]", 1, tid=2),
+             node(10, "aten::mm", 2), node(12, "c10d::_reduce_scatter_base_", 11), node(13, "aten::add", 99, tid=2)]
+    path = tmp_path / "host.0.json"
+    path.write_text(json.dumps({"nodes": nodes}))
+    assert repair_orphans(path) == 2
+    parents = {n["id"]: n["ctrl_deps"] for n in json.loads(path.read_text())["nodes"]}
+    assert parents[12] == 2 and parents[13] == 5 and parents[10] == 2
+    assert repair_orphans(path) == 0
+
+
+@pytest.mark.slow
+def test_activation_checkpointing_real_run_gemm_count_matches_exactly():
+    """llama-tiny FSDP on 2 gloo ranks with checkpoint_wrapper (full AC): the backward's recompute GEMMs,
+    attention and every collective match Flint's capture exactly."""
+    from flint.validate.run import validate_case
+
+    res = validate_case(Case("llama-tiny", "fsdp", 2, ac="full"), timeout_s=400)
+    none = {r.cls: r.flint for r in res.rows if r.rank == 0}
+    for row in res.rows:
+        if row.cls in ("gemm", "attention", "all_reduce", "all_gather", "reduce_scatter", "all_to_all"):
+            assert row.flint == row.executed, row
+            assert row.bytes_ratio in (None, 1.0), row
+    assert res.converter_problems == [] and res.trace_problems == []
+    # the recompute is there: 2 blocks x 7 linears, 6 of them rerun in backward (w2's output is never read)
+    assert none["gemm"] == 2 * 7 + 1 + 2 * (2 * 7 + 6) + 2

@@ -515,6 +515,9 @@ def preset_parallelize(plan, model: nn.Module, blocks_path: str | None) -> Calla
     HSDP with ``dp_replicate``) or ``replicate`` on the input embedding (if
     untied from the output), every block, ``[final norm, output]`` as one
     group when a preset names them, and the root, as torchtitan does.
+    Activation checkpointing (``plan.activation_checkpoint``): the blocks at
+    ``blocks_path`` wrapped as :func:`flint.capture.recipes.ac_wrap` does,
+    after TP and before data parallelism.
     """
     from torch.distributed.tensor.parallel import parallelize_module
 
@@ -550,6 +553,14 @@ def preset_parallelize(plan, model: nn.Module, blocks_path: str | None) -> Calla
                     owner, _, name = attr.rpartition(".")
                     holder = block.get_submodule(owner) if owner else block
                     setattr(holder, name, getattr(holder, name) // plan.tp)
+        if blocks_path is not None and plan.activation_checkpoint != "none":
+            # after TP, before data parallelism, as torchtitan applies it
+            from flint.capture.recipes import ac_layers, ac_wrap
+
+            blocks = model.get_submodule(blocks_path)
+            keys = list(blocks._modules)
+            for i in ac_layers(plan, len(keys)):
+                blocks._modules[keys[i]] = ac_wrap(blocks._modules[keys[i]], plan)
         if plan.dp_shard > 1:
             dp_mesh = mesh["dp_replicate", "dp_shard"] if plan.dp_replicate > 1 else mesh["dp_shard"]
             wrap = lambda m: fsdp_mod.fully_shard(m, mesh=dp_mesh)  # noqa: E731

@@ -94,6 +94,7 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 def _infos_after_tp(model: nn.Module, before: dict[str, ParamInfo]) -> dict[int, ParamInfo]:
     infos = {}
     for name, p in model.named_parameters():
+        name = name.replace("._checkpoint_wrapped_module", "")  # the AC wrapper is not part of the name
         local = _local(p)
         sharding = {}
         if isinstance(p, DTensor):
@@ -288,7 +289,15 @@ def capture_generic(model: nn.Module, dm, mesh, inputs: Mapping[str, InputSpec],
     blocks = found[1] if found else None
     first_block = next(iter(blocks.children())) if blocks is not None else None
     before = {n: ParamInfo(n, tuple(p.shape), tuple(p.shape), p.dtype) for n, p in model.named_parameters()}
+    if parallelize is not None and plan is not None and plan.activation_checkpoint != "none":
+        from flint.plan import PlanError
+
+        raise PlanError("activation_checkpoint", f"'{plan.activation_checkpoint}' with your own parallelize "
+                        "function: apply checkpoint_wrapper to the blocks in that function (after TP, before "
+                        "fully_shard, as torchtitan does); Flint applies the plan's mode only with its presets",
+                        plan.source)
     if parallelize is None and plan is not None:
+        # the preset applies the plan's activation checkpointing to the found blocks
         parallelize = preset_parallelize(plan, model, stack[0] if stack else None)
     calls: list[GroupCall] = []
     if parallelize is not None:

@@ -190,18 +190,33 @@ def ac_wrap(block: nn.Module, plan: Plan) -> nn.Module:
 
 
 def check_ac(plan: Plan, model: nn.Module, staged: bool) -> None:
-    """Refuse activation checkpointing where there is nothing it applies to."""
+    """Refuse activation checkpointing where there is nothing it applies to.
+
+    A StagedLM checkpoints ``model.layers``; any other model (the generic
+    path) the repeated block stack :func:`flint.capture.byom.find_blocks` finds.
+    """
     if plan.activation_checkpoint == "none":
         return
-    if not staged:
-        raise PlanError("activation_checkpoint", f"'{plan.activation_checkpoint}' checkpoints the blocks of a "
-                        "repeated block stack; this model is not a StagedLM (embed, layers, head), so Flint "
-                        "finds no block stack to checkpoint", plan.source)
-    if not any(isinstance(m, nn.Linear) for m in model.layers.modules()):
+    if staged:
+        layers = model.layers
+    else:
+        from flint.capture.byom import find_blocks
+
+        found = find_blocks(model)
+        if found is None:
+            raise PlanError("activation_checkpoint", f"'{plan.activation_checkpoint}' checkpoints the blocks of "
+                            "a repeated block stack; this model has no ModuleList / Sequential of >= 2 identical "
+                            "blocks, so Flint finds no block stack to checkpoint", plan.source)
+        layers = found[1]
+        if plan.activation_checkpoint == "selective-layer" and plan.ac_every > 1:
+            raise PlanError("ac_every", f"selective-layer every {plan.ac_every} blocks on a model outside the "
+                            "zoo: the generic path captures one block body for the whole stack (not yet two "
+                            "roles); use full or selective-op", plan.source)
+    if not any(isinstance(m, nn.Linear) for m in layers.modules()):
         raise PlanError("activation_checkpoint", f"'{plan.activation_checkpoint}' on blocks without linear "
                         "layers: there are no GEMMs to save or recompute", plan.source)
-    if plan.activation_checkpoint == "selective-layer" and plan.ac_every > len(model.layers):
-        raise PlanError("ac_every", f"{plan.ac_every} exceeds the model's {len(model.layers)} layers: no block "
+    if plan.activation_checkpoint == "selective-layer" and plan.ac_every > len(layers):
+        raise PlanError("ac_every", f"{plan.ac_every} exceeds the model's {len(layers)} layers: no block "
                         "would be checkpointed", plan.source)
     if plan.activation_checkpoint == "selective-layer" and plan.pp > 1 and 1 < plan.ac_every:
         raise PlanError("ac_every", f"selective-layer every {plan.ac_every} blocks with pp = {plan.pp}: the "
@@ -330,12 +345,12 @@ class ParamGroup(nn.Module):
             shards = tuple(s.to(self.param_dtype) for s in shards)
         flat = torch.cat([s.reshape(-1) for s in shards])
         full = funcol.all_gather_tensor_autograd(flat, 0, self.group_name).view(self.dp_size, -1)
-        out, offset = [], 0
-        for shard, shape in zip(shards, self.local_shapes):
-            n = shard.numel()
-            out.append(full[:, offset:offset + n].reshape(-1, *shape[1:])[: shape[0]])
-            offset += n
-        return out
+        # FSDP2's copy-out (torch.split_with_sizes_copy, into each unsharded parameter); its backward
+        # is one cat into the flat reduce-scatter input, as FSDP2's chunk_cat (one slice_backward
+        # per parameter would materialize the whole flat buffer once per parameter)
+        chunks = torch.split_with_sizes_copy(full, [s.numel() for s in shards], dim=1)
+        out = [c.reshape(-1, *shape[1:]) for c, shape in zip(chunks, self.local_shapes)]
+        return [o if o.shape[0] == shape[0] else o[: shape[0]] for o, shape in zip(out, self.local_shapes)]
 
     def forward(self, *args: torch.Tensor, **kwargs: torch.Tensor) -> torch.Tensor:
         leaves = [self.local[n.replace(".", "__")] for n in self.names]

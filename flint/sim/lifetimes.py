@@ -71,6 +71,14 @@ What allocates, and for how long
     is released when the consumer starts and the consumer re-allocates the
     bytes at its first position, so nothing is counted twice.
 
+- *Reduce-scatter inputs* (the flat gradient buffer FSDP2 reduces) are
+  category ``comm`` and live like hand-off outputs: until the next function
+  iteration's last use of its non-resident arguments. FSDP2 keeps a group's
+  reduce-scatter input (``reduce_scatter_state``) until the next group's
+  post-backward, i.e. through the next block's backward (as
+  ``FSDPMemTracker``'s ``Reduce Scatter`` category shows); in the step's
+  last function, to the end of its iteration.
+
 Schedule attributes
 -------------------
 Ops marked ``flint.prefetch = K`` (see :mod:`flint.ir.dist`; set by
@@ -161,6 +169,7 @@ class _Profile:
     last: list[int] = field(default_factory=list)
     category: list[str] = field(default_factory=list)
     result_of: list[list[int]] = field(default_factory=list)  # the function results it leaves as (if any)
+    held: list[bool] = field(default_factory=list)  # a reduce-scatter input, held like a hand-off (docstring)
     # arguments
     arg_last_use: list[int] = field(default_factory=list)
     arg_returned: list[bool] = field(default_factory=list)
@@ -212,6 +221,7 @@ def _profile(fn: func.FuncOp, prefetch: int = 0) -> _Profile:
         p.last.append(at)
         p.category.append(category)
         p.result_of.append([])
+        p.held.append(False)
 
     for at, op in enumerate(ops):
         if op in early:  # a local position in an earlier iteration (negative when K iterations back)
@@ -230,6 +240,12 @@ def _profile(fn: func.FuncOp, prefetch: int = 0) -> _Profile:
             if op.result is not None:
                 base[op.result] = base.get(op.future, ("none", -1))
         elif isinstance(op, dist.CollectiveOp | dist.RecvOp):
+            if isinstance(op, dist.ReduceScatterOp):
+                for v in op.operands:
+                    kind, i = base.get(v, ("none", -1))
+                    if kind == "alloc":
+                        p.held[i] = True
+                        p.category[i] = "comm"
             alloc(op.result, at, "comm")
         # dist.send / dist.barrier tokens hold no memory
     term = fn.body.block.last_op
@@ -249,6 +265,7 @@ def _profile(fn: func.FuncOp, prefetch: int = 0) -> _Profile:
                 p.last.append(max(p.arg_last_use[i], 0))
                 p.category.append("activations")
                 p.result_of.append([])
+                p.held.append(False)
             p.result_of[taken_over[i]].append(k)
     return p
 
@@ -487,6 +504,9 @@ def step_memory(module: ModuleOp, capacity_bytes: int | None = None, role: int =
             for k, arg in zip(pairs[be].saved_results, pairs[be].saved_args):
                 until = saved_until.setdefault(k, hand.copy())
                 until[rows] = offsets[be] + cons_i[rows] * bp.n_pos + max(bp.arg_last_use[arg], 0)
+        for a in np.nonzero(p.held)[0].tolist():  # reduce-scatter inputs: until the next hand-off
+            held_until = np.where(hand == -1, start + p.n_pos - 1, hand)  # the step's last part: its own end
+            free[:, a] = np.where(free[:, a] == -1, -1, np.maximum(free[:, a], held_until))
         for a, ks in enumerate(p.result_of):
             if not ks:
                 continue

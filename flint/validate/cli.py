@@ -3,6 +3,7 @@
 One command regenerates the page and the chart::
 
     flint validate            # = python -m flint.validate.cli
+    flint validate --memory --ac none,full    # peak memory vs PyTorch's memory trackers instead
 
 Options select the models, recipes and world sizes; a recipe needs a world
 size it can use (2-D recipes need dp >= 2 and tp = 2, so world size 4; they
@@ -25,6 +26,8 @@ DEFAULT_PLANS = ("dp", "fsdp", "tp", "tp+sp", "fsdp+tp")
 DEFAULT_WORLD_SIZES = (2, 4)
 # A Hugging Face model (flint.models.hf), captured by the generic path, run with the same preset function.
 HF_CASES = (("hf-llama-tiny", "fsdp", 2),)
+# Activation checkpointing (torchtitan's modes, checkpoint_wrapper in the real run): model, recipe, world, mode.
+AC_CASES = (("llama-tiny", "fsdp", 2, "full"), ("llama-tiny", "fsdp", 2, "selective-op"))
 DEFAULT_OUT = "docs/validation.md"
 DEFAULT_CHART = "docs/validation_ratios.png"
 COMMAND = "flint validate"
@@ -58,6 +61,37 @@ def hf_cases(models, plans, world_sizes):
             if (m in models or tuple(models) == DEFAULT_MODELS) and p in plans and w in world_sizes]
 
 
+def ac_cases(models, plans, world_sizes):
+    """The AC cases of AC_CASES whose model, plan and world size are selected."""
+    from flint.validate.compare import Case
+
+    return [Case(m, p, w, ac=a) for m, p, w, a in AC_CASES if m in models and p in plans and w in world_sizes]
+
+
+def memory_main(models, plans, world_sizes, ac_modes) -> int:
+    """``--memory``: Flint's peak per rank vs PyTorch's memory tracker on fake tensors, one table."""
+    from flint.validate.memory import MemoryCase, compare_in_subprocess, runtime_overheads, table
+
+    results, failed = [], 0
+    for case in cases(models, plans, world_sizes):
+        for ac in ac_modes:
+            mc = MemoryCase(case.model, case.plan, case.world_size, ac, tp=case.tp if case.tp > 1 else 2)
+            try:
+                r = compare_in_subprocess(mc)
+            except FlintError as e:
+                print(e, file=sys.stderr, flush=True)
+                failed += 1
+                continue
+            results.append(r)
+            print(f"{mc.label()}: Flint {r.flint.total_bytes / 2**20:.2f} MiB, {r.tracker_name} "
+                  f"{r.tracker.total_bytes / 2**20:.2f} MiB, gap {100 * r.gap:+.1f}%", flush=True)
+    if results:
+        print(table(results, runtime_overheads()), end="")
+        print("(the last column adds flint/devices/runtime/memory.toml's CUDA context, NCCL buffers and "
+              "fragmentation, which the tracker does not see)")
+    return 1 if failed or not results else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="flint validate", description=__doc__.splitlines()[0])
     p.add_argument("--models", "--model", default=",".join(DEFAULT_MODELS),
@@ -69,6 +103,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chart", default=DEFAULT_CHART, help="bar chart path, '' for none (default: %(default)s)")
     p.add_argument("--timeout", type=float, default=180.0, help="seconds per real run (default: %(default)s)")
     p.add_argument("--work-dir", default=None, help="where run directories are made (default: system temp)")
+    p.add_argument("--memory", action="store_true",
+                   help="instead: Flint's peak memory per rank vs PyTorch's FSDPMemTracker / MemTracker on fake "
+                        "tensors (flint.validate.memory), one table on stdout")
+    p.add_argument("--ac", default="none",
+                   help="with --memory: comma-separated activation checkpointing modes (default: %(default)s)")
     return p
 
 
@@ -100,7 +139,19 @@ def main(argv: list[str] | None = None) -> int:
     except (FlintError, CaptureError) as e:
         print(f"flint validate: error: {e}", file=sys.stderr)
         return 2
+    if args.memory:
+        from flint.plan import AC_MODES
+
+        modes = _csv(args.ac)
+        bad = [m for m in modes if m not in AC_MODES]
+        if bad or not modes:
+            print(f"flint validate: error: --ac: unknown mode '{bad[0] if bad else args.ac}'; known: "
+                  f"{', '.join(AC_MODES)}", file=sys.stderr)
+            return 2
+        return memory_main([m for m in models if not is_hf(m)], plans, world_sizes, modes)
     todo = cases([m for m in models if not is_hf(m)], plans, world_sizes) + hf_cases(models, plans, world_sizes)
+    if tuple(models) == DEFAULT_MODELS or any(m in models for m, *_ in AC_CASES):
+        todo += ac_cases(models, plans, world_sizes)
     if not todo:
         print("flint validate: error: no case to run (2-D recipes need world size 4)", file=sys.stderr)
         return 2

@@ -1,7 +1,8 @@
 """Compare Flint's captured step with a real run of the same model, plan and world size.
 
 Flint side: :func:`flint.capture.capture_step` with ``repeat=False`` (the whole
-layer stack captured, nothing multiplied), counted by its
+layer stack captured, nothing multiplied; with activation checkpointing one
+block per graph, counted ``repeat`` times, see :func:`flint_counts`), counted by its
 :class:`~flint.capture.StepSummary` classes and, per operator name, with the
 same :func:`~flint.capture.opclass.classify_aten`. Flint's program is SPMD:
 every rank of a recipe does the same per-rank work, so each real rank is
@@ -35,6 +36,7 @@ class Case:
     plan: str
     world_size: int
     batch: tuple[int, int] = (GLOBAL_BATCH, SEQ_LEN)
+    ac: str = "none"  # activation checkpointing mode (selective-layer: every second block)
 
     @property
     def tp(self) -> int:
@@ -51,7 +53,7 @@ class Case:
         return mesh.shape, mesh.axis_names
 
     def label(self) -> str:
-        return f"{self.model} {self.plan} w{self.world_size}"
+        return f"{self.model} {self.plan} w{self.world_size}" + (f" ac={self.ac}" if self.ac != "none" else "")
 
 
 @dataclass
@@ -77,8 +79,18 @@ def flint_counts(case: Case) -> FlintCounts:
     else:
         batch = {"tokens": case.batch, "labels": case.batch}
         model_factory = factory(case.model)
-    step = capture_step(model_factory, batch, world_size=case.world_size, plan=case.plan, tp=case.tp,
-                        repeat=False)
+    if case.ac == "none":
+        step = capture_step(model_factory, batch, world_size=case.world_size, plan=case.plan, tp=case.tp,
+                            repeat=False)
+    else:
+        from flint.plan import from_recipe
+        from flint.validate.worker import with_ac
+
+        # one graph per block, as Flint estimates it: in one graph of the whole stack AOTAutograd's
+        # partitioner recomputes a checkpointed block's output (the next block's input), which eager
+        # checkpoint_wrapper saves (one more GEMM per block boundary than the real run)
+        plan = with_ac(from_recipe(case.plan, case.world_size, case.tp), case.ac)
+        step = capture_step(model_factory, batch, plan=plan, repeat=True)
     summary = step.summary()
     colls, coll_bytes = Counter(), Counter()
     for (kind, _axes, phase), n in summary.collectives.items():

@@ -62,9 +62,10 @@ EXPECTED: tuple[Expected, ...] = (
              "gradient by the data-parallel size (div_, one per group) around the reduce-scatter / all-reduce; "
              "Flint's recipes use the collective's avg, which carries the division.", _DATA_PARALLEL),
     Expected("fsdp-grad-assembly", "elementwise", r"aten::add", "bwd",
-             "Flint's FSDP recipe (SimpleFSDP-style autograd all-gather) hands each parameter its slice of the "
-             "gathered flat buffer; the backward assembles the group's flat gradient by slice_backward + add. "
-             "FSDP2 copies gradients into the reduce-scatter buffer with fsdp::chunk_cat (a memory op).", _FSDP),
+             "Flint's FSDP recipe (SimpleFSDP-style autograd all-gather) copies each parameter out of the "
+             "gathered flat buffer with split_with_sizes_copy (FSDP2's copy-out op); its backward assembles "
+             "the group's flat gradient with one cat, where FSDP2 uses fsdp::chunk_cat (memory ops both); "
+             "gradient accumulation of parameters used twice differs in add count.", _FSDP),
     Expected("backward-formulas", "elementwise", r"aten::(add|mul|div|silu|neg|sub|pow|rsqrt)", "bwd",
              "eager autograd runs each op's backward formula (in place where it can: gradient accumulation "
              "add_); AOTAutograd's joint graph is functionalized and decomposed (norm and mean backward as "

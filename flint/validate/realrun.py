@@ -55,6 +55,7 @@ class RunSpec:
     timeout_s: float = 120.0
     port: int | None = None  # None: pick a free one
     fail_ranks: tuple[int, ...] = ()  # testing: ranks that raise before joining
+    ac: str = "none"  # activation checkpointing mode (flint.plan AC_MODES; selective-layer: every 2nd block)
 
 
 @dataclass
@@ -157,6 +158,35 @@ def convert(host_trace: Path, output: Path, log: Path) -> None:
         raise RealRunError(f"chakra_converter failed on {host_trace.name}: {' | '.join(tail)}")
 
 
+def repair_orphans(host_trace: Path) -> int:
+    """Re-parent host-trace nodes whose parent (``ctrl_deps``) the trace lacks to their thread's root.
+
+    Under activation checkpointing PyTorch's execution trace can name a parent
+    node it never wrote (the backward's operators, FSDP's post-backward
+    reduce-scatters and backward prefetches below it); ``chakra_converter``
+    walks the tree from the roots and silently drops such subtrees (the
+    problem mlcommons/chakra#190 describes). Returns the number of nodes
+    re-parented; the file is rewritten only when there are some.
+    """
+    et = json.loads(host_trace.read_text())
+    nodes = et.get("nodes", [])
+    ids = {n["id"] for n in nodes}
+
+    def tid(n: dict) -> int | None:
+        return next((a.get("value") for a in n.get("attrs", ()) if a.get("name") == "tid"), None)
+
+    roots = {tid(n): n["id"] for n in nodes if n.get("name") == "[pytorch|profiler|execution_trace|thread]"}
+    fixed = 0
+    for n in nodes:
+        parent = n.get("ctrl_deps")
+        if parent is not None and parent not in ids and tid(n) in roots:
+            n["ctrl_deps"] = roots[tid(n)]
+            fixed += 1
+    if fixed:
+        host_trace.write_text(json.dumps(et))
+    return fixed
+
+
 def run_real(spec: RunSpec, work_dir: str | Path | None = None) -> RealRun:
     """Run ``spec`` for real and convert its traces; raises :class:`RealRunError` naming failed ranks."""
     run_dir = Path(tempfile.mkdtemp(prefix=f"flint-validate-{spec.plan.replace('+', '_')}-w{spec.world_size}-",
@@ -174,6 +204,7 @@ def run_real(spec: RunSpec, work_dir: str | Path | None = None) -> RealRun:
         for r, h in enumerate(host):
             if not h.exists():
                 raise RealRunError(f"rank {r} wrote no execution trace", {r: "no execution trace"})
+            repair_orphans(h)
             convert(h, chakra_dir / f"step.{r}.et", run_dir / "converter.log")
         kineto = [run_dir / f"kineto.{r}.json" for r in range(spec.world_size)]
         wall = [json.loads((run_dir / f"timing.{r}.json").read_text())["step_wall_us"]

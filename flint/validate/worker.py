@@ -29,7 +29,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from flint.capture.recipes import apply_tp, data_parallel_mode
+from flint.capture.recipes import ac_layers, ac_wrap, apply_tp, data_parallel_mode
 from flint.plan import Plan
 
 LR, BETAS, EPS, WEIGHT_DECAY = 3e-4, (0.9, 0.95), 1e-8, 0.1  # flint.capture.step.adamw_step defaults
@@ -45,12 +45,17 @@ def parallelize(model: nn.Module, plan: Plan, mesh: DeviceMesh) -> None:
     - ``dp_replicate``: ``replicate`` (FSDP2-based,
       ``torch.distributed._composable.replicate_with_fsdp``) on the same groups, on
       mesh axis ``dp_replicate``: one gradient all-reduce per group.
+    - ``activation_checkpoint``: the recipe's own ``checkpoint_wrapper`` per block
+      (:func:`flint.capture.recipes.ac_wrap` on :func:`~flint.capture.recipes.ac_layers`),
+      after TP and before data parallelism, as torchtitan applies it.
     """
     from torch.distributed._composable.replicate_with_fsdp import replicate
     from torch.distributed.fsdp import fully_shard
 
     if plan.tp > 1:
         apply_tp(model, mesh["tp"], plan.sp)
+    for i in ac_layers(plan, len(model.layers)):
+        model.layers[i] = ac_wrap(model.layers[i], plan)
     mode = data_parallel_mode(plan)
     if mode is not None:
         if plan.dp_shard > 1 and plan.dp_replicate > 1:
@@ -59,6 +64,13 @@ def parallelize(model: nn.Module, plan: Plan, mesh: DeviceMesh) -> None:
         dp_mesh = mesh["dp_shard" if mode == "fsdp" else "dp_replicate"]
         for module in (model.embed, *model.layers, model.head, model):
             wrap(module, mesh=dp_mesh)
+
+
+def with_ac(plan: Plan, mode: str) -> Plan:
+    """``plan`` with activation checkpointing ``mode`` (selective-layer: every second block)."""
+    import dataclasses
+
+    return dataclasses.replace(plan, activation_checkpoint=mode, ac_every=2 if mode == "selective-layer" else 1)
 
 
 def run(spec: dict, rank: int) -> None:
@@ -74,7 +86,7 @@ def run(spec: dict, rank: int) -> None:
     try:
         from flint.plan import from_recipe
 
-        plan = from_recipe(spec["plan"], spec["world_size"], spec.get("tp", 1))
+        plan = with_ac(from_recipe(spec["plan"], spec["world_size"], spec.get("tp", 1)), spec.get("ac", "none"))
         fmesh = plan.mesh()
         mesh = init_device_mesh("cpu", fmesh.shape, mesh_dim_names=fmesh.axis_names)
         torch.manual_seed(0)
