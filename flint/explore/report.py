@@ -327,6 +327,7 @@ def _plots(df, space: Space, out: Path) -> list[Path]:
         if ln.x not in ok or ln.y not in ok:
             continue
         fig, ax = plt.subplots(figsize=(7, 4.5))
+        scale = 1e3 if ln.y.endswith("_us") else 2**30 if ln.y.endswith("_bytes") else 1
         groups = ok.groupby(ln.series, sort=True) if ln.series else [(None, ok)]
         for key, g in groups:
             g = g.sort_values(ln.x)
@@ -336,12 +337,13 @@ def _plots(df, space: Space, out: Path) -> list[Path]:
                     k2 = k2 if isinstance(k2, tuple) else (k2,)
                     lab = ", ".join([f"{_short(ln.series)}={key}"] if ln.series else []
                                     + [f"{_short(c)}={v}" for c, v in zip(others, k2)])
-                    ax.plot(g2[ln.x], g2[ln.y] / (1e3 if ln.y.endswith("_us") else 1), "-o", ms=3, label=lab)
+                    ax.plot(g2[ln.x], g2[ln.y] / scale, "-o", ms=3, label=lab)
             else:
-                ax.plot(g[ln.x], g[ln.y] / (1e3 if ln.y.endswith("_us") else 1), "-o", ms=4,
+                ax.plot(g[ln.x], g[ln.y] / scale, "-o", ms=4,
                         label=f"{_short(ln.series)}={key}" if ln.series else None)
         ax.set_xlabel(_short(ln.x))
-        ax.set_ylabel(ln.y.replace("_us", " (ms)") if ln.y.endswith("_us") else ln.y)
+        ax.set_ylabel(ln.y.replace("_us", " (ms)") if ln.y.endswith("_us") else
+                      ln.y.replace("_bytes", " (GiB)") if ln.y.endswith("_bytes") else ln.y)
         ax.set_title(ln.title or f"{space.name}: {ln.y} vs {_short(ln.x)}")
         if ln.series or vary:
             ax.legend(fontsize=7)
