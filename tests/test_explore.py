@@ -437,3 +437,18 @@ def test_explore_estimate_equals_flint_estimate(tmp_path, cache, capsys):
     # the default pipeline overlaps the FSDP gathers the captured order exposes
     for path in ("planned", "captured"):
         assert rows[(path, "default")]["outputs"]["exposed_comm_us"] < rows[(path, "")]["outputs"]["exposed_comm_us"]
+    # a plan expansion refuses: the point takes the captured path and says why (the capture is cached by now)
+    from flint.explore import stages
+
+    def refuse(single, plan):
+        raise FlintError("no sharding rule for 'aten.my_op.default' at model.py:1:0")
+
+    monkeypatch = pytest.MonkeyPatch()
+    monkeypatch.setattr(stages, "expand_stage", refuse)
+    try:
+        res = stages.Evaluator(str(cache)).evaluate(rows[("planned", "")]["inputs"])
+    finally:
+        monkeypatch.undo()
+    assert res["status"] == "ok" and res["outputs"]["path"] == "captured"
+    assert res["outputs"]["path_note"] == "shard-expand: no sharding rule for 'aten.my_op.default' at model.py:1:0"
+    assert res["outputs"]["iteration_time_us"] == rows[("captured", "")]["outputs"]["iteration_time_us"]
