@@ -111,6 +111,18 @@ def test_planned_path_refusals_name_the_plan_field():
     assert cap.key == cap.captured_key != w.key
 
 
+def test_supported_counts_either_way_in():
+    from flint.explore.constraints import check
+
+    moe = {"workload.model": "moe-tiny", "workload.world_size": 8, "workload.seq_len": 64, "workload.global_batch": 16,
+           "workload.plan.dp_shard": -1, "workload.plan.ep": 2, "system.device": "h100-sxm"}
+    assert check(moe, {"memory_fits": True}) is None  # capture refuses ep; shard-expand builds it
+    why = check({**moe, "workload.path": "captured"}, {"memory_fits": True})
+    assert why is not None and why[0] == "supported" and "ep" in why[1]
+    cp = check({**moe, "workload.plan.ep": 1, "workload.plan.cp": 2, "workload.model": "llama-tiny"}, {})
+    assert cp is not None and cp[0] == "supported"
+
+
 def test_unknown_axis_on_the_command_line(tmp_path, capsys):
     p = _write(tmp_path, BASE.replace("seq_len", "seqlen"))
     assert explore_main([str(p), "--out", str(tmp_path / "o")]) == 1
