@@ -119,8 +119,10 @@ def test_supported_counts_either_way_in():
     assert check(moe, {"memory_fits": True}) is None  # capture refuses ep; shard-expand builds it
     why = check({**moe, "workload.path": "captured"}, {"memory_fits": True})
     assert why is not None and why[0] == "supported" and "ep" in why[1]
-    cp = check({**moe, "workload.plan.ep": 1, "workload.plan.cp": 2, "workload.model": "llama-tiny"}, {})
-    assert cp is not None and cp[0] == "supported"
+    cp = {**moe, "workload.plan.ep": 1, "workload.plan.cp": 2, "workload.model": "llama-tiny"}
+    assert check(cp, {}) is None  # context parallelism: shard-expand builds it, capture does not
+    why = check({**cp, "workload.path": "captured"}, {})
+    assert why is not None and why[0] == "supported" and "cp" in why[1]
 
 
 def test_unknown_axis_on_the_command_line(tmp_path, capsys):
@@ -134,7 +136,7 @@ def test_unknown_axis_on_the_command_line(tmp_path, capsys):
 @pytest.mark.parametrize("edit, constraint", [
     (("[system]", "[constraints]\nmax_gpus = 4\n[system]"), "max_gpus"),
     (("dp_shard = -1", "dp_shard = -1\ntp = 3"), "degrees_divide"),
-    (("dp_shard = -1", "dp_shard = -1\ncp = 2"), "supported"),
+    (("[workload.plan]\ndp_shard = -1", 'path = "captured"\n[workload.plan]\ndp_shard = -1\ncp = 2'), "supported"),
     (('model = "llama-tiny"', 'model = "llama3-405b"'), "memory_fits"),
 ])
 def test_constraints_excluding_every_point(tmp_path, capsys, edit, constraint):

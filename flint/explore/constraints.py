@@ -10,8 +10,7 @@ In the order they are checked (a point is counted under the first it fails):
                     recipes' ``CAPTURE_FIELDS``: data, tensor and pipeline
                     parallelism and activation checkpointing), or, for a
                     planned point, ``shard-expand`` does (``EXPAND_FIELDS``:
-                    data and tensor parallelism, expert parallelism); CP is
-                    refused by both until it lands.
+                    data, tensor, context and expert parallelism).
 ``max_gpus`` / ``min_gpus``  bounds on the world size.
 ``memory_fits``     a lower bound of the per-rank memory fits the device's
                     HBM: parameters, gradients and AdamW's two moments at the
