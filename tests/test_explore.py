@@ -87,10 +87,42 @@ def test_space_axes_and_ranges(tmp_path):
     (('model = "llama-tiny"', 'model = "llama-huge"'), "workload.model: unknown model"),
     (("slowdown = 1.5", "slowdown = 0.5"), "system.straggler.slowdown"),
     (("[system]", "[system]\nfabric = 1"), "system.fabric: unknown axis"),
+    (("seq_len = 64", 'seq_len = 64\npath = ["planned", "traced"]'), "workload.path: unknown path 'traced'"),
+    (("seq_len = 64", 'seq_len = 64\npasses = ["default", "no-such-pass"]'), "workload.passes"),
 ])
 def test_bad_space_names_the_axis(tmp_path, edit, where):
     with pytest.raises(SpaceError, match=where.replace(".", r"\.").replace("(", r"\(")):
         load_space(_write(tmp_path, BASE.replace(*edit)))
+
+
+def test_planned_path_refusals_name_the_plan_field():
+    from flint.explore.stages import Workload
+
+    base = {"workload.model": "llama-tiny", "workload.world_size": 8, "workload.seq_len": 64,
+            "workload.global_batch": 16, "workload.plan.dp_shard": -1}
+    w = Workload.of(base)
+    assert w.path == "planned" and w.passes == "default" and w.planned_refusal() is None
+    # planned points of one model and global shape share one single-device capture; plans differ in the program
+    other = Workload.of({**base, "workload.plan.tp": 2})
+    assert other.single_key == w.single_key and other.key != w.key and other.captured_key != w.captured_key
+    ac = Workload.of({**base, "workload.plan.activation_checkpoint": "full"})
+    assert "activation_checkpoint" in ac.planned_refusal() and ac.key == ac.captured_key
+    cap = Workload.of({**base, "workload.path": "captured"})
+    assert cap.key == cap.captured_key != w.key
+
+
+def test_supported_counts_either_way_in():
+    from flint.explore.constraints import check
+
+    moe = {"workload.model": "moe-tiny", "workload.world_size": 8, "workload.seq_len": 64, "workload.global_batch": 16,
+           "workload.plan.dp_shard": -1, "workload.plan.ep": 2, "system.device": "h100-sxm"}
+    assert check(moe, {"memory_fits": True}) is None  # capture refuses ep; shard-expand builds it
+    why = check({**moe, "workload.path": "captured"}, {"memory_fits": True})
+    assert why is not None and why[0] == "supported" and "ep" in why[1]
+    cp = {**moe, "workload.plan.ep": 1, "workload.plan.cp": 2, "workload.model": "llama-tiny"}
+    assert check(cp, {}) is None  # context parallelism: shard-expand builds it, capture does not
+    why = check({**cp, "workload.path": "captured"}, {})
+    assert why is not None and why[0] == "supported" and "cp" in why[1]
 
 
 def test_unknown_axis_on_the_command_line(tmp_path, capsys):
@@ -104,7 +136,7 @@ def test_unknown_axis_on_the_command_line(tmp_path, capsys):
 @pytest.mark.parametrize("edit, constraint", [
     (("[system]", "[constraints]\nmax_gpus = 4\n[system]"), "max_gpus"),
     (("dp_shard = -1", "dp_shard = -1\ntp = 3"), "degrees_divide"),
-    (("dp_shard = -1", "dp_shard = -1\ncp = 2"), "supported"),
+    (("[workload.plan]\ndp_shard = -1", 'path = "captured"\n[workload.plan]\ndp_shard = -1\ncp = 2'), "supported"),
     (('model = "llama-tiny"', 'model = "llama3-405b"'), "memory_fits"),
 ])
 def test_constraints_excluding_every_point(tmp_path, capsys, edit, constraint):
@@ -378,3 +410,59 @@ def test_process_pool_and_limit_then_resume(tmp_path, cache, capsys):
     assert "reused 3 stored" in capsys.readouterr().out
     counts = _evaluations(out / "results.db")
     assert len(counts) == 8 and set(counts.values()) == {1}
+
+
+@pytest.mark.slow
+def test_explore_estimate_equals_flint_estimate(tmp_path, cache, capsys):
+    """One point, both paths, default and no passes: explore's iteration time is `flint estimate`'s."""
+    from flint.explore.cache import CaptureCache
+    from flint.explore.stages import Workload
+    from flint.tools.flint_cli import main
+
+    text = BASE.split("[system]")[0].replace("[workload.plan]", 'passes = ["default", ""]\n'
+                                              'path = ["planned", "captured"]\n[workload.plan]')
+    text += '[system]\nnetwork = "switch"\n'
+    p = _write(tmp_path, text)
+    out = tmp_path / "out"
+    assert explore_main([str(p), "--out", str(out), "--cache", str(cache), "--no-progress", "--no-report"]) == 0
+    rows = {(r["inputs"]["workload.path"], r["inputs"]["workload.passes"]): r for r in _rows(out / "results.db")}
+    assert len(rows) == 4 and all(r["status"] == "ok" for r in rows.values()), rows
+    assert all(r["outputs"]["path"] == path and r["outputs"]["path_note"] == "" for (path, _), r in rows.items())
+    assert rows[("planned", "default")]["outputs"]["passes_run"] == \
+        "reorder-all-gather{prefetch=1},sink-waits,assign-streams"
+    w = Workload.of(rows[("planned", "")]["inputs"])
+    caches = CaptureCache(cache)
+    single = tmp_path / "single.mlir"
+    single.write_text(caches.get(w.single_key))
+    captured = tmp_path / "captured.mlir"
+    captured.write_text(caches.get(w.captured_key))
+    (tmp_path / "plan.toml").write_text("dp_shard = 8\n")
+    expanded = tmp_path / "expanded.mlir"
+    assert main(["expand", str(single), str(tmp_path / "plan.toml"), "-o", str(expanded)]) == 0
+    capsys.readouterr()
+    for path, ir in (("planned", expanded), ("captured", captured)):
+        for passes, flag in (("default", []), ("", ["--passes", ""])):
+            assert main(["estimate", str(ir), "--device", "h100-sxm", "--network", "switch", "--json", *flag]) == 0
+            rep = json.loads(capsys.readouterr().out)
+            o = rows[(path, passes)]["outputs"]
+            assert o["iteration_time_us"] == pytest.approx(rep["iteration_time_us"], rel=1e-12), (path, passes)
+            assert o["passes_run"] == rep["passes"]
+            assert o["peak_memory_bytes"] == rep["peak_memory"]["peak_bytes"]
+    # the default pipeline overlaps the FSDP gathers the captured order exposes
+    for path in ("planned", "captured"):
+        assert rows[(path, "default")]["outputs"]["exposed_comm_us"] < rows[(path, "")]["outputs"]["exposed_comm_us"]
+    # a plan expansion refuses: the point takes the captured path and says why (the capture is cached by now)
+    from flint.explore import stages
+
+    def refuse(single, plan):
+        raise FlintError("no sharding rule for 'aten.my_op.default' at model.py:1:0")
+
+    monkeypatch = pytest.MonkeyPatch()
+    monkeypatch.setattr(stages, "expand_stage", refuse)
+    try:
+        res = stages.Evaluator(str(cache)).evaluate(rows[("planned", "")]["inputs"])
+    finally:
+        monkeypatch.undo()
+    assert res["status"] == "ok" and res["outputs"]["path"] == "captured"
+    assert res["outputs"]["path_note"] == "shard-expand: no sharding rule for 'aten.my_op.default' at model.py:1:0"
+    assert res["outputs"]["iteration_time_us"] == rows[("captured", "")]["outputs"]["iteration_time_us"]

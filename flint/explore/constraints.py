@@ -8,12 +8,13 @@ In the order they are checked (a point is counted under the first it fails):
                     over the data-parallel ranks and the microbatches.
 ``supported``       capture implements every plan field set (the capture
                     recipes' ``CAPTURE_FIELDS``: data, tensor and pipeline
-                    parallelism and activation checkpointing; CP and EP
-                    are refused until they land).
+                    parallelism and activation checkpointing), or, for a
+                    planned point, ``shard-expand`` does (``EXPAND_FIELDS``:
+                    data, tensor, context and expert parallelism).
 ``max_gpus`` / ``min_gpus``  bounds on the world size.
 ``memory_fits``     a lower bound of the per-rank memory fits the device's
                     HBM: parameters, gradients and AdamW's two moments at the
-                    model dtype, divided by ``tp * pp`` and, under ZeRO-3, by
+                    model dtype, divided by ``tp * pp * ep`` and, under ZeRO-3, by
                     ``dp_shard`` (exact shapes from the model built on the meta
                     device). It never prunes a point that could fit; the
                     evaluated peak (tensor lifetimes) says whether the rest do
@@ -63,10 +64,24 @@ def memory_lower_bound_bytes(point: Mapping[str, Any], plan) -> int:
     """Parameters + gradients + AdamW state per rank, sharded as the plan shards them (module docstring)."""
     n = _param_count(point["workload.model"], point.get("workload.layers"))
     per = _DTYPE_BYTES.get(point.get("workload.dtype", "bfloat16"), 4)
-    shard = plan.tp * plan.pp * (plan.dp_shard if plan.zero == 3 else 1)
-    state = n * per * 2 / (plan.tp * plan.pp * (plan.dp_shard if plan.zero >= 1 else 1))  # AdamW moments
-    grads = n * per / (plan.tp * plan.pp * (plan.dp_shard if plan.zero >= 2 else 1))
+    model = plan.tp * plan.pp * max(plan.ep, 1)  # expert parallelism shards only the experts: dividing
+    shard = model * (plan.dp_shard if plan.zero == 3 else 1)  # everything by it keeps the bound below
+    state = n * per * 2 / (model * (plan.dp_shard if plan.zero >= 1 else 1))  # AdamW moments
+    grads = n * per / (model * (plan.dp_shard if plan.zero >= 2 else 1))
     return int(n * per / shard + grads + state)
+
+
+def _expandable(point: Mapping[str, Any], plan) -> bool:
+    """Whether the planned path (``shard-expand``) implements every plan field set, for a planned point."""
+    from flint.passes.shard_annotate import EXPAND_FIELDS
+
+    if point.get("workload.path", "planned") != "planned":
+        return False
+    try:
+        plan.require(EXPAND_FIELDS, "shard-expand")
+    except FlintError:
+        return False
+    return True
 
 
 def check(point: Mapping[str, Any], constraints: Mapping[str, Any]) -> tuple[str, str] | None:
@@ -90,7 +105,8 @@ def check(point: Mapping[str, Any], constraints: Mapping[str, Any]) -> tuple[str
     try:
         plan.require(CAPTURE_FIELDS, "capture")
     except FlintError as e:
-        return "supported", str(e)
+        if not _expandable(point, plan):  # neither way in builds this program
+            return "supported", str(e)
     if "max_gpus" in constraints and plan.world_size > constraints["max_gpus"]:
         return "max_gpus", f"{plan.world_size} ranks > max_gpus {constraints['max_gpus']}"
     if "min_gpus" in constraints and plan.world_size < constraints["min_gpus"]:

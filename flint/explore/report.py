@@ -87,8 +87,13 @@ def _short(name: str) -> str:
     return name.removeprefix("workload.").removeprefix("system.")
 
 
+def _legend(v: Any) -> str:
+    """A legend value: an empty pipeline is "(none)"."""
+    return "(none)" if v == "" else str(v)
+
+
 def _label(row: Mapping[str, Any], cols: Sequence[str]) -> str:
-    return " ".join(f"{_short(c)}={row[c]}" for c in cols)
+    return " ".join(f"{_short(c)}={_legend(row[c])}" for c in cols)
 
 
 def write_reports(df, space: Space, summary, out_dir: str | Path) -> list[Path]:
@@ -327,6 +332,7 @@ def _plots(df, space: Space, out: Path) -> list[Path]:
         if ln.x not in ok or ln.y not in ok:
             continue
         fig, ax = plt.subplots(figsize=(7, 4.5))
+        scale = 1e3 if ln.y.endswith("_us") else 2**30 if ln.y.endswith("_bytes") else 1
         groups = ok.groupby(ln.series, sort=True) if ln.series else [(None, ok)]
         for key, g in groups:
             g = g.sort_values(ln.x)
@@ -334,14 +340,20 @@ def _plots(df, space: Space, out: Path) -> list[Path]:
             if others:  # one line per combination of the other varied axes too
                 for k2, g2 in g.groupby(others, sort=True):
                     k2 = k2 if isinstance(k2, tuple) else (k2,)
-                    lab = ", ".join([f"{_short(ln.series)}={key}"] if ln.series else []
-                                    + [f"{_short(c)}={v}" for c, v in zip(others, k2)])
-                    ax.plot(g2[ln.x], g2[ln.y] / (1e3 if ln.y.endswith("_us") else 1), "-o", ms=3, label=lab)
+                    lab = ", ".join(([f"{_short(ln.series)}={_legend(key)}"] if ln.series else [])
+                                    + [f"{_short(c)}={_legend(v)}" for c, v in zip(others, k2)])
+                    ax.plot(g2[ln.x], g2[ln.y] / scale, "-o", ms=3, label=lab)
             else:
-                ax.plot(g[ln.x], g[ln.y] / (1e3 if ln.y.endswith("_us") else 1), "-o", ms=4,
-                        label=f"{_short(ln.series)}={key}" if ln.series else None)
+                ax.plot(g[ln.x], g[ln.y] / scale, "-o", ms=4,
+                        label=f"{_short(ln.series)}={_legend(key)}" if ln.series else None)
         ax.set_xlabel(_short(ln.x))
-        ax.set_ylabel(ln.y.replace("_us", " (ms)") if ln.y.endswith("_us") else ln.y)
+        xs, ys = ok[ln.x], ok[ln.y]
+        if xs.dtype.kind in "if" and xs.min() > 0 and xs.max() / xs.min() >= 8:
+            ax.set_xscale("log", base=2)
+        if ys.dtype.kind in "if" and ys.min() > 0 and ys.max() / ys.min() > 5:
+            ax.set_yscale("log")
+        ax.set_ylabel(ln.y.replace("_us", " (ms)") if ln.y.endswith("_us") else
+                      ln.y.replace("_bytes", " (GiB)") if ln.y.endswith("_bytes") else ln.y)
         ax.set_title(ln.title or f"{space.name}: {ln.y} vs {_short(ln.x)}")
         if ln.series or vary:
             ax.legend(fontsize=7)

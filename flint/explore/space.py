@@ -16,7 +16,10 @@ A space file is TOML::
     global_batch = [16, 32]
     seq_len = 64
     world_size = { log2 = [8, 64] }          # 8, 16, 32, 64
-    passes = ["", "canonicalize-dist"]      # a flint-opt pipeline run after capture
+    passes = ["default", ""]     # pipeline before lowering: "default" (the default, as `flint estimate`
+                                 # applies for the plan), "" (none) or any flint-opt pipeline
+    path = "planned"             # planned: capture once on one device, shard-expand per plan (falls
+                                 # back to captured, reason recorded, where expansion cannot); captured
     [workload.plan]              # any field of flint.plan.Plan
     dp_shard = -1
     tp = [1, 2]
@@ -81,8 +84,10 @@ from flint.plan import Plan, PlanError
 STRATEGIES = ("grid", "random", "optuna")
 OBJECTIVES = ("iteration_time_us", "peak_memory_bytes", "gpus", "exposed_comm_us", "neg_mfu")
 WORKLOAD_KEYS = {"model": str, "layers": int, "global_batch": int, "seq_len": int, "world_size": int,
-                 "dtype": str, "passes": str}
-WORKLOAD_DEFAULTS = {"layers": None, "dtype": "bfloat16", "passes": "", "global_batch": None, "seq_len": 64}
+                 "dtype": str, "passes": str, "path": str}
+WORKLOAD_DEFAULTS = {"layers": None, "dtype": "bfloat16", "passes": "default", "global_batch": None, "seq_len": 64,
+                     "path": "planned"}
+PATHS = ("planned", "captured")
 SYSTEM_KEYS = {"device": str, "network": str, "algorithm": str}
 SYSTEM_DEFAULTS = {"device": "h100-sxm", "network": "dgx-h100", "algorithm": "ring"}
 PER_DIM = {"bandwidth_gbits_per_s": float, "latency_us": float}
@@ -445,7 +450,12 @@ def _check_axis_values(src: str, axes: list[Axis]) -> None:
     for v in by["workload.model"].values:
         if v not in presets():
             raise SpaceError(src, "workload.model", f"unknown model '{v}'; known: {', '.join(sorted(presets()))}")
+    for v in by["workload.path"].values:
+        if v not in PATHS:
+            raise SpaceError(src, "workload.path", f"unknown path '{v}'; known: {', '.join(PATHS)}")
     for v in by["workload.passes"].values:
+        if v == "default":
+            continue
         try:
             parse_passes(v)
         except FlintError as e:

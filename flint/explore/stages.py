@@ -1,17 +1,31 @@
-"""Evaluating one design point: capture -> passes -> lower -> estimate, one function per stage.
+"""Evaluating one design point: program -> passes -> lower -> estimate, one function per stage.
 
-A point's *workload* axes decide the captured program (model, depth, dtype,
-plan, global batch and sequence length -> local shapes) and the scheduling
-passes run on it; its *system* axes (device, network, per-dimension
-bandwidth and latency, degraded NICs, stragglers, collective algorithm)
-are variants of one trace. The stages:
+A point's *workload* axes decide the per-rank program (model, depth, dtype,
+plan, global batch and sequence length) and the scheduling passes run on it;
+its *system* axes (device, network, per-dimension bandwidth and latency,
+degraded NICs, stragglers, collective algorithm) are variants of one trace.
+A program comes one of two ways (the ``workload.path`` axis):
 
-- :func:`capture_stage`: the step IR from the content-addressed
-  :class:`~flint.explore.cache.CaptureCache`, capturing (and storing) it on
-  a miss; the same program is captured once across points, runs and
-  processes.
-- :func:`passes_stage`: a ``flint-opt`` pipeline (any pass in
-  :mod:`flint.passes.registry`, plug-ins included) on the captured module.
+- ``planned`` (default): :func:`single_capture_stage` captures the plain
+  single-device step once per model and global shape (world size 1, from
+  the content-addressed :class:`~flint.explore.cache.CaptureCache`), and
+  :func:`expand_stage` runs ``shard-annotate`` + ``shard-expand`` on it for
+  the point's plan (under a second per plan, no recapture). A plan
+  expansion does not implement (``pp``, ``cp``, ``ep``, activation
+  checkpointing, ZeRO-1/2, ...) or a program it refuses falls back to the
+  captured path; the point records the reason (output ``path_note``).
+- ``captured``: :func:`capture_stage` captures the program under the plan
+  with PyTorch's own parallel APIs (one capture per plan and local shape).
+
+Then, for every point:
+
+- :func:`passes_stage`: a ``flint-opt`` pipeline on the program. The
+  ``workload.passes`` axis defaults to ``"default"``: the pipeline
+  ``flint estimate`` applies for the plan
+  (:func:`flint.schedule.pipelines.default_pipeline`: FSDP prefetch +
+  sink-waits + streams, DDP bucketing), so a point's estimate equals
+  ``flint estimate``'s on the same program; ``""`` runs no pass; any other
+  value is the pipeline to run instead.
 - :func:`lower_stage`: peak memory from tensor lifetimes, then
   ``canonicalize-dist`` + ``lower-to-chakra`` on the device and the SPMD
   expansion into a per-rank trace (what ``flint estimate`` does).
@@ -20,10 +34,12 @@ are variants of one trace. The stages:
 - :func:`estimate_stage`: the embedded simulator; the outputs of a point.
 
 :class:`Evaluator` chains them and keeps what a later point can reuse in
-memory (the parsed program per capture, the lowered trace per
-(program, passes, device)), so system-only variation costs one simulation
-per point. When the planned path (``shard-expand``) and pipeline stages land,
-they slot in as a stage between capture and lowering.
+memory (the single-device module per model and shape, the expanded module
+per plan, the lowered trace per (program, passes, device)), so plan
+variation costs one expansion and one lowering per plan and system-only
+variation one simulation per point. Captures that miss the cache run in a
+fresh process each (``isolate_captures``), so no state a capture leaves in
+torch or the fake process group reaches the next one.
 """
 
 from __future__ import annotations
@@ -43,9 +59,13 @@ from flint.plan import Plan
 MEMORY_CATEGORIES = ("params", "grads", "optimizer", "activations", "comm", "other")
 
 
+PATHS = ("planned", "captured")
+DEFAULT_PASSES = "default"  # the value of workload.passes meaning "the plan's default pipeline"
+
+
 @dataclass(frozen=True)
 class Workload:
-    """What is captured and scheduled for a point (its ``workload.*`` axes)."""
+    """What is captured, expanded and scheduled for a point (its ``workload.*`` axes)."""
 
     model: str
     layers: int | None
@@ -54,6 +74,7 @@ class Workload:
     seq_len: int
     plan: Plan
     passes: str
+    path: str = "planned"
 
     @staticmethod
     def of(point: Mapping[str, Any]) -> "Workload":
@@ -63,7 +84,7 @@ class Workload:
         gb = point.get("workload.global_batch")
         return Workload(point["workload.model"], point.get("workload.layers"), point.get("workload.dtype", "bfloat16"),
                         int(gb) if gb is not None else plan.dp, int(point.get("workload.seq_len", 64)), plan,
-                        point.get("workload.passes", ""))
+                        point.get("workload.passes", DEFAULT_PASSES), point.get("workload.path", "planned"))
 
     def capture_inputs(self) -> dict[str, Any]:
         """What decides the captured program: model, depth, dtype, plan, local shapes."""
@@ -71,14 +92,56 @@ class Workload:
         return {"model": self.model, "layers": self.layers, "dtype": self.dtype, "plan": self.plan.to_dict(),
                 "local_shapes": {"tokens": list(local), "labels": list(local)}, "recipe": "flint.capture.capture_step"}
 
+    def single_inputs(self) -> dict[str, Any]:
+        """What decides the single-device program the planned path expands: model, depth, dtype, global shapes."""
+        shape = [self.global_batch, self.seq_len]
+        return {"model": self.model, "layers": self.layers, "dtype": self.dtype, "plan": SINGLE_DEVICE.to_dict(),
+                "local_shapes": {"tokens": shape, "labels": shape}, "recipe": "flint.capture.capture_step"}
+
     @property
     def key(self) -> str:
+        """The content key of this point's program (captured, or single-device capture + plan expanded)."""
+        if self.planned_refusal() is None:
+            return capture_key({"expand": self.plan.to_dict(), "single": self.single_inputs()})
+        return self.captured_key
+
+    @property
+    def captured_key(self) -> str:
         return capture_key(self.capture_inputs())
 
+    @property
+    def single_key(self) -> str:
+        return capture_key(self.single_inputs())
 
-def capture_stage(workload: Workload, cache: CaptureCache) -> tuple[str, bool]:
-    """The step IR text of ``workload`` and whether it came from the cache (captured and stored on a miss)."""
-    key = workload.key
+    def planned_refusal(self) -> str | None:
+        """Why this point cannot take the planned path (None when it can)."""
+        if self.path != "planned":
+            return None if self.path not in PATHS else "the point asks for the captured path"
+        from flint.passes.shard_annotate import EXPAND_FIELDS
+
+        try:
+            self.plan.require(EXPAND_FIELDS, "shard-expand")
+        except FlintError as e:
+            return str(e)
+        return None
+
+
+SINGLE_DEVICE = Plan.from_dict({}, world_size=1)
+
+
+def capture_stage(workload: Workload, cache: CaptureCache, isolated: bool = False) -> tuple[str, bool]:
+    """The step IR text of ``workload`` captured under its plan, and whether it came from the cache."""
+    return _cached_capture(cache, workload.captured_key, workload.capture_inputs(), _capture_spec(workload, False),
+                           isolated)
+
+
+def single_capture_stage(workload: Workload, cache: CaptureCache, isolated: bool = False) -> tuple[str, bool]:
+    """The single-device step IR text for ``workload``'s model and global shapes, and whether it was cached."""
+    return _cached_capture(cache, workload.single_key, workload.single_inputs(), _capture_spec(workload, True),
+                           isolated)
+
+
+def _cached_capture(cache: CaptureCache, key: str, inputs: dict, spec: dict, isolated: bool) -> tuple[str, bool]:
     text = cache.get(key)
     if text is not None:
         return text, True
@@ -86,12 +149,19 @@ def capture_stage(workload: Workload, cache: CaptureCache) -> tuple[str, bool]:
         text = cache.get(key)  # another process may have captured it while we waited
         if text is not None:
             return text, True
-        text = _capture(workload)
-        cache.put(key, text, workload.capture_inputs())
+        text = _capture_isolated(spec) if isolated else capture_program(spec)
+        cache.put(key, text, inputs)
         return text, False
 
 
-def _capture(w: Workload) -> str:
+def _capture_spec(w: Workload, single: bool) -> dict[str, Any]:
+    plan = SINGLE_DEVICE if single else w.plan
+    return {"model": w.model, "layers": w.layers, "dtype": w.dtype, "plan": plan.to_dict(),
+            "shapes": {"tokens": [w.global_batch, w.seq_len], "labels": [w.global_batch, w.seq_len]}}
+
+
+def capture_program(spec: Mapping[str, Any]) -> str:
+    """Capture and import one step (``spec``: model, layers, dtype, plan dict, GLOBAL shapes); the IR text."""
     from io import StringIO
 
     from xdsl.printer import Printer
@@ -100,14 +170,64 @@ def _capture(w: Workload) -> str:
     from flint.importer import import_step
     from flint.models import factory
 
-    overrides = {"n_layers": w.layers} if w.layers is not None else {}
-    shapes = {"tokens": (w.global_batch, w.seq_len), "labels": (w.global_batch, w.seq_len)}
-    step = capture_step(factory(w.model, **overrides), shapes, plan=w.plan, dtype=w.dtype)
+    overrides = {"n_layers": spec["layers"]} if spec["layers"] is not None else {}
+    plan = Plan.from_dict(spec["plan"])
+    shapes = {k: tuple(v) for k, v in spec["shapes"].items()}
+    step = capture_step(factory(spec["model"], **overrides), shapes, plan=plan, dtype=spec["dtype"])
     module = import_step(step)
     out = StringIO()
     Printer(stream=out, print_debuginfo=True).print_op(module)
     out.write("\n")
     return out.getvalue()
+
+
+def _capture_isolated(spec: Mapping[str, Any]) -> str:
+    """:func:`capture_program` in a fresh Python process (``python -m flint.explore.stages``) that ends afterwards.
+
+    Two captures in one process can interfere (torch's caches, the fake
+    process group's named groups); a process per capture keeps each one as
+    ``flint capture`` runs it. Its cost is one interpreter and torch import
+    per capture miss, small beside the capture itself. The child reads the
+    spec as JSON on stdin, writes the IR to a temporary file and prints one
+    JSON line (``{"ok": true}`` or ``{"error": ...}``) last on stdout.
+    """
+    import json
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory(prefix="flint-capture-") as tmp:
+        out = Path(tmp) / "step.mlir"
+        proc = subprocess.run([sys.executable, "-m", "flint.explore.stages", str(out)], input=json.dumps(dict(spec)),
+                              capture_output=True, text=True)
+        last = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
+        try:
+            status = json.loads(last)
+        except ValueError:
+            status = {}
+        if status.get("ok") and out.is_file():
+            return out.read_text()
+        if "error" in status:
+            raise FlintError(status["error"])
+        tail = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit status {proc.returncode}"
+        raise FlintError(f"the capture process failed: {tail}")
+
+
+def _capture_main(argv: list[str]) -> int:
+    """The child of :func:`_capture_isolated`."""
+    import json
+    import sys
+
+    from flint.fileio import write_text_atomic
+
+    try:
+        write_text_atomic(argv[0], capture_program(json.loads(sys.stdin.read())))
+        status = {"ok": True}
+    except BaseException as e:  # reported to the parent as text
+        status = {"error": _message(e)}
+    sys.stdout.write("\n" + json.dumps(status) + "\n")
+    return 0
 
 
 def parse_program(text: str, where: str):
@@ -125,16 +245,48 @@ def parse_program(text: str, where: str):
     return module
 
 
-def passes_stage(module, spec: str):
-    """Run the ``flint-opt`` pipeline ``spec`` on ``module`` (in place) and verify; returns the module."""
-    from flint.explore.space import parse_passes
-    from flint.ir import flint_context
+def single_stage(text: str, where: str):
+    """The parsed single-device module, with ``canonicalize-dist`` run (what expansion starts from)."""
+    from xdsl.context import Context
 
-    pipeline = parse_passes(spec)
-    if pipeline.passes:
-        pipeline.apply(flint_context(), module)
-        module.verify()
+    from flint.passes.canonicalize_dist import CanonicalizeDistPass
+
+    module = parse_program(text, where)
+    CanonicalizeDistPass().apply(Context(), module)
     return module
+
+
+def expand_stage(single, plan: Plan):
+    """``shard-annotate`` + ``shard-expand`` of a copy of ``single`` for ``plan`` (``single`` is kept).
+
+    The plan is checked against the program first (TP divides heads and split
+    dims, the data-parallel degree the batch); refusals are ``FlintError``.
+    """
+    from flint.passes.shard_annotate import annotate, check_model, check_single_device
+    from flint.passes.shard_expand import expand
+    from flint.sharding.rules import load_rules
+
+    module = single.clone()
+    check_single_device(module)
+    check_model(module, plan)
+    rules = load_rules()
+    annotate(module, plan, rules)
+    expand(module, plan, rules)
+    module.verify()
+    return module
+
+
+def passes_stage(module, spec: str, where: str = "") -> str:
+    """Run the point's pipeline on ``module`` (in place, verifying after each pass); returns what ran.
+
+    ``spec`` ``"default"`` is the plan's default pipeline (as ``flint estimate``
+    without ``--passes``), ``""`` none, anything else a ``flint-opt`` pipeline.
+    """
+    from flint.schedule.pipelines import resolve, run_pipeline
+
+    ran = resolve(module, None if spec == DEFAULT_PASSES else spec)
+    run_pipeline(module, ran, where)
+    return ran
 
 
 @dataclass
@@ -145,6 +297,7 @@ class Lowered:
     mesh: Any
     memory: Any  # flint.sim.lifetimes.StepMemory
     device_name: str
+    passes: str = ""  # the pipeline that ran before lowering
 
 
 def lower_stage(module, device_name: str) -> Lowered:
@@ -156,7 +309,11 @@ def lower_stage(module, device_name: str) -> Lowered:
     from flint.passes.lower_to_chakra import LowerToChakraPass
     from flint.sim.lifetimes import step_memory
 
-    memory = step_memory(module)
+    from flint.ir.aten import stage_roles
+
+    # the pipeline rank that needs most, as `flint estimate` reports it
+    memory = max((step_memory(module, None, role) for role in range(stage_roles(module))),
+                 key=lambda m: m.report.peak_bytes)
     CanonicalizeDistPass().apply(Context(), module)
     LowerToChakraPass(device=device_name).apply(Context(), module)
     return Lowered(trace_from_ir(module), mesh_of(module), memory, device_name)
@@ -252,15 +409,80 @@ def estimate_stage(lowered: Lowered, system: System, workload: Workload) -> dict
     return out
 
 
-class Evaluator:
-    """Evaluates points, reusing captures (disk + memory) and lowered traces (memory) across them."""
+@dataclass
+class Program:
+    """A point's per-rank program before passes: how it was made, and a way to get a fresh copy."""
 
-    def __init__(self, cache_root=None, max_lowered: int = 8) -> None:
+    key: str
+    path: str          # "planned" or "captured"
+    note: str          # why a planned point took the captured path ("" otherwise)
+    hit: bool | None   # capture cache hit (of the single-device or the per-plan capture)
+
+
+class Evaluator:
+    """Evaluates points, reusing captures (disk + memory), expansions and lowered traces (memory) across them."""
+
+    def __init__(self, cache_root=None, max_lowered: int = 8, isolate_captures: bool = True) -> None:
         self.cache = CaptureCache(cache_root)
-        self._texts: OrderedDict[str, str] = OrderedDict()
+        self.isolate_captures = isolate_captures
+        self._texts: OrderedDict[str, str] = OrderedDict()      # captured program text per key
+        self._singles: OrderedDict[str, Any] = OrderedDict()    # single-device module per key
+        self._expanded: OrderedDict[str, Any] = OrderedDict()   # expanded module per program key
         self._lowered: OrderedDict[tuple, Lowered] = OrderedDict()
         self._failed: dict[str, str] = {}
         self.max_lowered = max_lowered
+
+    @staticmethod
+    def _remember(cache: OrderedDict, key, value, size: int) -> None:
+        cache[key] = value
+        while len(cache) > size:
+            cache.popitem(last=False)
+
+    def _captured_text(self, w: Workload, single: bool) -> tuple[str, bool]:
+        key = w.single_key if single else w.captured_key
+        if key in self._failed:  # the same program failed to capture for an earlier point: not again
+            raise FlintError(self._failed[key])
+        text = self._texts.get(key)
+        if text is not None:
+            return text, True
+        try:
+            stage = single_capture_stage if single else capture_stage
+            text, hit = stage(w, self.cache, self.isolate_captures)
+        except Exception as e:
+            what = "single-device capture" if single else "capture"
+            self._failed[key] = f"{what}: {_message(e)}"
+            raise FlintError(self._failed[key]) from None
+        self._remember(self._texts, key, text, 4)
+        return text, hit
+
+    def program(self, w: Workload) -> tuple[Program, Any]:
+        """The point's program and a function returning a fresh module of it (passes and lowering mutate)."""
+        note = w.planned_refusal() if w.path == "planned" else ""
+        if w.path == "planned" and note is None:
+            key = w.key
+            expanded = self._expanded.get(key)
+            if key in self._failed:
+                note = self._failed[key]
+            elif expanded is not None:
+                return Program(key, "planned", "", True), expanded.clone
+            else:
+                # a single-device capture or an expansion that fails sends the point down the captured path
+                try:
+                    text, hit = self._captured_text(w, single=True)
+                    single = self._singles.get(w.single_key)
+                    if single is None:
+                        single = single_stage(text, str(self.cache.path(w.single_key)))
+                        self._remember(self._singles, w.single_key, single, 2)
+                    expanded = expand_stage(single, w.plan)
+                except FlintError as e:
+                    msg = str(e)
+                    self._failed[key] = note = msg if msg.startswith("single-device") else f"shard-expand: {msg}"
+                else:
+                    self._remember(self._expanded, key, expanded, 4)
+                    return Program(key, "planned", "", hit), expanded.clone
+        text, hit = self._captured_text(w, single=False)
+        where = str(self.cache.path(w.captured_key))
+        return Program(w.captured_key, "captured", note or "", hit), lambda: parse_program(text, where)
 
     def evaluate(self, point: Mapping[str, Any]) -> dict[str, Any]:
         """``{status, outputs, error, capture_hit, eval_s}`` for one point; never raises for a bad point."""
@@ -268,32 +490,19 @@ class Evaluator:
         hit = None
         try:
             workload = Workload.of(point)
-            key = workload.key
-            if key in self._failed:  # the same program failed to capture for an earlier point: not again
-                raise FlintError(self._failed[key])
-            text = self._texts.get(key)
-            if text is None:
-                try:
-                    text, hit = capture_stage(workload, self.cache)
-                except Exception as e:
-                    self._failed[key] = f"capture: {_message(e)}"
-                    raise FlintError(self._failed[key]) from None
-                self._texts[key] = text
-                while len(self._texts) > 4:
-                    self._texts.popitem(last=False)
-            else:
-                hit = True
-            lkey = (key, workload.passes, point["system.device"])
+            prog, fresh = self.program(workload)
+            hit = prog.hit
+            lkey = (prog.key, workload.passes, point["system.device"])
             lowered = self._lowered.get(lkey)
             if lowered is None:
-                module = parse_program(text, str(self.cache.path(key)))
-                passes_stage(module, workload.passes)
+                module = fresh()
+                ran = passes_stage(module, workload.passes)
                 lowered = lower_stage(module, point["system.device"])
-                self._lowered[lkey] = lowered
-                while len(self._lowered) > self.max_lowered:
-                    self._lowered.popitem(last=False)
+                lowered.passes = ran
+                self._remember(self._lowered, lkey, lowered, self.max_lowered)
             system = System.of(point, lowered.trace.world_size)
             outputs = estimate_stage(lowered, system, workload)
+            outputs.update({"path": prog.path, "path_note": prog.note, "passes_run": lowered.passes})
             return {"status": "ok", "outputs": outputs, "error": None, "capture_hit": hit,
                     "eval_s": time.perf_counter() - t0}
         except Exception as e:  # recorded with the point; the sweep goes on
@@ -320,3 +529,9 @@ def evaluate_chunk(points: list[tuple[str, dict]], cache_root: str | None) -> li
     if ev is None:
         ev = _EVALUATORS[cache_root or ""] = Evaluator(cache_root)
     return [(pid, ev.evaluate(p)) for pid, p in points]
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(_capture_main(sys.argv[1:]))
