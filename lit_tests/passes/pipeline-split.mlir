@@ -33,9 +33,16 @@
 
 // Interleaved 1F1B, 2 stages per rank: stage 2 on rank 0 receives from rank 1 (offset +1 wraps
 // around the pp axis), tags 4 + microbatch for boundary 1 -> 2; each rank optimizes its 2 layers.
-// INTER:      flint.stage_schedules = {{\[\[}}["embed_fwd", 1 : i64], ["block_fwd", 1 : i64], ["pp_send_f_p1", 1 : i64, {tag = 0 : i64}], ["embed_fwd", 1 : i64], ["block_fwd", 1 : i64], ["pp_send_f_p1", 1 : i64, {tag = 1 : i64}], ["pp_recv_f_p1", 1 : i64, {tag = 4 : i64}], ["block_fwd", 1 : i64]
+// A multi-stage schedule runs in torch's _PipelineScheduleRuntime: each recv is posted at torch's
+// RECV action (asynchronous) and the consuming forward / backward waits for it (wait = [tag]);
+// sends are asynchronous too (torch waits for them after the last action).
+// INTER:      flint.stage_schedules = {{\[\[}}["embed_fwd", 1 : i64], ["block_fwd", 1 : i64], ["pp_send_f_p1", 1 : i64, {tag = 0 : i64}], ["pp_recv_f_p1", 1 : i64, {tag = 4 : i64}], ["embed_fwd", 1 : i64], ["block_fwd", 1 : i64], ["pp_send_f_p1", 1 : i64, {tag = 1 : i64}], ["pp_recv_f_p1", 1 : i64, {tag = 5 : i64}], ["block_fwd", 1 : i64, {wait = [4 : i64]}]
 // INTER-SAME: ["block_optim", 2 : i64]]
 // INTER-SAME: stages = 4 : i64, schedule = "interleaved-1f1b", microbatches = 2 : i64, stage_ranks = [0 : i64, 1 : i64, 0 : i64, 1 : i64], layers = [1 : i64, 1 : i64, 1 : i64, 1 : i64]
+// INTER:      func.func @pp_send_f_p1(%x: tensor<2x8x16xbf16> {flint.role = "activation"}) {
+// INTER-NEXT:   %{{.*}} = dist.send %x to @mesh grid_axes = [0] offset = 1 tag = 0 : tensor<2x8x16xbf16> -> !dist.future<none>
+// INTER:      func.func @pp_recv_f_p1() -> !dist.future<tensor<2x8x16xbf16>> {
+// INTER-NEXT:   %{{.*}} = dist.recv from @mesh grid_axes = [0] offset = 1 tag = 0 : !dist.future<tensor<2x8x16xbf16>>
 
 // One stage: plain gradient accumulation over 3 microbatches, reduce-scatters only in the last.
 // ACCUM:      flint.stage_schedules = {{\[\[}}["embed_fwd", 1 : i64], ["block_fwd", 4 : i64], ["head_fwd", 1 : i64], ["head_bwd", 1 : i64, {nosync = ["dp_shard"]}], ["block_bwd", 4 : i64, {nosync = ["dp_shard"]}], ["embed_bwd", 1 : i64, {nosync = ["dp_shard"]}], ["embed_fwd", 1 : i64], ["block_fwd", 4 : i64], ["head_fwd", 1 : i64], ["head_bwd", 1 : i64, {nosync = ["dp_shard"]}], ["block_bwd", 4 : i64, {nosync = ["dp_shard"]}], ["embed_bwd", 1 : i64, {nosync = ["dp_shard"]}], ["embed_fwd", 1 : i64], ["block_fwd", 4 : i64], ["head_fwd", 1 : i64], ["head_bwd", 1 : i64], ["block_bwd", 4 : i64], ["embed_bwd", 1 : i64], ["block_optim", 4 : i64]]]
