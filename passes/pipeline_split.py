@@ -65,9 +65,20 @@ class PipelineSplitPass(ModulePass):
 
     Order: every pipeline rank's actions come from
     ``torch.distributed.pipelining``'s schedule class for ``schedule``
-    (``gpipe``, ``1f1b``, ``interleaved-1f1b``; see :mod:`flint.pipeline`),
+    (``gpipe``, ``1f1b``, ``interleaved-1f1b``, ``interleaved-zero-bubble``,
+    ``zbv-zero-bubble``; see :mod:`flint.pipeline`),
     ``microbatches`` per step. A forward action runs its stage's part
-    functions, a backward action their backward in reverse; ``SEND_F`` /
+    functions, a backward action their backward in reverse. The zero-bubble
+    schedules' ``I`` / ``W`` actions run ``<part>_bwd_input`` /
+    ``<part>_bwd_weight``, the backward split by
+    :func:`flint.pipeline.backward_split.split_backward` (added to the module,
+    one body each; an empty part gets no function), except on the first stage,
+    where torch's ``I`` does nothing and its ``W`` runs the full backward.
+    Multi-stage schedules (interleaved, zero bubble) run in torch's
+    ``_PipelineScheduleRuntime``: sends are asynchronous (waited for after the
+    last action), each recv is posted asynchronously at its ``RECV`` action
+    and the consuming entry waits for it (option ``wait = [tag]``); GPipe and
+    1F1B wait for each recv right before its use. ``SEND_F`` /
     ``RECV_F`` / ``SEND_B`` / ``RECV_B`` run new functions
     ``pp_{send,recv}_{fwd,bwd}_{offset}`` holding one ``dist.send`` /
     ``dist.recv`` of the stage-boundary tensor (the block's activation type)
@@ -80,7 +91,8 @@ class PipelineSplitPass(ModulePass):
     last microbatch) the backward entries of every microbatch but the last
     are marked ``nosync`` with the data-parallel axes: lowering drops their
     reduce-scatters and all-reduces over those axes; ``grad-sync=microbatch``
-    reduces every microbatch.
+    reduces every microbatch. As torch's ``backward_counter``, a stage's
+    gradients sync at its ``M``-th ``B`` / ``W``; ``I`` never syncs.
 
     Result: ``flint.stage_schedules`` (one schedule per pipeline rank, the
     ranks' distinct roles; entries ``[function, count, {tag, nosync}]``) and

@@ -137,6 +137,16 @@ def test_ir_schedule_follows_the_actions(schedule, pp, m, v):
 @pytest.mark.parametrize("schedule,pp,m,v", [("gpipe", 4, 4, 1), ("1f1b", 4, 8, 1), ("interleaved-1f1b", 4, 8, 2)])
 def test_every_send_has_one_recv_and_every_rank_finishes(schedule, pp, m, v):
     trace, result = _simulate(_split(pp, 2 * pp * v, schedule=schedule, microbatches=m, virtual=v))
+    sends, recvs = _p2p(trace)
+    assert sends and sorted(sends) == sorted(recvs)
+    assert len(set(sends)) == len(sends)  # tags unique per microbatch
+    assert np.all(np.isfinite(result.finish_us)) and len(result.finish_us) == pp
+    roles = {id(p.table) for p in trace.ranks}
+    assert len(roles) == pp  # one program per pipeline rank
+
+
+def _p2p(trace) -> tuple[list, list]:
+    """(src, dst, tag, bytes) of every send and of every recv."""
     sends, recvs = [], []
     for r, prog in enumerate(trace.ranks):
         t, peers = prog.table, prog.peers()
@@ -146,11 +156,7 @@ def test_every_send_has_one_recv_and_every_rank_finishes(schedule, pp, m, v):
                 sends.append((r, int(peers[row]), *key))
             else:
                 recvs.append((int(peers[row]), r, *key))
-    assert sends and sorted(sends) == sorted(recvs)
-    assert len(set(sends)) == len(sends)  # tags unique per microbatch
-    assert np.all(np.isfinite(result.finish_us)) and len(result.finish_us) == pp
-    roles = {id(p.table) for p in trace.ranks}
-    assert len(roles) == pp  # one program per pipeline rank
+    return sends, recvs
 
 
 def test_first_stage_memory_1f1b_vs_gpipe():
@@ -206,11 +212,132 @@ def test_model_checks_name_the_field():
     assert e.value.field == "pp"
 
 
-def test_zero_bubble_refused_with_reason():
-    with pytest.raises(PlanError, match="weight-gradient"):
-        _split(2, 4, schedule="zbv-zero-bubble", microbatches=4, virtual=2)
-    # torch's own order for it is available all the same
-    assert any(a.kind == "W" for a in rank_actions("zbv-zero-bubble", 2, 4, 2)[0])
+# --- zero-bubble: the backward split into input-gradient (I) and weight-gradient (W) parts ------------
+
+def _zb_module(pp: int, layers: int) -> str:
+    """Like _module, but F, I and W are one 4096^3 GEMM each (the zero-bubble papers' F = B = W):
+    the input gradient reads the first backward GEMM (through a free view), dW the second."""
+    text = _module(pp, layers)
+    old_bwd = text[text.index("  func.func @block_bwd("):text.index("  func.func @embed_bwd(")]
+    new_bwd = f"""  func.func @block_bwd(%w: {A} {{flint.role = "parameter"}}, %y: {A} {{flint.role = "saved"}}, %g: {T} {{flint.role = "tangent"}}) -> ({T}, {A}) {{
+    %a = aten.op "aten.mm.default"(%y, %w) : ({A}, {A}) -> {A}
+    %s = aten.op "aten.slice.Tensor"(%a) : ({A}) -> {T}
+    %dx = aten.op "aten.add.Tensor"(%g, %s) : ({T}, {T}) -> {T}
+    %dw = aten.op "aten.mm.default"(%a, %y) : ({A}, {A}) -> {A}
+    func.return %dx, %dw : {T}, {A}
+  }}
+"""
+    return text.replace(old_bwd, new_bwd)
+
+
+def _zb_split(pp: int, layers: int, **options):
+    module = Parser(flint_context(), _zb_module(pp, layers)).parse_module()
+    PipelineSplitPass(stages=pp, **options).apply(Context(), module)
+    module.verify()
+    return module
+
+
+def _work(module, names=None) -> tuple[int, int, dict]:
+    """(FLOPs, bytes, {collective kind: (count, bytes)}) of the functions ``names`` (default: all)."""
+    from xdsl.dialects import func
+
+    from flint.cost import load_device
+    from flint.ir import dist
+    from flint.ir.aten import AtenOp
+    from flint.passes.annotate_cost import aten_op_cost
+
+    device = load_device("h100-sxm")
+    flops = nbytes = 0
+    colls: dict = {}
+    for f in module.ops:
+        if not isinstance(f, func.FuncOp) or (names is not None and f.sym_name.data not in names):
+            continue
+        for op in f.body.block.ops:
+            if isinstance(op, AtenOp):
+                fl, b, _ = aten_op_cost(op, device)
+                flops, nbytes = flops + fl, nbytes + b
+            elif isinstance(op, dist.CollectiveOp):
+                n, b = colls.get((op.name, op.axes()), (0, 0))
+                colls[(op.name, op.axes())] = (n + 1, b + int(str(op.input.type).count("x")))
+    return flops, nbytes, colls
+
+
+@pytest.mark.parametrize("schedule,pp,m", [("interleaved-zero-bubble", 2, 4), ("interleaved-zero-bubble", 4, 8),
+                                           ("zbv-zero-bubble", 2, 4), ("zbv-zero-bubble", 4, 8)])
+def test_zero_bubble_action_order_equals_torch(schedule, pp, m):
+    from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops
+
+    name = {"interleaved-zero-bubble": "InterleavedZeroBubble", "zbv-zero-bubble": "ZBVZeroBubble"}[schedule]
+    theirs = [[str(a) for a in rank if a is not None and a.computation_type.value in ("F", "B", "I", "W")]
+              for rank in get_schedule_ops(name, pp, m, 2)]
+    ours = [[str(a) for a in acts if a.kind in ("F", "B", "I", "W")] for acts in rank_actions(schedule, pp, m, 2)]
+    assert ours == theirs and any("W" in a for a in ours[0])
+
+
+@pytest.mark.parametrize("schedule", ["interleaved-zero-bubble", "zbv-zero-bubble"])
+def test_zero_bubble_ir_schedule_follows_the_actions(schedule):
+    """F / I / W run block_fwd / block_bwd_input / block_bwd_weight in torch's order; the first stage's I
+    does nothing and its W is the full backward (torch's backward_weight_one_chunk for stage 0)."""
+    pp, m = 2, 4
+    module = _zb_split(pp, 4 * pp, schedule=schedule, microbatches=m, virtual=2)
+    fn = {"F": "block_fwd", "I": "block_bwd_input", "W": "block_bwd_weight"}
+    for rank, acts in enumerate(rank_actions(schedule, pp, m, 2)):
+        names = [n for n, _ in get_schedule(module, rank) if n.startswith("block_") and not n.endswith("optim")]
+        want = [fn[a.kind] if a.stage != 0 or a.kind == "F" else "block_bwd" for a in acts
+                if a.kind in ("F", "W") or a.kind == "I" and a.stage != 0]
+        assert names == want
+
+
+def test_backward_split_conserves_work_and_keeps_one_body():
+    from xdsl.dialects import func
+
+    module = _zb_split(4, 8, schedule="zbv-zero-bubble", microbatches=8, virtual=2)
+    funcs = {f.sym_name.data: f for f in module.ops if isinstance(f, func.FuncOp)}
+    assert funcs["block_bwd_input"].attributes["flint.backward_part"].data == "input"
+    assert funcs["block_bwd_weight"].attributes["flint.backward_of"].data == "block_bwd"
+    full = _work(module, {"block_bwd"})
+    i, w = _work(module, {"block_bwd_input"}), _work(module, {"block_bwd_weight"})
+    assert i[0] + w[0] == full[0] and i[0] == w[0] == 2 * 4096 ** 3
+    # one body per role: the block's backward appears as exactly three functions, whatever pp and m
+    assert sorted(n for n in funcs if n.startswith("block_bwd")) == ["block_bwd", "block_bwd_input", "block_bwd_weight"]
+
+
+@pytest.mark.parametrize("schedule", ["interleaved-zero-bubble", "zbv-zero-bubble"])
+def test_zero_bubble_beats_1f1b_and_every_rank_finishes(schedule):
+    pp, m = 4, 8
+    trace, result = _simulate(_zb_split(pp, 4 * pp, schedule=schedule, microbatches=m, virtual=2))
+    flat_trace, flat = _simulate(_zb_split(pp, 4 * pp, schedule="1f1b", microbatches=m))
+    assert np.all(np.isfinite(result.finish_us)) and len(result.finish_us) == pp
+    assert _bubble(result) < 0.5 * _bubble(flat)
+    # the same work in both: FLOPs over all ranks equal (the trace stores FLOPs as float32: rel 1e-9)
+    assert sum(float(p.table.flops.sum()) for p in trace.ranks) == pytest.approx(
+        sum(float(p.table.flops.sum()) for p in flat_trace.ranks), rel=1e-9)
+    sends, recvs = _p2p(trace)
+    assert sends and sorted(sends) == sorted(recvs) and len(set(sends)) == len(sends)
+
+
+@pytest.mark.slow
+def test_backward_split_of_a_captured_fsdp_tp_block():
+    """A real llama block under FSDP x TP: I + W hold exactly the backward's FLOPs, bytes and collectives;
+    the TP all-reduces of the input gradient and the FSDP re-gather are in I, the reduce-scatter in W."""
+    from xdsl.dialects import func
+
+    from flint.pipeline.backward_split import input_grad_results, split_backward
+    from tests.captures import imported
+
+    _, shared = imported("llama-tiny", "fsdp+tp", 8, 2)
+    module = shared.clone()
+    funcs = {f.sym_name.data: f for f in module.ops if isinstance(f, func.FuncOp)}
+    for stem in ("block", "head"):
+        fi, fw = split_backward(funcs[f"{stem}_bwd"], input_grad_results(funcs[f"{stem}_fwd"], funcs[f"{stem}_bwd"]))
+        module.body.block.add_op(fi)
+        module.body.block.add_op(fw)
+        module.verify()
+        full, i, w = (_work(module, {n}) for n in (f"{stem}_bwd", fi.sym_name.data, fw.sym_name.data))
+        assert i[0] + w[0] == full[0] and i[1] + w[1] == full[1] and i[0] > 0 and w[0] > 0
+        assert {k: i[2].get(k, (0, 0))[0] + w[2].get(k, (0, 0))[0] for k in full[2]} == {k: v[0] for k, v in full[2].items()}
+        assert {k[0] for k in w[2]} == {"dist.reduce_scatter"}
+        assert "dist.all_reduce" in {k[0] for k in i[2]} and "dist.reduce_scatter" not in {k[0] for k in i[2]}
 
 
 @pytest.mark.slow
