@@ -316,6 +316,27 @@ def test_zero_bubble_beats_1f1b_and_every_rank_finishes(schedule):
     assert sends and sorted(sends) == sorted(recvs) and len(set(sends)) == len(sends)
 
 
+def test_zero_bubble_memory_keeps_what_w_reads_until_w():
+    """The input part hands the intermediate gradient and the saved activation W reads to W (memory pairs
+    W with its I, I with the forward); a W that reads no activation needs strictly less memory."""
+    from flint.sim.lifetimes import step_memory
+
+    def peak(text: str, role: int) -> tuple[int, tuple]:
+        module = Parser(flint_context(), text).parse_module()
+        PipelineSplitPass(stages=2, schedule="interleaved-zero-bubble", microbatches=4, virtual=2).apply(
+            Context(), module)
+        mem = step_memory(module, None, role)
+        return mem.report.category_peak_bytes["activations"], mem.notes
+
+    reads = _zb_module(2, 8)
+    blind = reads.replace('%dw = aten.op "aten.mm.default"(%a, %y)', '%dw = aten.op "aten.mm.default"(%w, %w)')
+    for role in (0, 1):
+        with_w, notes = peak(reads, role)
+        without, _ = peak(blind, role)
+        assert not [n for n in notes if "block_bwd" in n]  # every I and W paired
+        assert with_w > without
+
+
 @pytest.mark.slow
 def test_backward_split_of_a_captured_fsdp_tp_block():
     """A real llama block under FSDP x TP: I + W hold exactly the backward's FLOPs, bytes and collectives;

@@ -52,6 +52,13 @@ What allocates, and for how long
     trailing results; if that fails too, the saved
     values are only counted from the backward's start (an underestimate; the
     report's ``notes`` say so).
+  - **zero-bubble halves** (``flint.backward_part``, from
+    :mod:`flint.pipeline.backward_split`): the input part pairs with a
+    forward as above and returns no gradient; what it returns after the input
+    gradients (values the weight part reads, including saved arguments it
+    passes through, whose memory it takes over) is "saved" for the weight
+    part, which pairs with the input part of the same backward and returns
+    only parameter gradients.
   - **gradients**: backward results aligned with the paired forward's
     ``parameter`` arguments (AOTAutograd returns one gradient per forward
     input that requires one, in order; inputs whose type does not match the
@@ -140,6 +147,14 @@ def _roles(fn: func.FuncOp) -> list[str | None]:
         role = attrs[i].data.get(ROLE_ATTR) if i < len(attrs) else None
         out.append(role.data if isinstance(role, StringAttr) else None)
     return out
+
+
+def _backward_part(fn: func.FuncOp) -> str | None:
+    """``input`` / ``weight`` for the halves of a backward split for zero-bubble pipelines, else None."""
+    from flint.pipeline.backward_split import PART_ATTR
+
+    part = fn.attributes.get(PART_ATTR)
+    return part.data if isinstance(part, StringAttr) else None
 
 
 def _stem(name: str) -> str:
@@ -239,7 +254,7 @@ def _profile(fn: func.FuncOp, prefetch: int = 0) -> _Profile:
         kind, i = base.get(v, ("none", -1))
         if kind == "alloc":
             p.result_of[i].append(k)
-        elif kind == "arg" and roles[i] in _HANDOFF_ROLES:
+        elif kind == "arg" and (roles[i] in _HANDOFF_ROLES or roles[i] == "saved" and _backward_part(fn) == "input"):
             if not p.arg_returned[i]:
                 # The consumer takes the argument's memory over (module docstring).
                 p.arg_returned[i] = True
@@ -269,6 +284,27 @@ def _pair_backward(b: _Profile, candidates: list[_Profile], grad_types: set) -> 
     roles = b.roles
     if not any(r in ("saved", "tangent") for r in roles):
         return None, None
+    # A backward split for zero-bubble pipelines (flint.pipeline.backward_split): its input part pairs
+    # with forwards only and returns no parameter gradient; its weight part pairs with the input part
+    # it came from (which returns the values it needs last) and returns only parameter gradients.
+    part = _backward_part(b.fn)
+    if part is not None:
+        from flint.pipeline.backward_split import OF_ATTR
+
+        of = b.fn.attributes[OF_ATTR]
+        if part == "input":
+            candidates = [f for f in candidates if _backward_part(f.fn) is None]
+        else:
+            candidates = [f for f in candidates if _backward_part(f.fn) == "input" and f.fn.attributes[OF_ATTR] == of]
+        pair, note = _pair_backward_by_types(b, candidates, grad_types)
+        if pair is not None:
+            pair.grad_results = set(range(len(b.result_types))) if part == "weight" else set()
+        return pair, note
+    return _pair_backward_by_types(b, candidates, grad_types)
+
+
+def _pair_backward_by_types(b: _Profile, candidates: list[_Profile], grad_types: set) -> tuple[_Pair | None, str | None]:
+    roles = b.roles
     first_tangent = next((i for i, r in enumerate(roles) if r == "tangent"), len(roles))
     attempts = [list(range(first_tangent)), [i for i, r in enumerate(roles) if r == "saved"]]
     for saved_args in attempts:
