@@ -361,33 +361,74 @@ def test_backward_split_of_a_captured_fsdp_tp_block():
         assert "dist.all_reduce" in {k[0] for k in i[2]} and "dist.reduce_scatter" not in {k[0] for k in i[2]}
 
 
+def _trace_work(module) -> tuple[list, object]:
+    """Per rank: (FLOPs, sorted (kind, collective type, bytes) of its communication nodes); the sim result."""
+    trace, result = _simulate(module)
+    out = []
+    for p in trace.ranks:
+        t = p.table
+        comm = np.nonzero(t.kind != NodeKind.COMP)[0]
+        out.append((int(t.flops[t.flops > 0].sum()),
+                    sorted(zip(t.kind[comm].tolist(), t.comm_type[comm].tolist(), t.comm_bytes[comm].tolist()))))
+    return out, result
+
+
 @pytest.mark.slow
-def test_captured_fsdp_tp_pp_step_end_to_end(tmp_path):
-    """A real capture under dp_shard 2 x tp 2 x pp 2, 1F1B over 4 microbatches: two roles, the pipeline
-    and the DP/TP collectives together, reduce-scatters once per step, every rank finishes."""
+def test_captured_and_planned_pipelines_agree(tmp_path):
+    """dp_shard 2 x tp 2 x pp 2, 1F1B over 4 microbatches, two ways: captured at world size 8 (two roles,
+    the pipeline and the DP/TP collectives together, reduce-scatters once per step, every rank finishes),
+    and planned (one single-device capture of ONE global microbatch, flint expand's shard-expand then
+    pipeline-split): the same FLOPs and communication nodes on every rank."""
     import subprocess
     import sys
 
     from flint.ir.parse import load_ir
+    from flint.passes.canonicalize_dist import CanonicalizeDistPass
+    from flint.passes.shard_annotate import annotate, check_model
+    from flint.passes.shard_expand import expand
+    from flint.pipeline import split_by_plan
+    from flint.sharding.rules import load_rules
+    from tests.captures import SEQ, single_device
 
     # In a fresh process: a capture after another capture whose mesh has an equal sub-mesh can pick
     # up the earlier world's process-group name (test_stale_process_group_after_an_earlier_capture).
     plan_file, out = tmp_path / "plan.toml", tmp_path / "step.mlir"
     plan_file.write_text("dp_shard = 2\ntp = 2\npp = 2\nmicrobatches = 4\n")
     done = subprocess.run([sys.executable, "-m", "flint.tools.flint_cli", "capture", "--model", "llama-tiny",
-                           "--layers", "4", "--world-size", "8", "--plan-file", str(plan_file), "--batch-size", "8",
-                           "--seq-len", "32", "-o", str(out)], capture_output=True, text=True)
+                           "--world-size", "8", "--plan-file", str(plan_file), "--batch-size", "16",
+                           "--seq-len", str(SEQ), "--dtype", "float32", "-o", str(out)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     module = load_ir(str(out))
     rs_per_run = sum(1 for f in module.ops if getattr(f, "sym_name", None) is not None
                      and f.sym_name.data == "block_bwd" for op in f.walk() if op.name == "dist.reduce_scatter")
-    trace, result = _simulate(module)
+    captured, result = _trace_work(module)
+    trace, _ = _simulate(load_ir(str(out)))
     assert len({id(p.table) for p in trace.ranks}) == 2
     t = trace.ranks[0].table
     n_rs = int(np.sum((t.kind == NodeKind.COLL) & (t.comm_type == 7)))  # REDUCE_SCATTER
-    # rank 0 holds 2 of the 4 blocks (+ embed): block reduce-scatters run in the last microbatch only
-    assert rs_per_run > 0 and n_rs >= 2 * rs_per_run and n_rs < 4 * 2 * rs_per_run
+    # rank 0 holds 1 of the 2 blocks (+ embed): block reduce-scatters run in the last microbatch only
+    assert rs_per_run > 0 and rs_per_run <= n_rs < 4 * rs_per_run
     assert np.all(np.isfinite(result.finish_us))
+
+    # planned: the single-device step (float32, as tests.captures has it) of one global microbatch
+    # (16 / 4 sequences), expanded as `flint expand` does
+    plan = Plan.load(str(plan_file))
+    _, single = single_device("llama-tiny", 4)
+    planned = single.clone()
+    CanonicalizeDistPass().apply(Context(), planned)
+    check_model(planned, plan.replace(microbatches=1))
+    rules = load_rules(None)
+    annotate(planned, plan, rules)
+    expand(planned, plan, rules)
+    assert split_by_plan(planned, plan)
+    planned.verify()
+    work, planned_result = _trace_work(planned)
+    assert np.all(np.isfinite(planned_result.finish_us)) and len(work) == 8
+    from collections import Counter
+
+    diff = {r: (work[r][0] - captured[r][0], Counter(work[r][1]) - Counter(captured[r][1]),
+                Counter(captured[r][1]) - Counter(work[r][1])) for r in range(8) if work[r] != captured[r]}
+    assert not diff, diff
 
 
 @pytest.mark.slow
