@@ -183,6 +183,44 @@ def test_gradient_sync_once_per_step():
     assert not any(o.get("nosync") for n, _, o in get_schedule_entries(module))
 
 
+_FSDP_STEP = """builtin.module attributes {flint.schedule = [["block_fwd", 4], ["block_bwd", 4], ["block_optim", 4]]} {
+  shard.grid @mesh(shape = 2) {flint.axis_names = ["dp_shard"]}
+  func.func @block_fwd(%x: tensor<2x8x16xbf16> {flint.role = "activation"}, %w: tensor<8x16xbf16> {flint.role = "parameter"}) -> tensor<2x8x16xbf16> {
+    %g = dist.all_gather %w on @mesh grid_axes = [0] gather_dim = 0 : tensor<8x16xbf16> -> tensor<16x16xbf16>
+    %y = aten.op "aten.matmul.default"(%x, %g) : (tensor<2x8x16xbf16>, tensor<16x16xbf16>) -> tensor<2x8x16xbf16>
+    func.return %y : tensor<2x8x16xbf16>
+  }
+  func.func @block_bwd(%w: tensor<8x16xbf16> {flint.role = "parameter"}, %t: tensor<2x8x16xbf16> {flint.role = "tangent"}) -> (tensor<2x8x16xbf16>, tensor<8x16xbf16>) {
+    %g = dist.all_gather %w on @mesh grid_axes = [0] gather_dim = 0 : tensor<8x16xbf16> -> tensor<16x16xbf16>
+    %dx = aten.op "aten.matmul.default"(%t, %g) : (tensor<2x8x16xbf16>, tensor<16x16xbf16>) -> tensor<2x8x16xbf16>
+    %dw = aten.op "aten.mm.default"(%g, %g) : (tensor<16x16xbf16>, tensor<16x16xbf16>) -> tensor<16x16xbf16>
+    %rs = dist.reduce_scatter %dw on @mesh grid_axes = [0] scatter_dim = 0 : tensor<16x16xbf16> -> tensor<8x16xbf16>
+    func.return %dx, %rs : tensor<2x8x16xbf16>, tensor<8x16xbf16>
+  }
+  func.func @block_optim(%w: tensor<8x16xbf16> {flint.role = "parameter"}, %g: tensor<8x16xbf16> {flint.role = "gradient"}) {
+    func.return
+  }
+}"""
+
+
+def test_accumulation_without_sync_holds_unsharded_gradients():
+    """FSDP2 with set_requires_gradient_sync(False) keeps each microbatch's gradient unsharded and
+    accumulates into it until the last microbatch reduce-scatters: the memory model follows the
+    schedule's nosync entries (4 layers: 4 x 512 B unsharded against 4 x 256 B sharded)."""
+    from flint.sim.lifetimes import step_memory
+
+    def grads(m: int, sync: str) -> int:
+        module = Parser(flint_context(), _FSDP_STEP).parse_module()
+        PipelineSplitPass(stages=1, microbatches=m, grad_sync=sync, dp_axes="dp_shard").apply(Context(), module)
+        return step_memory(module, None, 0).report.category_peak_bytes["grads"]
+
+    unsharded, sharded = 16 * 16 * 2, 8 * 16 * 2
+    assert grads(1, "step") == 4 * sharded  # one microbatch: it syncs
+    assert grads(4, "step") >= 4 * unsharded  # accumulated unsharded over microbatches 0..2
+    assert grads(4, "microbatch") < 4 * unsharded  # reduce-scattered every microbatch
+    assert grads(4, "microbatch") >= 4 * sharded
+
+
 @pytest.mark.parametrize("fields,field", [
     ({"pp": 4, "microbatches": 8, "pp_schedule": "pipedream"}, "pp_schedule"),
     ({"pp": 4, "microbatches": 6, "pp_schedule": "interleaved-1f1b", "pp_virtual_stages": 2}, "microbatches"),

@@ -59,6 +59,13 @@ What allocates, and for how long
     passes through, whose memory it takes over) is "saved" for the weight
     part, which pairs with the input part of the same backward and returns
     only parameter gradients.
+  - **accumulation without sync**: a schedule entry marked ``nosync``
+    (``pipeline-split``'s gradient accumulation; FSDP2
+    ``set_requires_gradient_sync(False)``, DDP ``no_sync``) skips its
+    gradient reduce-scatters / all-reduces over those axes, so the gradients it
+    returns and accumulates into are the unsharded ones (FSDP2 keeps them
+    until the last microbatch's reduce-scatter; here they stay to the end of
+    the step, an overestimate of the optimizer phase by the difference).
   - **gradients**: backward results aligned with the paired forward's
     ``parameter`` arguments (AOTAutograd returns one gradient per forward
     input that requires one, in order; inputs whose type does not match the
@@ -112,7 +119,7 @@ from xdsl.ir import SSAValue
 from flint.cost import tensor_bytes
 from flint.errors import FlintError
 from flint.ir import dist
-from flint.ir.aten import AtenOp, get_schedule
+from flint.ir.aten import AtenOp, get_schedule, get_schedule_entries
 from flint.passes.lower_to_chakra import ROLE_ATTR
 from flint.sim.memory import MemoryReport, peak_memory
 
@@ -199,8 +206,12 @@ class _Profile:
         return max(uses, default=-1)
 
 
-def _profile(fn: func.FuncOp, prefetch: int = 0) -> _Profile:
-    """Analyse ``fn`` once; ops marked ``flint.prefetch`` run ``prefetch`` iterations earlier."""
+def _profile(fn: func.FuncOp, prefetch: int = 0, nosync: frozenset[int] = frozenset()) -> _Profile:
+    """Analyse ``fn`` once; ops marked ``flint.prefetch`` run ``prefetch`` iterations earlier.
+
+    ``nosync``: grid axes whose gradient reduce-scatters / all-reduces this run skips (a schedule
+    entry's ``nosync``, gradient accumulation): their result is their input, the unsharded gradient.
+    """
     roles = _roles(fn)
     ops = [op for op in fn.body.block.ops if not isinstance(op, func.ReturnOp)]
     p = _Profile(fn, roles, max(len(ops), 1))
@@ -244,6 +255,9 @@ def _profile(fn: func.FuncOp, prefetch: int = 0) -> _Profile:
         elif isinstance(op, dist.WaitOp):
             if op.result is not None:
                 base[op.result] = base.get(op.future, ("none", -1))
+        elif (nosync and isinstance(op, dist.ReduceScatterOp | dist.AllReduceOp) and op.group_size() > 1
+              and set(op.axes()) <= nosync):
+            base[op.result] = base.get(op.input, ("none", -1))  # skipped: the gradient stays unsharded
         elif isinstance(op, dist.CollectiveOp | dist.RecvOp):
             alloc(op.result, at, "comm")
         # dist.send / dist.barrier tokens hold no memory
@@ -398,6 +412,19 @@ def step_memory(module: ModuleOp, capacity_bytes: int | None = None, role: int =
         counts[name] = max(counts.get(name, 0), c)
     profiles = {name: _profile(fn, prefetch_depth(fn, counts.get(name, 1))) for name, fn in funcs.items()}
     notes: list[str] = []
+    # Gradient accumulation without sync (pipeline-split's nosync entries: FSDP2
+    # set_requires_gradient_sync(False), DDP no_sync): those runs skip their gradient reduce-scatters /
+    # all-reduces, so the gradients they return, and keep accumulating into, are the unsharded ones.
+    nosync_profiles: dict[int, _Profile] = {}
+    options = [o for _, _, o in get_schedule_entries(module, role)]
+    if any(o.get("nosync") for o in options):
+        from flint.chakra.from_ir import mesh_of
+
+        index = {n: i for i, n in enumerate(mesh_of(module).axis_names)}
+        for e, ((name, c), o) in enumerate(zip(schedule, options)):
+            axes = frozenset(index[a] for a in o.get("nosync", ()) if a in index)
+            if axes:
+                nosync_profiles[e] = _profile(funcs[name], prefetch_depth(funcs[name], counts.get(name, 1)), axes)
 
     # Pair every backward entry with its forward function, then every backward iteration with
     # a forward iteration: the latest one not consumed yet (a stack of forward instances).
@@ -496,7 +523,7 @@ def step_memory(module: ModuleOp, capacity_bytes: int | None = None, role: int =
         accumulate_from.setdefault(name, e)
     cols_bytes, cols_pos, cols_free, cols_cat = [], [], [], []
     for e, (name, c) in enumerate(schedule):
-        p = profiles[name]
+        p = nosync_profiles.get(e, profiles[name])
         if not p.nbytes:
             continue
         j = np.arange(c, dtype=np.int64)
