@@ -319,14 +319,13 @@ def cmd_expand(args: argparse.Namespace) -> int:
     from flint.passes.canonicalize_dist import CanonicalizeDistPass
     from flint.passes.shard_annotate import EXPAND_FIELDS, annotate, check_model, check_single_device
     from flint.passes.shard_expand import expand
+    from flint.pipeline import PIPELINE_FIELDS, split_by_plan
     from flint.plan import Plan
     from flint.sharding.rules import load_rules
     from flint.sharding.summary import summarize_program
 
     t0 = time.perf_counter()
     plan = Plan.load(args.plan, world_size=args.world_size)
-    from flint.pipeline import PIPELINE_FIELDS, split_by_plan
-
     plan.require(EXPAND_FIELDS + PIPELINE_FIELDS, "flint expand")
     rules = load_rules(args.rules)
     module = load_ir(args.input)
