@@ -308,14 +308,8 @@ def import_step(step: CapturedStep) -> ModuleOp:
     set_schedule(module, schedule_of(step))
     if step.plan is not None:
         attach(module, step.plan)
-        plan = step.plan
-        if plan.pp > 1 or plan.microbatches > 1:  # the captured microbatch, scheduled (flint/pipeline)
-            from xdsl.context import Context
+        from flint.pipeline import split_by_plan
 
-            from flint.passes.pipeline_split import PipelineSplitPass
-
-            PipelineSplitPass(stages=plan.pp, schedule=plan.pp_schedule, microbatches=plan.microbatches,
-                              virtual=plan.pp_virtual_stages, grad_sync=plan.grad_sync,
-                              layers=tuple(plan.pp_layers or ())).apply(Context(), module)
+        split_by_plan(module, step.plan)  # the captured microbatch, scheduled (flint/pipeline)
     module.verify()
     return module

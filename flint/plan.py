@@ -42,8 +42,9 @@ data-parallel rank over ``microbatches``) and ``pipeline-split`` runs it
 ``microbatches`` times in the order of ``torch.distributed.pipelining``'s
 schedule for ``pp_schedule`` (:mod:`flint.pipeline`): ``gpipe``, ``1f1b``,
 ``interleaved-1f1b`` (``pp_virtual_stages`` >= 2, microbatches a multiple
-of ``pp``); the zero-bubble names validate but ``pipeline-split`` refuses
-them yet. ``pp_layers`` lists blocks per stage (``pp * pp_virtual_stages``
+of ``pp``), ``interleaved-zero-bubble`` (the same) and ``zbv-zero-bubble``
+(``pp_virtual_stages`` = 2), whose backward is split into input- and
+weight-gradient halves. ``pp_layers`` lists blocks per stage (``pp * pp_virtual_stages``
 entries), else an even split. ``grad_sync = "step"`` reduces data-parallel
 gradients once per step (the last microbatch), ``"microbatch"`` every time.
 

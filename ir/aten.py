@@ -193,7 +193,9 @@ def stage_roles(module) -> int:
 
 
 def get_schedule_entries(module, role: int = 0) -> list[tuple[str, int, dict]]:
-    """:func:`get_schedule` with each entry's options (``tag``: int, ``nosync``: tuple of axis names).
+    """:func:`get_schedule` with each entry's options (``tag``: int, ``nosync``: tuple of axis names,
+    ``wait``: tuple of tags: the asynchronous recvs posted by earlier entries with those tags that this
+    entry's first compute waits for).
 
     Raises ``VerifyException`` when the attribute is malformed: not a list of
     ``["function", count]`` (or ``["function", count, {options}]``) entries,
@@ -244,9 +246,11 @@ def get_schedule_entries(module, role: int = 0) -> list[tuple[str, int, dict]]:
                     options[key] = value.value.data
                 elif key == "nosync" and isinstance(value, ArrayAttr) and all(isinstance(a, StringAttr) for a in value.data):
                     options[key] = tuple(a.data for a in value.data)
+                elif key == "wait" and isinstance(value, ArrayAttr) and all(isinstance(a, IntegerAttr) for a in value.data):
+                    options[key] = tuple(a.value.data for a in value.data)
                 else:
                     raise VerifyException(f"module attribute {SCHEDULE_ATTR} entry for @{name}: option {key} = {value} "
-                                          "is not tag (integer) or nosync (list of axis names)")
+                                          "is not tag (integer), nosync (list of axis names) or wait (list of tags)")
         parts.append((name, count, options))
     return parts
     return parts

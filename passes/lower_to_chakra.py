@@ -409,9 +409,15 @@ class LowerToChakraPass(ModulePass):
                 sets.append(low.issued)
             slots[e] = sets
 
-        for e, (name, count, _) in enumerate(entries):
+        posted: dict[int, SSAValue] = {}  # tag -> an asynchronous recv's node not waited for yet
+        for e, (name, count, options) in enumerate(entries):
             fn = funcs[name]
             extra = extra_of(e)
+            for t in options.get("wait", ()):  # the entry's first compute waits for these recvs
+                if t not in posted:
+                    raise VerifyException(f"lower-to-chakra: @{name} waits for the recv with tag {t}, which no "
+                                          "earlier schedule entry posts asynchronously")
+                s.blocking.append(posted.pop(t))
             if e + 1 < len(entries) and depth[e + 1] and count == 1:
                 prologue(e + 1)  # "K blocks ahead" reaches into the preceding part
             if depth[e]:
@@ -426,7 +432,11 @@ class LowerToChakraPass(ModulePass):
                 continue
             if s.compute is None and not s.comm or pipelined and count == 1:
                 # Nothing to carry yet (or a pipeline's single run): one iteration flat, the rest as a repeat.
-                _FunctionLowering(fn, graph_block, device, s, merge, **extra).lower()
+                low = _FunctionLowering(fn, graph_block, device, s, merge, **extra)
+                low.lower()
+                for r in fn.body.block.ops:
+                    if isinstance(r, dist.RecvOp) and r.is_async and "tag" in options:
+                        posted[options["tag"]] = low.producer[r.result][0]
                 s.boundary = s.compute
                 count -= 1
                 if count == 0:

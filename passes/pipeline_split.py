@@ -13,7 +13,7 @@ from xdsl.utils.exceptions import VerifyException
 from flint.errors import FlintError
 from flint.ir.aten import SCHEDULE_ATTR, STAGE_SCHEDULES_ATTR, PIPELINE_ATTR, get_schedule
 from flint.passes.lower_to_chakra import ROLE_ATTR
-from flint.pipeline.schedules import rank_actions, stage_ranks
+from flint.pipeline.schedules import COMPUTE, rank_actions, sends_wait_at_step_end, stage_ranks
 from flint.plan import PlanError
 
 _PHASES = ("fwd", "bwd", "optim")
@@ -33,12 +33,15 @@ def even_split(n_layers: int, n_stages: int) -> list[int]:
     return [base + (1 if s < extra else 0) for s in range(n_stages)]
 
 
-def _entry(name: str, count: int, tag: int | None = None, nosync: tuple[str, ...] = ()) -> ArrayAttr:
+def _entry(name: str, count: int, tag: int | None = None, nosync: tuple[str, ...] = (),
+           wait: tuple[int, ...] = ()) -> ArrayAttr:
     extra = {}
     if tag is not None:
         extra["tag"] = IntegerAttr(tag, i64)
     if nosync:
         extra["nosync"] = ArrayAttr([StringAttr(a) for a in nosync])
+    if wait:
+        extra["wait"] = ArrayAttr([IntegerAttr(t, i64) for t in wait])
     items = [StringAttr(name), IntegerAttr(count, i64)]
     return ArrayAttr(items + ([DictionaryAttr(extra)] if extra else []))
 
@@ -62,9 +65,20 @@ class PipelineSplitPass(ModulePass):
 
     Order: every pipeline rank's actions come from
     ``torch.distributed.pipelining``'s schedule class for ``schedule``
-    (``gpipe``, ``1f1b``, ``interleaved-1f1b``; see :mod:`flint.pipeline`),
+    (``gpipe``, ``1f1b``, ``interleaved-1f1b``, ``interleaved-zero-bubble``,
+    ``zbv-zero-bubble``; see :mod:`flint.pipeline`),
     ``microbatches`` per step. A forward action runs its stage's part
-    functions, a backward action their backward in reverse; ``SEND_F`` /
+    functions, a backward action their backward in reverse. The zero-bubble
+    schedules' ``I`` / ``W`` actions run ``<part>_bwd_input`` /
+    ``<part>_bwd_weight``, the backward split by
+    :func:`flint.pipeline.backward_split.split_backward` (added to the module,
+    one body each; an empty part gets no function), except on the first stage,
+    where torch's ``I`` does nothing and its ``W`` runs the full backward.
+    Multi-stage schedules (interleaved, zero bubble) run in torch's
+    ``_PipelineScheduleRuntime``: sends are asynchronous (waited for after the
+    last action), each recv is posted asynchronously at its ``RECV`` action
+    and the consuming entry waits for it (option ``wait = [tag]``); GPipe and
+    1F1B wait for each recv right before its use. ``SEND_F`` /
     ``RECV_F`` / ``SEND_B`` / ``RECV_B`` run new functions
     ``pp_{send,recv}_{fwd,bwd}_{offset}`` holding one ``dist.send`` /
     ``dist.recv`` of the stage-boundary tensor (the block's activation type)
@@ -77,7 +91,8 @@ class PipelineSplitPass(ModulePass):
     last microbatch) the backward entries of every microbatch but the last
     are marked ``nosync`` with the data-parallel axes: lowering drops their
     reduce-scatters and all-reduces over those axes; ``grad-sync=microbatch``
-    reduces every microbatch.
+    reduces every microbatch. As torch's ``backward_counter``, a stage's
+    gradients sync at its ``M``-th ``B`` / ``W``; ``I`` never syncs.
 
     Result: ``flint.stage_schedules`` (one schedule per pipeline rank, the
     ranks' distinct roles; entries ``[function, count, {tag, nosync}]``) and
@@ -111,10 +126,6 @@ class PipelineSplitPass(ModulePass):
                 raise PlanError(field_name, f"must be at least 1, got {value}")
         if self.grad_sync not in GRAD_SYNC:
             raise PlanError("grad_sync", f"unknown value '{self.grad_sync}'; known: {', '.join(GRAD_SYNC)}")
-        if self.schedule in ("interleaved-zero-bubble", "zbv-zero-bubble"):
-            raise PlanError("pp_schedule", f"'{self.schedule}' runs separate input- and weight-gradient backward "
-                            "steps (I/W); pipeline-split does not split a captured backward into them yet; use gpipe, "
-                            "1f1b or interleaved-1f1b")
         mesh = mesh_of(op)
         if P > 1:
             if self.axis not in mesh.axis_names:
@@ -156,54 +167,88 @@ class PipelineSplitPass(ModulePass):
         act_type = self._boundary_type(funcs[block])
         axis_index = mesh.axis_index(self.axis) if P > 1 else 0
         grid = next(o for o in op.ops if o.name == "shard.grid").sym_name.data
-        p2p_funcs: dict[str, func.FuncOp] = {}
+        new_funcs: dict[str, func.FuncOp] = {}
+        async_send = sends_wait_at_step_end(self.schedule)
 
         def p2p(kind: str, offset: int) -> str:
             name = f"pp_{kind.lower()}_{'m' if offset < 0 else 'p'}{abs(offset)}"
-            if name not in p2p_funcs:
-                p2p_funcs[name] = _p2p_func(name, kind, act_type, grid, axis_index, offset)
+            if name not in new_funcs:
+                new_funcs[name] = _p2p_func(name, kind, act_type, grid, axis_index, offset, async_send)
             return name
 
         def tag(boundary: int, backward: bool, mb: int) -> int:
             return (2 * boundary + int(backward)) * M + mb
 
+        # Zero-bubble schedules run I (input gradient) and W (weight gradient) actions: every stage
+        # but the first runs its backward functions split in two (flint.pipeline.backward_split).
+        split: dict[str, tuple[str, str]] = {}  # "<part>_bwd" -> (input part, weight part); "" when empty
+        if any(a.kind in ("I", "W") for acts in actions for a in acts):
+            split = self._split_backward(op, funcs, [stem] + post, new_funcs)
+
+        def bwd(s: int, part: str, ns: tuple[str, ...]) -> list[tuple]:
+            """Stage ``s``'s backward entries: the full backward (part ""), or its I or W part."""
+            names = ([f"{p}_bwd" for p in reversed(post)] if s == n_stages - 1 else []) + [f"{stem}_bwd"]
+            names += [f"{p}_bwd" for p in reversed(pre)] if s == 0 else []
+            out = []
+            for n in names:
+                fn = n if not part else split[n][part == "weight"]
+                if fn:
+                    out.append((fn, layers[s] if n == f"{stem}_bwd" else 1, {"nosync": ns}))
+            return out
+
         schedules = []
         for rank in range(P):
             entries: list[ArrayAttr] = []
-            for a in _wait_at_use(actions[rank]):
+            waits: list[int] = []  # posted recvs (tags) the next compute entry waits for
+
+            def emit(items: list[tuple]) -> None:
+                for name, count, opts in items:
+                    entries.append(_entry(name, count, wait=tuple(waits), **opts))
+                    waits.clear()
+
+            backwards = [0] * n_stages  # torch's backward_counter: the stage's M-th B / W syncs gradients
+            consumer = {}  # (F | B, stage, microbatch) -> tag of the recv that action waits for
+            for a in (actions[rank] if async_send else _wait_at_use(actions[rank])):
                 s, k = a.stage, a.microbatch
+                if a.kind in COMPUTE:
+                    t = consumer.pop(("B" if a.kind == "I" else a.kind, s, k), None)
+                    if t is not None:
+                        waits.append(t)
                 if a.kind == "F":
-                    if s == 0:
-                        entries += [_entry(f"{p}_fwd", 1) for p in pre]
-                    entries.append(_entry(block, layers[s]))
-                    if s == n_stages - 1:
-                        entries += [_entry(f"{p}_fwd", 1) for p in post]
-                elif a.kind == "B":
-                    ns = nosync if k != M - 1 else ()
-                    if s == n_stages - 1:
-                        entries += [_entry(f"{p}_bwd", 1, nosync=ns) for p in reversed(post)]
-                    entries.append(_entry(f"{stem}_bwd", layers[s], nosync=ns))
-                    if s == 0:
-                        entries += [_entry(f"{p}_bwd", 1, nosync=ns) for p in reversed(pre)]
+                    emit(([(f"{p}_fwd", 1, {}) for p in pre] if s == 0 else []) + [(block, layers[s], {})]
+                         + ([(f"{p}_fwd", 1, {}) for p in post] if s == n_stages - 1 else []))
+                elif a.kind in ("B", "W"):
+                    backwards[s] += 1
+                    ns = nosync if backwards[s] != M else ()
+                    # torch runs the first stage's W as its full backward (its I does nothing:
+                    # the stage input needs no gradient), see PipelineStage.backward_weight_one_chunk.
+                    emit(bwd(s, "weight" if a.kind == "W" and s != 0 else "", ns))
+                elif a.kind == "I":
+                    if s != 0:  # I runs without gradient sync (last_backward=False)
+                        emit(bwd(s, "input", nosync))
                 else:
                     send = a.kind.startswith("SEND")
-                    bwd = a.kind.endswith("_B")
-                    peer_stage = s + (1 if (send != bwd) else -1)
+                    is_bwd = a.kind.endswith("_B")
+                    peer_stage = s + (1 if (send != is_bwd) else -1)
                     offset = owner[peer_stage] - owner[s]
                     boundary = min(s, peer_stage)
-                    entries.append(_entry(p2p(a.kind, offset), 1, tag=tag(boundary, bwd, k)))
+                    entries.append(_entry(p2p(a.kind, offset), 1, tag=tag(boundary, is_bwd, k)))
+                    if async_send and not send:  # posted here, waited for by the action that reads it
+                        consumer[("F" if a.kind == "RECV_F" else "B", s, k)] = tag(boundary, is_bwd, k)
+            assert not consumer, f"recvs without a consumer: {consumer}"
             held = [s for s in range(n_stages) if owner[s] == rank]
             optim = {n: c for n, c in parts["optim"]}
             for p in pre:
                 if 0 in held and f"{p}_optim" in optim:
-                    entries.append(_entry(f"{p}_optim", 1))
+                    emit([(f"{p}_optim", 1, {})])
             if f"{stem}_optim" in optim:
-                entries.append(_entry(f"{stem}_optim", sum(layers[s] for s in held)))
+                emit([(f"{stem}_optim", sum(layers[s] for s in held), {})])
             for p in post:
                 if n_stages - 1 in held and f"{p}_optim" in optim:
-                    entries.append(_entry(f"{p}_optim", 1))
+                    emit([(f"{p}_optim", 1, {})])
+            assert not waits, f"recvs nobody waits for: {waits}"
             schedules.append(ArrayAttr(entries))
-        for f in p2p_funcs.values():
+        for f in new_funcs.values():
             op.body.block.add_op(f)
         op.attributes.pop(SCHEDULE_ATTR, None)
         op.attributes[STAGE_SCHEDULES_ATTR] = ArrayAttr(schedules)
@@ -214,6 +259,28 @@ class PipelineSplitPass(ModulePass):
             "layers": ArrayAttr([IntegerAttr(n, i64) for n in layers]),
             "grad_sync": StringAttr(self.grad_sync),
         })
+
+    @staticmethod
+    def _split_backward(op: ModuleOp, funcs: dict[str, func.FuncOp], parts: list[str],
+                        added: dict[str, func.FuncOp]) -> dict[str, tuple[str, str]]:
+        """``<part>_bwd_input`` / ``<part>_bwd_weight`` for every part a non-first stage runs."""
+        from flint.pipeline.backward_split import input_grad_results, split_backward
+
+        out = {}
+        for p in parts:
+            name = f"{p}_bwd"
+            if name not in funcs:
+                continue
+            fwd = funcs.get(f"{p}_fwd")
+            fi, fw = split_backward(funcs[name], input_grad_results(fwd, funcs[name]) if fwd is not None else [])
+            names = []
+            for f in (fi, fw):
+                body = [o for o in f.body.block.ops if not isinstance(o, func.ReturnOp)]
+                if body:
+                    added[f.sym_name.data] = f
+                names.append(f.sym_name.data if body else "")
+            out[name] = (names[0], names[1])
+        return out
 
     @staticmethod
     def _boundary_type(fn: func.FuncOp) -> TensorType:
@@ -248,8 +315,15 @@ def _wait_at_use(actions: list) -> list:
     return out
 
 
-def _p2p_func(name: str, kind: str, t: TensorType, grid: str, axis: int, offset: int) -> func.FuncOp:
-    """``func.func @name`` holding one ``dist.send`` (of an argument) or ``dist.recv`` (returned)."""
+def _p2p_func(name: str, kind: str, t: TensorType, grid: str, axis: int, offset: int,
+              async_send: bool = False) -> func.FuncOp:
+    """``func.func @name`` holding one ``dist.send`` (of an argument) or ``dist.recv`` (returned).
+
+    ``async_send``: the send returns a ``!dist.future<none>`` nobody waits for in the step
+    (torch's multi-stage runtime waits for its sends after the last action) and the recv a
+    ``!dist.future`` (posted at torch's ``RECV_*`` action; the consuming entry's ``wait``
+    option names its tag).
+    """
     from xdsl.parser import Parser
 
     from flint.ir import flint_context
@@ -257,10 +331,12 @@ def _p2p_func(name: str, kind: str, t: TensorType, grid: str, axis: int, offset:
     role = "tangent" if kind.endswith("_B") else "activation"
     if kind.startswith("SEND"):
         text = (f'func.func @{name}(%x: {t} {{flint.role = "{role}"}}) {{\n'
-                f"  dist.send %x to @{grid} grid_axes = [{axis}] offset = {offset} tag = 0 : {t}\n"
+                f"  {'%s = ' if async_send else ''}dist.send %x to @{grid} grid_axes = [{axis}] offset = {offset} "
+                f"tag = 0 : {t}{' -> !dist.future<none>' if async_send else ''}\n"
                 f"  func.return\n}}")
     else:
-        text = (f"func.func @{name}() -> {t} {{\n"
-                f"  %x = dist.recv from @{grid} grid_axes = [{axis}] offset = {offset} tag = 0 : {t}\n"
-                f"  func.return %x : {t}\n}}")
+        r = f"!dist.future<{t}>" if async_send else f"{t}"
+        text = (f"func.func @{name}() -> {r} {{\n"
+                f"  %x = dist.recv from @{grid} grid_axes = [{axis}] offset = {offset} tag = 0 : {r}\n"
+                f"  func.return %x : {r}\n}}")
     return Parser(flint_context(), text).parse_op()

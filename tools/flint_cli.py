@@ -309,6 +309,7 @@ def cmd_emit(args: argparse.Namespace) -> int:
 
 
 def cmd_expand(args: argparse.Namespace) -> int:
+    import dataclasses
     from io import StringIO
 
     from xdsl.context import Context
@@ -318,34 +319,43 @@ def cmd_expand(args: argparse.Namespace) -> int:
     from flint.passes.canonicalize_dist import CanonicalizeDistPass
     from flint.passes.shard_annotate import EXPAND_FIELDS, annotate, check_model, check_single_device
     from flint.passes.shard_expand import expand
+    from flint.pipeline import PIPELINE_FIELDS, split_by_plan
     from flint.plan import Plan
     from flint.sharding.rules import load_rules
     from flint.sharding.summary import summarize_program
 
     t0 = time.perf_counter()
     plan = Plan.load(args.plan, world_size=args.world_size)
-    plan.require(EXPAND_FIELDS, "flint expand")
+    plan.require(EXPAND_FIELDS + PIPELINE_FIELDS, "flint expand")
     rules = load_rules(args.rules)
     module = load_ir(args.input)
     CanonicalizeDistPass().apply(Context(), module)
     check_single_device(module)
-    check_model(module, plan)
+    # With microbatches the single-device step is ONE microbatch (captured at the global batch over
+    # microbatches): the batch check is the plan's without them; pipeline-split runs it M times.
+    check_model(module, dataclasses.replace(plan, microbatches=1))
     single = summarize_program(module)
     annotate(module, plan, rules)
     expand(module, plan, rules)
+    summary = summarize_program(module)
+    # pp / microbatches: the expanded program is ONE microbatch's step; pipeline-split schedules it
+    split = split_by_plan(module, plan)
     module.verify()
     text = StringIO()
     Printer(stream=text, print_debuginfo=True).print_op(module)
     text.write("\n")
     write_text_atomic(args.output, text.getvalue())
-    summary = summarize_program(module)
     mesh = plan.mesh()
     print(f"wrote {args.output}: {plan.describe()}; mesh {'x'.join(map(str, mesh.shape))} {tuple(mesh.axis_names)} "
           f"({time.perf_counter() - t0:.2f} s)")
-    print(f"  FLOPs per rank  {_fmt_count(summary.flops)}FLOP (single device {_fmt_count(single.flops)}FLOP, "
-          f"x{single.flops / max(summary.flops, 1):.2f})")
+    unit = "step" if not split else "microbatch, before pipeline-split (every stage's layers)"
+    if split:
+        print(f"  pipeline-split: {plan.pp_schedule}, {plan.pp} pipeline ranks, {plan.microbatches} microbatches "
+              f"(one program per pipeline rank; flint estimate / emit for the whole step)")
+    print(f"  FLOPs per rank and {unit.split(',')[0]}  {_fmt_count(summary.flops)}FLOP (single device "
+          f"{_fmt_count(single.flops)}FLOP, x{single.flops / max(summary.flops, 1):.2f})")
     if summary.collectives:
-        print(f"\n  what each axis costs per rank and step:")
+        print(f"\n  what each axis costs per rank and {unit}:")
         print(f"  {'axes':<24} {'collective':<16} {'phase':<6} {'count':>6} {'input bytes':>14}")
         for key in sorted(summary.collectives, key=lambda k: (k[1], k[0], k[2])):
             kind, ax, phase = key
@@ -457,9 +467,13 @@ def build_parser() -> argparse.ArgumentParser:
     exp = sub.add_parser("expand", help="expand a single-device step to a parallelism plan (planned path)",
                          description="Expand a step captured on ONE device (flint capture --world-size 1) to the "
                                      "per-rank SPMD program of a plan: shard-annotate + shard-expand. One capture "
-                                     "serves a whole sweep of plans. Prints what each mesh axis costs.")
+                                     "serves a whole sweep of plans. Prints what each mesh axis costs. With pp "
+                                     "or microbatches in the plan, pipeline-split then schedules the expanded "
+                                     "step: the single-device step is then ONE microbatch (capture it at the "
+                                     "global batch over microbatches).")
     exp.add_argument("input", help="the single-device step's IR (.mlir)")
-    exp.add_argument("plan", help="the plan as TOML (dp_replicate, dp_shard, tp, sp, tp_style; see flint/plan.py)")
+    exp.add_argument("plan", help="the plan as TOML (dp_replicate, dp_shard, tp, sp, tp_style, pp, microbatches, "
+                                  "pp_schedule, pp_virtual_stages, pp_layers, grad_sync; see flint/plan.py)")
     exp.add_argument("-o", "--output", required=True, help="output .mlir (written atomically)")
     exp.add_argument("--world-size", type=int, default=None, help="world size (for dp_shard = -1)")
     exp.add_argument("--rules", default=None, help="sharding rules TOML (default: flint/sharding/rules.toml)")

@@ -144,6 +144,18 @@ def _actions(schedule: str, pp: int, microbatches: int, virtual: int) -> tuple[t
     return tuple(out)
 
 
+def sends_wait_at_step_end(schedule: str) -> bool:
+    """True when torch issues every send of ``schedule`` asynchronously and waits for it at the step's end.
+
+    Multi-stage schedules run in ``_PipelineScheduleRuntime._step_microbatches``, which
+    keeps each ``SEND_F`` / ``SEND_B``'s work in ``send_ops`` and waits them all after the
+    last action; single-stage ones (GPipe, 1F1B) wait their sends at the next batched p2p.
+    """
+    from torch.distributed.pipelining import schedules as S
+
+    return not issubclass(S.get_schedule_class(SCHEDULES[schedule]), S.PipelineScheduleSingle)
+
+
 def rank_actions(schedule: str, pp: int, microbatches: int, virtual: int = 1) -> list[list[Action]]:
     """Every pipeline rank's actions, in the order PyTorch's schedule runs them."""
     check(schedule, pp, microbatches, virtual)

@@ -2,8 +2,10 @@
 
 Model
 -----
-Every simulated rank has four in-order streams: ``compute`` (COMP and MEM
-nodes), ``coll`` (collectives), ``send`` and ``recv``, plus one more
+Every simulated rank has in-order streams: ``compute`` (COMP and MEM
+nodes), ``coll`` (collectives), one ``send`` and one ``recv`` stream per
+peer (``comm_peer``: NCCL runs point-to-point operations on one communicator
+and stream per pair of ranks), plus one more
 in-order stream per named communication stream of the trace
 (``NodeTable.comm_stream``, set by the ``assign-streams`` pass: e.g. FSDP2's
 all-gather and reduce-scatter streams). A node is *issued*
@@ -91,13 +93,20 @@ def _plan_table(t: NodeTable, device: Device | None, dtype: str) -> _TablePlan:
     kind = t.kind.astype(np.int64)
     stream_arr = np.full(n, COMPUTE, dtype=np.int64)
     stream_arr[kind == NodeKind.COLL] = COLL
-    stream_arr[kind == NodeKind.SEND] = SEND
-    stream_arr[kind == NodeKind.RECV] = RECV
     names = STREAM_NAMES
     if t.comm_stream is not None and t.stream_names:
         named = (kind == NodeKind.COLL) & (t.comm_stream >= 0)
         stream_arr[named] = len(STREAM_NAMES) + t.comm_stream[named].astype(np.int64)
         names = STREAM_NAMES + tuple(t.stream_names)
+    # Point-to-point: one in-order queue per direction and peer (slot), as NCCL runs send/recv on
+    # one communicator and stream per pair of ranks: a send to one peer never waits behind a
+    # send to another (pipeline schedules rely on that, e.g. torch's zero-bubble orders).
+    p2p = (kind == NodeKind.SEND) | (kind == NodeKind.RECV)
+    if p2p.any():
+        keys = sorted({(int(k), int(q)) for k, q in zip(kind[p2p].tolist(), t.comm_peer[p2p].tolist())})
+        index = {key: len(names) + i for i, key in enumerate(keys)}
+        stream_arr[p2p] = [index[(int(k), int(q))] for k, q in zip(kind[p2p].tolist(), t.comm_peer[p2p].tolist())]
+        names = names + tuple(f"{'send' if k == NodeKind.SEND else 'recv'} {q}" for k, q in keys)
     # dependencies, deduplicated, as successor lists
     dst = np.concatenate([np.repeat(np.arange(n), np.diff(t.data_dep_ptr)),
                           np.repeat(np.arange(n), np.diff(t.ctrl_dep_ptr))])
@@ -127,7 +136,7 @@ def _plan_table(t: NodeTable, device: Device | None, dtype: str) -> _TablePlan:
     stream = stream_arr.tolist()
     rows = [np.nonzero(stream_arr == k)[0].tolist() for k in range(len(names))]
     return _TablePlan(t, stream, rows, succ, npred, dur, np.nonzero(kind == NodeKind.COLL)[0],
-                      np.nonzero((stream_arr == SEND) | (stream_arr == RECV))[0], names)
+                      np.nonzero(p2p)[0], names)
 
 
 class _Groups:

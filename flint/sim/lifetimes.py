@@ -52,6 +52,20 @@ What allocates, and for how long
     trailing results; if that fails too, the saved
     values are only counted from the backward's start (an underestimate; the
     report's ``notes`` say so).
+  - **zero-bubble halves** (``flint.backward_part``, from
+    :mod:`flint.pipeline.backward_split`): the input part pairs with a
+    forward as above and returns no gradient; what it returns after the input
+    gradients (values the weight part reads, including saved arguments it
+    passes through, whose memory it takes over) is "saved" for the weight
+    part, which pairs with the input part of the same backward and returns
+    only parameter gradients.
+  - **accumulation without sync**: a schedule entry marked ``nosync``
+    (``pipeline-split``'s gradient accumulation; FSDP2
+    ``set_requires_gradient_sync(False)``, DDP ``no_sync``) skips its
+    gradient reduce-scatters / all-reduces over those axes, so the gradients it
+    returns and accumulates into are the unsharded ones (FSDP2 keeps them
+    until the last microbatch's reduce-scatter; here they stay to the end of
+    the step, an overestimate of the optimizer phase by the difference).
   - **gradients**: backward results aligned with the paired forward's
     ``parameter`` arguments (AOTAutograd returns one gradient per forward
     input that requires one, in order; inputs whose type does not match the
@@ -113,7 +127,7 @@ from xdsl.ir import SSAValue
 from flint.cost import tensor_bytes
 from flint.errors import FlintError
 from flint.ir import dist
-from flint.ir.aten import AtenOp, get_schedule
+from flint.ir.aten import AtenOp, get_schedule, get_schedule_entries
 from flint.passes.lower_to_chakra import ROLE_ATTR
 from flint.sim.memory import MemoryReport, peak_memory
 
@@ -148,6 +162,14 @@ def _roles(fn: func.FuncOp) -> list[str | None]:
         role = attrs[i].data.get(ROLE_ATTR) if i < len(attrs) else None
         out.append(role.data if isinstance(role, StringAttr) else None)
     return out
+
+
+def _backward_part(fn: func.FuncOp) -> str | None:
+    """``input`` / ``weight`` for the halves of a backward split for zero-bubble pipelines, else None."""
+    from flint.pipeline.backward_split import PART_ATTR
+
+    part = fn.attributes.get(PART_ATTR)
+    return part.data if isinstance(part, StringAttr) else None
 
 
 def _stem(name: str) -> str:
@@ -193,8 +215,12 @@ class _Profile:
         return max(uses, default=-1)
 
 
-def _profile(fn: func.FuncOp, prefetch: int = 0) -> _Profile:
-    """Analyse ``fn`` once; ops marked ``flint.prefetch`` run ``prefetch`` iterations earlier."""
+def _profile(fn: func.FuncOp, prefetch: int = 0, nosync: frozenset[int] = frozenset()) -> _Profile:
+    """Analyse ``fn`` once; ops marked ``flint.prefetch`` run ``prefetch`` iterations earlier.
+
+    ``nosync``: grid axes whose gradient reduce-scatters / all-reduces this run skips (a schedule
+    entry's ``nosync``, gradient accumulation): their result is their input, the unsharded gradient.
+    """
     roles = _roles(fn)
     ops = [op for op in fn.body.block.ops if not isinstance(op, func.ReturnOp)]
     p = _Profile(fn, roles, max(len(ops), 1))
@@ -239,6 +265,9 @@ def _profile(fn: func.FuncOp, prefetch: int = 0) -> _Profile:
         elif isinstance(op, dist.WaitOp):
             if op.result is not None:
                 base[op.result] = base.get(op.future, ("none", -1))
+        elif (nosync and isinstance(op, dist.ReduceScatterOp | dist.AllReduceOp) and op.group_size() > 1
+              and set(op.axes()) <= nosync):
+            base[op.result] = base.get(op.input, ("none", -1))  # skipped: the gradient stays unsharded
         elif isinstance(op, dist.CollectiveOp | dist.RecvOp):
             if isinstance(op, dist.ReduceScatterOp):
                 for v in op.operands:
@@ -255,7 +284,7 @@ def _profile(fn: func.FuncOp, prefetch: int = 0) -> _Profile:
         kind, i = base.get(v, ("none", -1))
         if kind == "alloc":
             p.result_of[i].append(k)
-        elif kind == "arg" and roles[i] in _HANDOFF_ROLES:
+        elif kind == "arg" and (roles[i] in _HANDOFF_ROLES or roles[i] == "saved" and _backward_part(fn) == "input"):
             if not p.arg_returned[i]:
                 # The consumer takes the argument's memory over (module docstring).
                 p.arg_returned[i] = True
@@ -286,6 +315,27 @@ def _pair_backward(b: _Profile, candidates: list[_Profile], grad_types: set) -> 
     roles = b.roles
     if not any(r in ("saved", "tangent") for r in roles):
         return None, None
+    # A backward split for zero-bubble pipelines (flint.pipeline.backward_split): its input part pairs
+    # with forwards only and returns no parameter gradient; its weight part pairs with the input part
+    # it came from (which returns the values it needs last) and returns only parameter gradients.
+    part = _backward_part(b.fn)
+    if part is not None:
+        from flint.pipeline.backward_split import OF_ATTR
+
+        of = b.fn.attributes[OF_ATTR]
+        if part == "input":
+            candidates = [f for f in candidates if _backward_part(f.fn) is None]
+        else:
+            candidates = [f for f in candidates if _backward_part(f.fn) == "input" and f.fn.attributes[OF_ATTR] == of]
+        pair, note = _pair_backward_by_types(b, candidates, grad_types)
+        if pair is not None:
+            pair.grad_results = set(range(len(b.result_types))) if part == "weight" else set()
+        return pair, note
+    return _pair_backward_by_types(b, candidates, grad_types)
+
+
+def _pair_backward_by_types(b: _Profile, candidates: list[_Profile], grad_types: set) -> tuple[_Pair | None, str | None]:
+    roles = b.roles
     first_tangent = next((i for i, r in enumerate(roles) if r == "tangent"), len(roles))
     attempts = [list(range(first_tangent)), [i for i, r in enumerate(roles) if r == "saved"]]
     for saved_args in attempts:
@@ -379,6 +429,19 @@ def step_memory(module: ModuleOp, capacity_bytes: int | None = None, role: int =
         counts[name] = max(counts.get(name, 0), c)
     profiles = {name: _profile(fn, prefetch_depth(fn, counts.get(name, 1))) for name, fn in funcs.items()}
     notes: list[str] = []
+    # Gradient accumulation without sync (pipeline-split's nosync entries: FSDP2
+    # set_requires_gradient_sync(False), DDP no_sync): those runs skip their gradient reduce-scatters /
+    # all-reduces, so the gradients they return, and keep accumulating into, are the unsharded ones.
+    nosync_profiles: dict[int, _Profile] = {}
+    options = [o for _, _, o in get_schedule_entries(module, role)]
+    if any(o.get("nosync") for o in options):
+        from flint.chakra.from_ir import mesh_of
+
+        index = {n: i for i, n in enumerate(mesh_of(module).axis_names)}
+        for e, ((name, c), o) in enumerate(zip(schedule, options)):
+            axes = frozenset(index[a] for a in o.get("nosync", ()) if a in index)
+            if axes:
+                nosync_profiles[e] = _profile(funcs[name], prefetch_depth(funcs[name], counts.get(name, 1)), axes)
 
     # Pair every backward entry with its forward function, then every backward iteration with
     # a forward iteration: the latest one not consumed yet (a stack of forward instances).
@@ -477,7 +540,7 @@ def step_memory(module: ModuleOp, capacity_bytes: int | None = None, role: int =
         accumulate_from.setdefault(name, e)
     cols_bytes, cols_pos, cols_free, cols_cat = [], [], [], []
     for e, (name, c) in enumerate(schedule):
-        p = profiles[name]
+        p = nosync_profiles.get(e, profiles[name])
         if not p.nbytes:
             continue
         j = np.arange(c, dtype=np.int64)

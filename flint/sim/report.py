@@ -180,7 +180,8 @@ def format_report(rep: dict) -> str:
                      f"{pp['microbatches']} microbatches, layers per stage {pp['layers']}")
         lines.append(f"bubble fraction (%)     {100 * pp['bubble_fraction']:.2f} mean, "
                      f"{100 * pp['bubble_fraction_max']:.2f} max   [ideal (p-1)/(v*m+p-1) = "
-                     f"{100 * pp['ideal_bubble_fraction']:.2f}]")
+                     f"{100 * pp['ideal_bubble_fraction']:.2f}"
+                     f"{'; zero-bubble schedules fill it with W' if 'zero-bubble' in pp['schedule'] else ''}]")
         if "peak_memory_bytes_per_pp_rank" in pp:
             mu, ms = _mem_unit(max(pp["peak_memory_bytes_per_pp_rank"]))
             lines.append(f"peak memory per pp rank ({mu})  "

@@ -2,6 +2,8 @@
 // RUN: flint-opt %s -p 'pipeline-split{stages=2 microbatches=2 schedule=1f1b layers=3,1 grad-sync=microbatch}' | filecheck %s --check-prefix=SPLIT
 // RUN: flint-opt %s -p 'pipeline-split{stages=2 microbatches=2 schedule=interleaved-1f1b virtual=2}' | filecheck %s --check-prefix=INTER
 // RUN: flint-opt %s -p 'pipeline-split{stages=1 microbatches=3}' | filecheck %s --check-prefix=ACCUM
+// RUN: flint-opt %s -p 'pipeline-split{stages=2 microbatches=2 schedule=zbv-zero-bubble virtual=2}' | filecheck %s --check-prefix=ZBV
+// RUN: flint-opt %s -p 'pipeline-split{stages=2 microbatches=2 schedule=interleaved-zero-bubble virtual=2}' | filecheck %s --check-prefix=IZB
 // RUN: flint-opt %s -p 'pipeline-split{stages=2 microbatches=2 schedule=gpipe},lower-to-chakra' | filecheck %s --check-prefix=LOWER
 // flint-opt verifies the module after every pass.
 
@@ -33,9 +35,42 @@
 
 // Interleaved 1F1B, 2 stages per rank: stage 2 on rank 0 receives from rank 1 (offset +1 wraps
 // around the pp axis), tags 4 + microbatch for boundary 1 -> 2; each rank optimizes its 2 layers.
-// INTER:      flint.stage_schedules = {{\[\[}}["embed_fwd", 1 : i64], ["block_fwd", 1 : i64], ["pp_send_f_p1", 1 : i64, {tag = 0 : i64}], ["embed_fwd", 1 : i64], ["block_fwd", 1 : i64], ["pp_send_f_p1", 1 : i64, {tag = 1 : i64}], ["pp_recv_f_p1", 1 : i64, {tag = 4 : i64}], ["block_fwd", 1 : i64]
+// A multi-stage schedule runs in torch's _PipelineScheduleRuntime: each recv is posted at torch's
+// RECV action (asynchronous) and the consuming forward / backward waits for it (wait = [tag]);
+// sends are asynchronous too (torch waits for them after the last action).
+// INTER:      flint.stage_schedules = {{\[\[}}["embed_fwd", 1 : i64], ["block_fwd", 1 : i64], ["pp_send_f_p1", 1 : i64, {tag = 0 : i64}], ["pp_recv_f_p1", 1 : i64, {tag = 4 : i64}], ["embed_fwd", 1 : i64], ["block_fwd", 1 : i64], ["pp_send_f_p1", 1 : i64, {tag = 1 : i64}], ["pp_recv_f_p1", 1 : i64, {tag = 5 : i64}], ["block_fwd", 1 : i64, {wait = [4 : i64]}]
 // INTER-SAME: ["block_optim", 2 : i64]]
 // INTER-SAME: stages = 4 : i64, schedule = "interleaved-1f1b", microbatches = 2 : i64, stage_ranks = [0 : i64, 1 : i64, 0 : i64, 1 : i64], layers = [1 : i64, 1 : i64, 1 : i64, 1 : i64]
+// INTER:      func.func @pp_send_f_p1(%x: tensor<2x8x16xbf16> {flint.role = "activation"}) {
+// INTER-NEXT:   %{{.*}} = dist.send %x to @mesh grid_axes = [0] offset = 1 tag = 0 : tensor<2x8x16xbf16> -> !dist.future<none>
+// INTER:      func.func @pp_recv_f_p1() -> !dist.future<tensor<2x8x16xbf16>> {
+// INTER-NEXT:   %{{.*}} = dist.recv from @mesh grid_axes = [0] offset = 1 tag = 0 : !dist.future<tensor<2x8x16xbf16>>
+
+// ZBV zero bubble: stages in a V (0, 1 on ranks 0, 1; 2, 3 on ranks 1, 0). Rank 0 runs the last stage:
+// its I action is the input-gradient part of head and block backward (no gradient sync), sent back at
+// once; its W action the weight-gradient part, whose reduce-scatter runs on the stage's last W only.
+// The first stage's I does nothing and its W is the full backward (torch's backward_weight_one_chunk).
+// ZBV:      ["head_fwd", 1 : i64], ["head_bwd_input", 1 : i64, {nosync = ["dp_shard"]}], ["block_bwd_input", 1 : i64, {nosync = ["dp_shard"]}], ["pp_send_b_p1", 1 : i64, {tag = 10 : i64}], ["pp_recv_f_p1", 1 : i64, {tag = 9 : i64}], ["block_bwd_weight", 1 : i64, {nosync = ["dp_shard"]}]
+// ZBV-SAME: ["block_bwd_weight", 1 : i64], ["block_bwd", 1 : i64, {nosync = ["dp_shard"], wait = [2 : i64]}], ["embed_bwd", 1 : i64, {nosync = ["dp_shard"]}]
+// Rank 1 holds stages 1 and 2: the 1 -> 2 hand-off stays on the rank (no send / recv between them).
+// ZBV-SAME: {{\[}}["pp_recv_f_m1", 1 : i64, {tag = 0 : i64}], ["block_fwd", 1 : i64, {wait = [0 : i64]}], ["pp_recv_f_m1", 1 : i64, {tag = 1 : i64}], ["block_fwd", 1 : i64], ["pp_send_f_m1", 1 : i64, {tag = 8 : i64}]
+// ZBV-SAME: stage_ranks = [0 : i64, 1 : i64, 1 : i64, 0 : i64]
+// The backward split in two functions (one body each): I computes dx, W dw and its reduce-scatter.
+// ZBV:      func.func @block_bwd(
+// ZBV:      func.func @block_bwd_input(%{{.*}}: tensor<16x16xbf16> {flint.role = "parameter"}, %{{.*}}: tensor<2x8x16xbf16> {flint.role = "tangent"}) -> tensor<2x8x16xbf16> attributes {flint.backward_part = "input", flint.backward_of = "block_bwd"} {
+// ZBV-NEXT:   aten.op "aten.matmul.default"
+// ZBV-NEXT:   func.return
+// ZBV:      func.func @block_bwd_weight(%{{.*}}: tensor<16x16xbf16> {flint.role = "parameter"}) -> tensor<8x16xbf16> attributes {flint.backward_part = "weight", flint.backward_of = "block_bwd"} {
+// ZBV-NEXT:   aten.op "aten.mm.default"
+// ZBV-NEXT:   dist.reduce_scatter
+// ZBV-NEXT:   func.return
+// The head's weight part is empty here (its backward has no parameter): no function, no entry.
+// ZBV:      func.func @head_bwd_input(
+// ZBV-NOT:  func.func @head_bwd_weight(
+
+// Interleaved zero bubble, round-robin stages: rank 0's stage 2 runs I then W per microbatch.
+// IZB:      ["block_bwd_input", 1 : i64, {nosync = ["dp_shard"], wait = [10 : i64]}], ["pp_send_b_p1", 1 : i64, {tag = 6 : i64}], ["block_bwd_weight", 1 : i64, {nosync = ["dp_shard"]}]
+// IZB-SAME: schedule = "interleaved-zero-bubble", microbatches = 2 : i64, stage_ranks = [0 : i64, 1 : i64, 0 : i64, 1 : i64]
 
 // One stage: plain gradient accumulation over 3 microbatches, reduce-scatters only in the last.
 // ACCUM:      flint.stage_schedules = {{\[\[}}["embed_fwd", 1 : i64], ["block_fwd", 4 : i64], ["head_fwd", 1 : i64], ["head_bwd", 1 : i64, {nosync = ["dp_shard"]}], ["block_bwd", 4 : i64, {nosync = ["dp_shard"]}], ["embed_bwd", 1 : i64, {nosync = ["dp_shard"]}], ["embed_fwd", 1 : i64], ["block_fwd", 4 : i64], ["head_fwd", 1 : i64], ["head_bwd", 1 : i64, {nosync = ["dp_shard"]}], ["block_bwd", 4 : i64, {nosync = ["dp_shard"]}], ["embed_bwd", 1 : i64, {nosync = ["dp_shard"]}], ["embed_fwd", 1 : i64], ["block_fwd", 4 : i64], ["head_fwd", 1 : i64], ["head_bwd", 1 : i64], ["block_bwd", 4 : i64], ["embed_bwd", 1 : i64], ["block_optim", 4 : i64]]]
