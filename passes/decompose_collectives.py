@@ -164,7 +164,10 @@ class _Emitter:
         One lane and one channel: "" (the rank's one send and one recv queue)."""
         if self.lanes == 1 and self.channels == 1 and not self.asynchronous:
             return ""
-        return f"ch{a.lane * self.channels + a.chunk % self.channels}"
+        # the collective's own stream (assign-streams: FSDP's all-gather and reduce-scatter streams) keeps
+        # its channels apart from other streams' channels
+        prefix = dist.stream_of(self.op)
+        return f"{prefix + '.' if prefix else ''}ch{a.lane * self.channels + a.chunk % self.channels}"
 
     def emit(self) -> SSAValue:
         s = self.s
@@ -305,6 +308,11 @@ class DecomposeCollectivesPass(ModulePass):
 
     def _decompose(self, coll: dist.CollectiveOp, tag_base: int, net, printed: set) -> int:
         kind = KIND_OF[type(coll)]
+        if dist.PREFETCH_ATTR in coll.attributes:
+            raise DecomposeError(coll, f"'{coll.name}' op is prefetched across iterations ({dist.PREFETCH_ATTR}, "
+                                       "from reorder-all-gather{prefetch>0}): its send/recv steps cannot carry that "
+                                       "yet; decompose with prefetch=0 (sink-waits and assign-streams keep the "
+                                       "overlap within an iteration)")
         shape = grid_shape(coll, coll.grid)
         sizes = tuple(shape[a] for a in coll.axes())
         root = coll.root.value.data if isinstance(coll, dist.BroadcastOp) else 0

@@ -486,8 +486,13 @@ def _run(trace, device, network, mesh, algorithm, dtype, symmetric) -> RawSim:
     def done_eager(inst: int, sent: float, t: float) -> None:
         """The send finishes when its last byte left (``sent``), the recv when the data is there (``t``)."""
         nonlocal seq
+        began = min(start[s2][r2] for s2, r2 in inst_arrived[inst]
+                    if plans[s2].table.kind[r2] == NodeKind.SEND)  # when the bytes started to move
         for s2, r2 in inst_arrived[inst]:  # the send, and the recv if it is waiting already
-            end = sent if plans[s2].table.kind[r2] == NodeKind.SEND else t
+            end = sent
+            if plans[s2].table.kind[r2] != NodeKind.SEND:  # a posted recv is in flight once the bytes move
+                end = t
+                start[s2][r2] = max(start[s2][r2], began)
             durs[s2][r2] = end - start[s2][r2]
             push(heap, (end, seq, s2, r2))
             seq += 1
