@@ -39,13 +39,18 @@ def _cases():
                 if kind == "all_to_all" and n > 16:  # O(n^2) blocks: keep the test fast
                     continue
                 yield alg, kind, (n,)
-    for kind in ("all_reduce", "reduce_scatter", "all_gather"):
+    for kind in ("all_reduce", "reduce_scatter", "all_gather", "all_to_all"):
         for sizes in [(2, 2), (3, 4), (4, 8), (8, 8)]:
+            if kind == "all_to_all" and sizes == (8, 8):  # O(n^2) blocks: keep the test fast
+                continue
             yield "hierarchical", kind, sizes
 
 
-def _volume_units(alg: str, kind: str, n: int, blocks: int) -> float | None:
+def _volume_units(alg: str, kind: str, n: int, blocks: int, sizes=None) -> float | None:
     """Known per-rank send volume, in full buffers (all-gather: in full outputs)."""
+    if alg == "hierarchical" and kind == "all_to_all":  # n0 blocks n1-1 times, n1 blocks n0-1 times
+        n0, n1 = sizes
+        return ((n1 - 1) * n0 + (n0 - 1) * n1) / n
     if kind == "all_reduce" and alg in ("ring", "direct", "halving-doubling", "hierarchical"):
         return 2 * (n - 1) / n
     if kind in ("all_gather", "reduce_scatter") or (kind == "all_to_all" and alg in ("ring", "direct")):
@@ -70,7 +75,7 @@ def test_interpreter_computes_the_collective(alg, kind, sizes):
     for o, e in zip(out, expected(kind, inputs, root)):
         np.testing.assert_array_equal(o.reshape(-1), e.reshape(-1))
     full = elems * 8 * (n if kind == "all_gather" else 1)
-    vol = _volume_units(alg, kind, n, s.blocks)
+    vol = _volume_units(alg, kind, n, s.blocks, sizes)
     if vol is not None:
         assert all(b == pytest.approx(vol * full) for b in sent), (sent[:4], vol * full)
     elif alg == "tree" and kind == "all_reduce":  # every edge of both trees carries S/2 up and S/2 down
@@ -117,7 +122,7 @@ IR_CASES = [("ring", k, (5,), [0]) for k in FLAT["ring"]] + \
     [("direct", "all_reduce", (2, 3), [1]), ("halving-doubling", "all_reduce", (8,), [0]),
      ("halving-doubling", "all_to_all", (4,), [0]), ("halving-doubling", "broadcast", (8,), [0]),
      ("tree", "all_reduce", (6,), [0]), ("tree", "broadcast", (7,), [0]),
-     ("hierarchical", "all_reduce", (2, 3), [0, 1])]
+     ("hierarchical", "all_reduce", (2, 3), [0, 1]), ("hierarchical", "all_to_all", (2, 3), [0, 1])]
 
 
 @pytest.mark.parametrize("alg,kind,shape,axes", IR_CASES, ids=str)

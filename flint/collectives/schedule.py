@@ -54,7 +54,12 @@ Algorithms (``n`` = group size along the axis; ``S`` the full buffer):
 - ``hierarchical`` (two axes, the second the inner one): all-reduce =
   ring reduce-scatter along the inner axis, ring all-reduce of the owned
   part along the outer axis, ring all-gather along the inner axis;
-  reduce-scatter = inner then outer; all-gather = outer then inner.
+  reduce-scatter = inner then outer; all-gather = outer then inner;
+  all-to-all = pairwise exchange along the inner axis (each message the
+  n0 blocks for one inner coordinate), then along the outer axis (the n1
+  blocks for one rank). Broadcast is not built: its phases involve only
+  the root's row or column, and an action's participation depends on the
+  coordinate along its own axis only.
 """
 
 from __future__ import annotations
@@ -73,7 +78,7 @@ _SUPPORTS = {
     "direct": set(KINDS),
     "halving-doubling": set(KINDS),
     "tree": {"all_reduce", "broadcast"},
-    "hierarchical": {"all_reduce", "reduce_scatter", "all_gather"},
+    "hierarchical": {"all_reduce", "reduce_scatter", "all_gather", "all_to_all"},
 }
 
 Key = tuple
@@ -449,6 +454,8 @@ def _tree(kind: str, n: int, root: int):
 def _hierarchical(kind: str, sizes: tuple[int, ...]):
     n0, n1 = sizes  # outer, inner
     blocks = n0 * n1
+    if kind == "all_to_all":
+        return blocks, _hierarchical_a2a(n0, n1)
 
     # inner phase: position p on the inner axis owns blocks g with g % n1 == p (its "column")
     def col(c, p):
@@ -467,6 +474,26 @@ def _hierarchical(kind: str, sizes: tuple[int, ...]):
     if kind == "reduce_scatter":
         return blocks, rs_in + rs_out
     return blocks, ag_out + ag_in
+
+
+def _hierarchical_a2a(n0: int, n1: int) -> list[_Step]:
+    """All-to-all in two pairwise-exchange phases: inner axis, then outer axis.
+
+    Phase 1, step d: (c0, c1) sends (c0, c1+d) its blocks for every rank whose inner coordinate is
+    c1+d (n0 blocks). Phase 2, step d: (c0, c1) sends (c0+d, c1) the blocks its row holds for
+    (c0+d, c1) (n1 blocks). Every rank then holds (src, itself) for every src.
+    """
+    def g(c0, c1):
+        return (c0 % n0) * n1 + c1 % n1
+
+    steps = []
+    for d in range(1, n1):
+        steps.append(_pair(1, n1, d, n0, lambda c, d=d: [(g(*c), g(o, c[1] + d)) for o in range(n0)],
+                           lambda c, d=d: [(g(c[0], c[1] - d), g(o, c[1])) for o in range(n0)], False))
+    for d in range(1, n0):
+        steps.append(_pair(0, n0, d, n1, lambda c, d=d: [(g(c[0], i), g(c[0] + d, c[1])) for i in range(n1)],
+                           lambda c, d=d: [(g(c[0] - d, i), g(*c)) for i in range(n1)], False))
+    return steps
 
 
 def _ring_rs_axis(axis, n, owned):
