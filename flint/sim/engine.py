@@ -19,8 +19,20 @@ waits, holding its stream, until its partners have issued too:
 - a send and a recv pair by ``(src, dst, tag)`` in issue order and run
   together for latency + bytes / bandwidth (:meth:`Network.p2p_time_us`).
 
-There is no contention between transfers (uncongested network) and no
-contention between streams. Compute durations are the node's
+Sends and recvs on a named stream (a *channel*, ``stream = "ch<k>"`` from
+``decompose-collectives``) get one in-order send and one recv queue per
+channel, and are eager: a send goes out when issued (the receiver's
+buffers are pre-posted, as NCCL's channel slots are) and finishes when its
+last byte left; its recv finishes when the data arrived (latency later).
+A compute node on a named stream (a decomposed collective's reduction) runs
+in that stream's own queue, not the compute stream's.
+
+Every transfer occupies its sender's egress and its receiver's ingress
+port on the outermost network dimension it crosses; transfers sharing a
+port share its bandwidth max-min fairly (:class:`_Ports`). With one send
+and one recv queue per rank (no channels) a port never carries two
+transfers, so only channels see the sharing. There is no contention inside
+the network (uncongested fabric) and none between compute streams. Compute durations are the node's
 ``duration_us`` when present, else the device roofline from ``flops`` and
 ``tensor_bytes`` (class ``gemm`` when the node has FLOPs, else
 ``elementwise``), else 0. Collective and send/recv durations always come
