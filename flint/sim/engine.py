@@ -112,11 +112,12 @@ def _plan_table(t: NodeTable, device: Device | None, dtype: str) -> _TablePlan:
         # "x" are three queues (a send must never wait behind a recv of its own rank)
         # (compute nodes on a named stream: the reduction kernels of a decomposed collective, which run in
         # the communication kernel, not in the compute stream's order)
-        m = len(t.stream_names)
-        for i, (k, prefix) in enumerate(_NAMED):
+        names = STREAM_NAMES
+        for k, prefix in _NAMED:  # a block of queues per node kind that uses named streams
             named = (kind == k) & (t.comm_stream >= 0)
-            stream_arr[named] = len(STREAM_NAMES) + i * m + t.comm_stream[named].astype(np.int64)
-        names = STREAM_NAMES + tuple(f"{p}{n}" for _, p in _NAMED for n in t.stream_names)
+            if k == NodeKind.COLL or named.any():
+                stream_arr[named] = len(names) + t.comm_stream[named].astype(np.int64)
+                names = names + tuple(f"{prefix}{n}" for n in t.stream_names)
     # dependencies, deduplicated, as successor lists
     dst = np.concatenate([np.repeat(np.arange(n), np.diff(t.data_dep_ptr)),
                           np.repeat(np.arange(n), np.diff(t.ctrl_dep_ptr))])
