@@ -35,9 +35,9 @@ Columns and units
 ``data_deps``    CSR (``data_dep_ptr`` [n+1], ``data_dep_idx``) of *row
                  positions* this node waits for; ``ctrl_deps`` the same.
 ``node_ids``     int64, the Chakra node id written to / read from the file.
-``comm_stream``  int16 or ``None``: the named communication stream of a collective,
-                 an index into ``stream_names``; -1 (or no column) is the default
-                 collective stream. Set by the ``assign-streams`` pass through the
+``comm_stream``  int16 or ``None``: the named communication stream of a collective
+                 (or channel of a send / recv), an index into ``stream_names``; -1
+                 (or no column) is the default collective (send, recv) stream. Set by the ``assign-streams`` pass through the
                  IR; the simulator runs one in-order queue per stream.
 """
 
@@ -144,7 +144,10 @@ class NodeTableBuilder:
         return pos
 
     def add_comp(self, name: str, *, duration_us: float = float("nan"), flops: int = -1, tensor_bytes: int = -1,
-                 data_deps: Sequence[int] = (), ctrl_deps: Sequence[int] = (), node_id: int | None = None) -> int:
+                 data_deps: Sequence[int] = (), ctrl_deps: Sequence[int] = (), node_id: int | None = None,
+                 stream: str = "") -> int:
+        if stream:
+            self._stream[len(self._rows)] = self._stream_names.setdefault(stream, len(self._stream_names))
         return self._add((name, NodeKind.COMP, duration_us, flops, tensor_bytes, -1, -1, -1, -1, -1), data_deps, ctrl_deps, node_id)
 
     def add_coll(self, name: str, comm_type: CollKind | int, comm_bytes: int, group: int, *,
@@ -155,11 +158,17 @@ class NodeTableBuilder:
         return self._add((name, NodeKind.COLL, duration_us, -1, -1, int(comm_type), comm_bytes, group, -1, -1), data_deps, ctrl_deps, node_id)
 
     def add_send(self, name: str, comm_bytes: int, peer: int, tag: int, *, duration_us: float = float("nan"),
-                 data_deps: Sequence[int] = (), ctrl_deps: Sequence[int] = (), node_id: int | None = None) -> int:
+                 data_deps: Sequence[int] = (), ctrl_deps: Sequence[int] = (), node_id: int | None = None,
+                 stream: str = "") -> int:
+        if stream:
+            self._stream[len(self._rows)] = self._stream_names.setdefault(stream, len(self._stream_names))
         return self._add((name, NodeKind.SEND, duration_us, -1, -1, -1, comm_bytes, -1, peer, tag), data_deps, ctrl_deps, node_id)
 
     def add_recv(self, name: str, comm_bytes: int, peer: int, tag: int, *, duration_us: float = float("nan"),
-                 data_deps: Sequence[int] = (), ctrl_deps: Sequence[int] = (), node_id: int | None = None) -> int:
+                 data_deps: Sequence[int] = (), ctrl_deps: Sequence[int] = (), node_id: int | None = None,
+                 stream: str = "") -> int:
+        if stream:
+            self._stream[len(self._rows)] = self._stream_names.setdefault(stream, len(self._stream_names))
         return self._add((name, NodeKind.RECV, duration_us, -1, -1, -1, comm_bytes, -1, peer, tag), data_deps, ctrl_deps, node_id)
 
     def build(self) -> NodeTable:

@@ -224,12 +224,14 @@ class CollOp(CommNodeOp):
 
 class P2PNodeOp(CommNodeOp):
     """Send/recv fields: SPMD ``offset`` (or a per-coordinate ``peers`` table, 0 = the rank skips the
-    node, as on `dist.send`), or a concrete ``peer`` rank."""
+    node, as on `dist.send`), or a concrete ``peer`` rank; ``stream``: the named channel it is queued
+    on (absent: the rank's one send / one recv queue), as on `chakra.coll`."""
 
     tag = prop_def(IntegerAttr[I64])
     offset = opt_prop_def(IntegerAttr[I64])
     peers = opt_prop_def(DenseArrayBase)
     peer = opt_prop_def(IntegerAttr[I64])
+    stream = opt_prop_def(StringAttr)
 
     def verify_(self) -> None:
         super().verify_()
@@ -248,7 +250,7 @@ class P2PNodeOp(CommNodeOp):
 
 _P2P = (
     "$node_name (`on` $grid^ `grid_axes` `=` $grid_axes `offset` `=` $offset)? (`peers` `=` qualified($peers)^)? "
-    "(`peer` `=` $peer^)? "
+    "(`peer` `=` $peer^)? (`stream` `=` $stream^)? "
     "`tag` `=` $tag `bytes` `=` $bytes (`duration_us` `=` $duration_us^)? " + _DEPS + " attr-dict"
 )
 

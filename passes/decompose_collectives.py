@@ -81,8 +81,13 @@ def choose_algorithm(kind: str, sizes: tuple[int, ...], input_bytes: int, member
 class _Emitter:
     """Emits one collective's schedule before ``op`` and returns the value replacing its result."""
 
-    def __init__(self, op: dist.CollectiveOp, sched: Schedule, tag_base: int):
-        self.op, self.s, self.tag_base = op, sched, tag_base
+    def __init__(self, op: dist.CollectiveOp, sched: Schedule, tag_base: int, channels: int = 1,
+                 asynchronous: bool = False):
+        self.op, self.s, self.tag_base, self.channels = op, sched, tag_base, channels
+        self.asynchronous = asynchronous
+        self.side: str | None = None  # the channel the current step's kernels run on (asynchronous only)
+        self.tail = 0  # self.new[tail:] (the waits and the result) go where the collective's wait was
+        self.lanes = 1 + max((a.lane for a in sched.actions), default=0)
         self.new: list[Operation] = []
         self.pending: list[SSAValue] = []
         in_t = op.input.type
@@ -96,9 +101,9 @@ class _Emitter:
         self.name = f"{sched.algorithm}/{sched.kind}"
         self.rep = tuple(0 for _ in sched.sizes)  # the representative coordinates (schedules are shift-invariant)
         flat = self.aten("aten.view.default", [op.input], numel_in, free=True, args={"size": [numel_in]})
-        if sched.kind in ("all_reduce", "reduce_scatter"):
+        if sched.kind in ("all_reduce", "reduce_scatter", "broadcast"):
             keys = [(b, j) for b in range(sched.blocks) for j in range(sched.chunks)]
-        elif sched.kind in ("all_gather", "broadcast"):
+        elif sched.kind == "all_gather":
             keys = [(0, j) for j in range(sched.chunks)]
         else:
             keys = [(0, d, j) for d in range(sched.n) for j in range(sched.chunks)]
@@ -108,7 +113,7 @@ class _Emitter:
         return TensorType(self.et, [units * self.unit])
 
     def aten(self, target: str, inputs, units: int | None, *, free: bool = False, args=None, mask=None,
-             result_type=None) -> SSAValue:
+             result_type=None, stream: str | None = None) -> SSAValue:
         rt = result_type if result_type is not None else TensorType(self.et, [units])
         a = None
         if args:
@@ -118,6 +123,8 @@ class _Emitter:
         op.attributes["flint.collective"] = StringAttr(self.name)
         if free:
             op.attributes.update(_FREE)
+        if stream:
+            op.attributes[dist.STREAM_ATTR] = StringAttr(stream)
         if mask is not None:
             axis, offsets = mask
             op.attributes["flint.active"] = DenseArrayBase.from_list(i64, [1 if o else 0 for o in offsets])
@@ -149,7 +156,18 @@ class _Emitter:
                                         args={"dim": 0, "start": lo * self.unit, "end": hi * self.unit}))
         if len(pieces) == 1:
             return pieces[0]
-        return self.aten("aten.cat.default", pieces, len(keys) * self.unit, free=free)
+        return self.aten("aten.cat.default", pieces, len(keys) * self.unit, free=free, stream=self.side)
+
+    def channel(self, a) -> str:
+        """The channel (named send / recv stream) of an action: ``ch<k>``, k = lane x channels + chunk mod channels.
+
+        One lane and one channel: "" (the rank's one send and one recv queue)."""
+        if self.lanes == 1 and self.channels == 1 and not self.asynchronous:
+            return ""
+        # the collective's own stream (assign-streams: FSDP's all-gather and reduce-scatter streams) keeps
+        # its channels apart from other streams' channels
+        prefix = dist.stream_of(self.op)
+        return f"{prefix + '.' if prefix else ''}ch{a.lane * self.channels + a.chunk % self.channels}"
 
     def emit(self) -> SSAValue:
         s = self.s
@@ -163,18 +181,29 @@ class _Emitter:
             if uniform is None:
                 props["peers"] = DenseArrayBase.from_list(i64, list(a.offsets))
             mask = None if uniform is not None else (axis, a.offsets)
+            channel = self.channel(a)
+            self.side = channel if self.asynchronous else None
             if a.send:
                 v = self.operand(keys)
                 send = dist.SendOp.build(operands=[v], result_types=[[dist.FutureType(NoneType())]], properties=props)
+                if channel:
+                    send.attributes[dist.STREAM_ATTR] = StringAttr(channel)
                 self.new.append(send)
                 self.pending.append(send.token)
                 continue
             r = dist.RecvOp.build(result_types=[self.ttype(a.nblocks)], properties=props).result
+            if channel:
+                r.owner.attributes[dist.STREAM_ATTR] = StringAttr(channel)
             self.new.append(r.owner)
+            # an asynchronous collective's reductions run in its channel (the communication kernel), not
+            # in the compute stream's order
+            side = self.side
             if a.reduce:
-                out = self.aten("aten.add.Tensor", [self.operand(keys), r], a.nblocks * self.unit, mask=mask)
+                out = self.aten("aten.add.Tensor", [self.operand(keys), r], a.nblocks * self.unit, mask=mask,
+                                stream=side)
             elif mask is not None:  # where the recv is skipped the buffer keeps its value
-                out = self.aten("aten.copy.default", [self.operand(keys), r], a.nblocks * self.unit, mask=mask)
+                out = self.aten("aten.copy.default", [self.operand(keys), r], a.nblocks * self.unit, mask=mask,
+                                stream=side)
             else:
                 out = r
             for i, k in enumerate(keys):
@@ -187,11 +216,13 @@ class _Emitter:
         elif s.kind == "all_gather":
             keys = [(b, j) for b in range(s.n) for j in range(C)]
         elif s.kind == "broadcast":
-            keys = [(0, j) for j in range(C)]
+            keys = [(b, j) for b in range(s.blocks) for j in range(C)]
         else:
             keys = [(src, s.group_rank(self.rep), j) for src in range(s.n) for j in range(C)]
         # Sends run asynchronously (a rank's compute must not wait for its own sends to be received, or a
         # tree would run in lock step); the collective is complete when they are.
+        self.tail = len(self.new)
+        self.side = None
         for token in self.pending:
             self.new.append(dist.WaitOp(token))
         # The result buffer is written in place by the steps: assembling it is no kernel.
@@ -214,7 +245,14 @@ class DecomposeCollectivesPass(ModulePass):
     FLOPs and bytes count), masked with ``flint.active`` where only some
     coordinates receive. The buffer is cut into the schedule's blocks, each
     into ``chunks`` pieces sent one after the other so transfers and
-    reductions pipeline. Tags are unique per step and pair across the module
+    reductions pipeline. ``channels``: chunk ``j`` goes on channel ``j mod
+    channels`` (a ``stream = "ch<k>"`` on the send / recv: one in-order send
+    and one recv queue per channel in the simulator, the rank's ports shared
+    between them), so several chunks are in flight and their latencies
+    overlap, as NCCL's channels and pipeline slots do; the two trees of
+    ``tree`` always run on channels of their own (tree h on ``ch<h x
+    channels + k>``), as NCCL's double binary tree does. With one channel
+    and one lane the steps stay on the rank's default send and recv queues. Tags are unique per step and pair across the module
     (they start above the largest tag already used). Views that cut and
     re-assemble the buffer are annotated free (``flops = 0``, ``bytes = 0``):
     the real kernels work in place. A buffer that does not divide into
@@ -228,14 +266,23 @@ class DecomposeCollectivesPass(ModulePass):
     an all-gather, a flat algorithm over two axes) is an error naming the
     group size and the algorithms that would work.
 
+    Asynchronous collectives (one ``dist.wait`` in the same block) stay
+    asynchronous: the sends and recvs start where the collective started,
+    the waits on the sends and the assembled result sit where its wait was,
+    and the steps run on channels (``ch<k>``) with their reduction kernels
+    (``stream`` on the ``aten.add``), so the compute stream is not held by
+    them (NCCL reduces inside its communication kernel). A synchronous
+    collective's steps (and reductions) stay at its position.
+
     Afterwards the module has no collectives over more than one rank; a
-    collective's ``dist.wait`` is gone (the steps are synchronous).
+    collective's ``dist.wait`` is replaced by the waits on its sends.
     """
 
     name = "decompose-collectives"
 
     algorithm: str = "ring"
     chunks: int = 1
+    channels: int = 1
     network: str = "dgx-h100"
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
@@ -244,6 +291,8 @@ class DecomposeCollectivesPass(ModulePass):
                              f"(valid: {', '.join(ALGORITHMS)}, auto)")
         if self.chunks < 1:
             raise FlintError(f"decompose-collectives: chunks must be >= 1, got {self.chunks}")
+        if self.channels < 1:
+            raise FlintError(f"decompose-collectives: channels must be >= 1, got {self.channels}")
         net = None
         if self.algorithm == "auto":
             from flint.cost import load_network
@@ -259,6 +308,11 @@ class DecomposeCollectivesPass(ModulePass):
 
     def _decompose(self, coll: dist.CollectiveOp, tag_base: int, net, printed: set) -> int:
         kind = KIND_OF[type(coll)]
+        if dist.PREFETCH_ATTR in coll.attributes:
+            raise DecomposeError(coll, f"'{coll.name}' op is prefetched across iterations ({dist.PREFETCH_ATTR}, "
+                                       "from reorder-all-gather{prefetch>0}): its send/recv steps cannot carry that "
+                                       "yet; decompose with prefetch=0 (sink-waits and assign-streams keep the "
+                                       "overlap within an iteration)")
         shape = grid_shape(coll, coll.grid)
         sizes = tuple(shape[a] for a in coll.axes())
         root = coll.root.value.data if isinstance(coll, dist.BroadcastOp) else 0
@@ -269,13 +323,18 @@ class DecomposeCollectivesPass(ModulePass):
             sched = build(kind, alg, sizes, self.chunks, root)
         except UnsupportedAlgorithm as e:
             raise DecomposeError(coll, f"'{coll.name}' op cannot be decomposed: {e}") from None
-        em = _Emitter(coll, sched, tag_base)
+        waits = [u.operation for u in coll.result.uses] if coll.is_async else []
+        assert all(isinstance(w, dist.WaitOp) for w in waits)
+        same_block = all(w.parent_block() is coll.parent_block() for w in waits)
+        em = _Emitter(coll, sched, tag_base, self.channels, asynchronous=len(waits) == 1 and same_block)
         result = em.emit()
-        Rewriter.insert_op(em.new, InsertPoint.before(coll))
+        if em.asynchronous:  # the steps start where the collective started; its wait stays where it was
+            Rewriter.insert_op(em.new[:em.tail], InsertPoint.before(coll))
+            Rewriter.insert_op(em.new[em.tail:], InsertPoint.before(waits[0]))
+        else:
+            Rewriter.insert_op(em.new, InsertPoint.before(coll))
         if coll.is_async:
-            for use in list(coll.result.uses):
-                wait = use.operation
-                assert isinstance(wait, dist.WaitOp)
+            for wait in waits:
                 wait.result.replace_all_uses_with(result)
                 Rewriter.erase_op(wait)
         else:

@@ -139,7 +139,7 @@ class _FunctionLowering:
         self.comm_nodes: set[SSAValue] = set()
         # Sends and recvs are ordered among themselves, not with each other or with
         # collectives: "send to +1; recv from -1" on every rank must not deadlock.
-        self.last_p2p: dict[type, SSAValue] = {}
+        self.last_p2p: dict[tuple[type, str], SSAValue] = {}  # last send / recv node per (kind, stream)
         # The compute node later ops may merge into, and the comm nodes it waits for.
         self.run: tuple[chakra.CompOp, set[SSAValue], int] | None = None
         resident = set()
@@ -215,6 +215,16 @@ class _FunctionLowering:
             return
         comm_deps = {d for d in data if d in self.comm_nodes}
         masked = {k: v for k, v in op.attributes.items() if k in ACTIVE_ATTRS}
+        side = dist.stream_of(op)
+        if side:  # a decomposed collective's reduction: in its channel's order, not the compute stream's
+            comp = chakra.CompOp(op.overload, flops=flops, bytes=nbytes, duration_us=round(duration, 6),
+                                 data_deps=data, ctrl_deps=self._order(data, self.last_p2p.get((AtenOp, side))))
+            comp.attributes.update(masked)
+            comp.attributes[dist.STREAM_ATTR] = StringAttr(side)
+            node = self.last_p2p[(AtenOp, side)] = self._add(comp)
+            for r in op.outputs:
+                self.producer[r] = (node,)
+            return
         if self.merge and self.run is not None and not self.s.blocking and comm_deps <= self.run[1] and not masked:
             self._merge(op, flops, nbytes, duration)
             node = self.s.compute
@@ -299,17 +309,21 @@ class _FunctionLowering:
         data = self.deps_of([op.input]) if is_send else []
         cls = chakra.SendOp if is_send else chakra.RecvOp
         nbytes = _bytes_of(op.input if is_send else op.result)
+        stream = dist.stream_of(op)
         node = cls.build(
-            operands=[data, self._order(data, self.last_p2p.get(cls))], result_types=[chakra.NODE],
+            operands=[data, self._order(data, self.last_p2p.get((cls, stream)))], result_types=[chakra.NODE],
             properties={"node_name": StringAttr(op.name), "bytes": IntegerAttr(nbytes, i64),
                         "tag": IntegerAttr(op.tag.value.data + self.tag_offset, op.tag.type) if self.tag_offset
                         else op.tag, "offset": op.offset, **self._spmd(op),
-                        **({"peers": op.peers} if op.peers is not None else {})},
+                        **({"peers": op.peers} if op.peers is not None else {}),
+                        **({"stream": StringAttr(stream)} if stream else {})},
         )
         result = op.token if is_send else op.result
-        self._comm_node(node, result, isinstance(result.type, dist.FutureType) if result is not None else False,
-                        p2p=True)
-        self.last_p2p[cls] = node.node
+        # a recv on a channel is part of a decomposed asynchronous collective: what needs its data waits
+        # through data deps, the compute stream does not
+        self._comm_node(node, result, bool(stream) or (isinstance(result.type, dist.FutureType)
+                                                        if result is not None else False), p2p=True)
+        self.last_p2p[(cls, stream)] = node.node
 
 
 @dataclass(frozen=True)

@@ -75,8 +75,9 @@ class VerifyP2PPass(ModulePass):
       or recv without a partner, or a size mismatch, fails;
     - deadlock: a wait-for graph over every rank's sends and recvs (a
       matched pair is one node, since both complete together), with an edge
-      for each rank's program order among its sends, among its recvs (the
-      streams `lower-to-chakra` gives them), and from a recv to a later send
+      for each rank's program order among its sends, among its recvs, per
+      channel (``stream``; the queues `lower-to-chakra` gives them), and
+      from a recv to a later send
       whose operand depends on it. Every op can complete iff this graph is
       acyclic (a topological order is an execution); a cycle is reported.
 
@@ -105,7 +106,7 @@ class VerifyP2PPass(ModulePass):
                 continue
             sources = _p2p_sources(fn)
             for r in range(world):
-                last: dict[type, tuple] = {}
+                last: dict[tuple[type, str], tuple] = {}
                 inst: dict[Operation, tuple] = {}
                 for o in p2p:
                     axis = o.axes()[0]
@@ -118,10 +119,11 @@ class VerifyP2PPass(ModulePass):
                     node = (part, r, len(inst))
                     inst[o] = node
                     g.add_node(node, op=o, rank=r)
-                    prev = last.get(type(o))
+                    key = (type(o), dist.stream_of(o))
+                    prev = last.get(key)
                     if prev is not None:
                         g.add_edge(prev, node)
-                    last[type(o)] = node
+                    last[key] = node
                     if isinstance(o, dist.SendOp):
                         for src in sources.get(o, ()):
                             if src in inst:

@@ -97,7 +97,8 @@ class _Unroller:
                 row = self.b.add_comp(name, duration_us=dur,
                                       flops=op.flops.value.data if op.flops is not None else -1,
                                       tensor_bytes=op.bytes.value.data if op.bytes is not None else -1,
-                                      data_deps=data, ctrl_deps=ctrl)
+                                      data_deps=data, ctrl_deps=ctrl,
+                                      stream=op.attributes["stream"].data if "stream" in op.attributes else "")
                 mask = op.attributes.get("flint.active")
                 if mask is not None:
                     key = (op.attributes["flint.active_axis"].value.data, tuple(mask.get_values()))
@@ -116,7 +117,7 @@ class _Unroller:
                 slot = self.peer_slots.setdefault((op.axes()[0], op.offset.value.data, table), len(self.peer_slots))
                 add = self.b.add_send if isinstance(op, chakra.SendOp) else self.b.add_recv
                 row = add(name, op.bytes.value.data, slot, op.tag.value.data, duration_us=dur,
-                          data_deps=data, ctrl_deps=ctrl)
+                          data_deps=data, ctrl_deps=ctrl, stream=op.stream.data if op.stream is not None else "")
             else:
                 raise FlintError(f"unexpected op '{op.name}' in a chakra.graph")
             env[op.node] = row

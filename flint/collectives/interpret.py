@@ -53,10 +53,11 @@ def run(s: Schedule, inputs: list[np.ndarray]) -> tuple[list[np.ndarray], list[i
             for j in range(C):
                 state[g][(g, j)] = ps[j]
         elif s.kind == "broadcast":
-            ps, size = _pieces(x, C)
+            ps, size = _pieces(x, s.units)
             if g == s.root:
-                for j in range(C):
-                    state[g][(0, j)] = ps[j]
+                for b in range(s.blocks):
+                    for j in range(C):
+                        state[g][(b, j)] = ps[b * C + j]
         else:  # all_to_all
             ps, size = _pieces(x, n * C)
             for dst in range(n):
@@ -137,7 +138,8 @@ def run(s: Schedule, inputs: list[np.ndarray]) -> tuple[list[np.ndarray], list[i
                 outs.append(np.concatenate([np.concatenate([st[(b, j)] for j in range(C)])[:numel]
                                             for b in range(n)]))
             elif s.kind == "broadcast":
-                outs.append(np.concatenate([st[(0, j)] for j in range(C)])[:numel].reshape(inputs[g].shape))
+                parts = [st[(b, j)] for b in range(s.blocks) for j in range(C)]
+                outs.append(np.concatenate(parts)[:numel].reshape(inputs[g].shape))
             else:
                 outs.append(np.concatenate([np.concatenate([st[(src, g, j)] for j in range(C)]) for src in range(n)]))
         except KeyError as e:

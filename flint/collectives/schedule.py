@@ -46,12 +46,20 @@ Algorithms (``n`` = group size along the axis; ``S`` the full buffer):
 - ``tree``: all-reduce as NCCL's double binary tree: two heap-ordered binary
   trees, the second mirrored (``c -> n-1-c``), each reducing then
   broadcasting half of the buffer, pipelined in chunks; a rank is an inner
-  node in at most one tree. Any n (uneven subtrees). Broadcast down one
-  heap tree rooted at the root.
+  node in at most one tree. Any n (uneven subtrees). Broadcast: the same two
+  trees over the other n-1 ranks, the root feeding half of the buffer to
+  each tree's top. The two trees are two *lanes* (``Action.lane``): the
+  pass queues them on separate channels, as NCCL runs its two trees on
+  separate channels.
 - ``hierarchical`` (two axes, the second the inner one): all-reduce =
   ring reduce-scatter along the inner axis, ring all-reduce of the owned
   part along the outer axis, ring all-gather along the inner axis;
-  reduce-scatter = inner then outer; all-gather = outer then inner.
+  reduce-scatter = inner then outer; all-gather = outer then inner;
+  all-to-all = pairwise exchange along the inner axis (each message the
+  n0 blocks for one inner coordinate), then along the outer axis (the n1
+  blocks for one rank). Broadcast is not built: its phases involve only
+  the root's row or column, and an action's participation depends on the
+  coordinate along its own axis only.
 """
 
 from __future__ import annotations
@@ -70,7 +78,7 @@ _SUPPORTS = {
     "direct": set(KINDS),
     "halving-doubling": set(KINDS),
     "tree": {"all_reduce", "broadcast"},
-    "hierarchical": {"all_reduce", "reduce_scatter", "all_gather"},
+    "hierarchical": {"all_reduce", "reduce_scatter", "all_gather", "all_to_all"},
 }
 
 Key = tuple
@@ -89,6 +97,8 @@ class Action:
     reduce: bool = False
     step: int = 0                  # logical step (for names and goldens)
     tag: int = 0                   # a send with tag t on c matches the recv with tag t on its peer
+    chunk: int = 0                 # which of the ``chunks`` pieces it moves
+    lane: int = 0                  # independent pipeline it belongs to (tree h of a double binary tree)
 
     @property
     def uniform(self) -> int | None:
@@ -195,9 +205,10 @@ def _pipeline(steps: list[_Step], chunks: int) -> list[Action]:
     tags: dict = {}
     for si, step in enumerate(steps):
         for j in range(chunks):
-            for send, axis, offsets, nb, keys, reduce, pair in step:
+            for send, axis, offsets, nb, keys, reduce, pair, *lane in step:
                 tag = tags.setdefault((si, j, pair), len(tags))
-                out.append(Action(send, axis, tuple(offsets), nb, _with_chunk(keys, j), reduce, si, tag))
+                out.append(Action(send, axis, tuple(offsets), nb, _with_chunk(keys, j), reduce, si, tag, j,
+                                  lane[0] if lane else 0))
     return out
 
 
@@ -367,7 +378,8 @@ def _bruck_held(c: int, i: int, n: int, sending: bool) -> list[Key]:
     return out
 
 
-def _tree_phases(n: int, pos, blk, tag: str, reduce_up: bool, up: bool, down: bool) -> tuple[list, list]:
+def _tree_phases(n: int, pos, blk, tag: str, reduce_up: bool, up: bool, down: bool, lane: int = 0,
+                 ) -> tuple[list, list]:
     """The reduce (up) and broadcast (down) actions of one heap-ordered binary tree.
 
     ``pos(c)`` is the coordinate's position in the heap (position 0 the root; children of p are 2p+1
@@ -385,24 +397,55 @@ def _tree_phases(n: int, pos, blk, tag: str, reduce_up: bool, up: bool, down: bo
 
     ups, downs = [], []
     if up:
-        ups = [(False, 0, kid(s), 1, blk, reduce_up, f"{tag}u{s}") for s in range(2)]
-        ups += [(True, 0, parent(s), 1, blk, False, f"{tag}u{s}") for s in range(2)]
+        ups = [(False, 0, kid(s), 1, blk, reduce_up, f"{tag}u{s}", 4 * lane + s) for s in range(2)]
+        ups += [(True, 0, parent(s), 1, blk, False, f"{tag}u{s}", 4 * lane) for s in range(2)]
     if down:
-        downs = [(False, 0, parent(s), 1, blk, False, f"{tag}d{s}") for s in range(2)]
-        downs += [(True, 0, kid(s), 1, blk, False, f"{tag}d{s}") for s in range(2)]
+        downs = [(False, 0, parent(s), 1, blk, False, f"{tag}d{s}", 4 * lane + 2) for s in range(2)]
+        downs += [(True, 0, kid(s), 1, blk, False, f"{tag}d{s}", 4 * lane + 2 + s) for s in range(2)]
     return ups, downs
 
 
+def _tree_broadcast(n: int, root: int) -> list:
+    """Broadcast down two binary trees over the n-1 other ranks, half of the buffer each.
+
+    The root hands half h to the top of tree h; tree 0 is heap-ordered over
+    ``q = c - root - 1`` (mod n), tree 1 mirrored (``n - 2 - q``), so a rank is
+    an inner node in at most one tree and every rank, the root included,
+    sends and receives the buffer once: S/bandwidth, as the pipelined chain,
+    in ceil(log2 n) hops instead of n-1 (the two-tree broadcast of Sanders,
+    Speck and Traeff, "Two-tree algorithms for full bandwidth broadcast,
+    reduction and scan", Parallel Computing 35(12), 2009).
+    """
+    m = n - 1
+    acts = []
+    for h in range(2):
+        def pos(c, h=h):
+            q = (c - root - 1) % n
+            return q if h == 0 else m - 1 - q
+        coord = {pos(c): c for c in range(n) if c != root}
+        P = [pos(c) if c != root else -1 for c in range(n)]
+        blk = (lambda c, h=h: [(h,)])
+        top = coord[0]
+        acts.append((False, 0, tuple(root - c if p == 0 else 0 for c, p in enumerate(P)), 1, blk, False,
+                     f"b{h}r", 2 * h))
+        for s in range(2):
+            acts.append((False, 0, tuple(coord[(p - 1) // 2] - c if p > 0 and (p - 1) % 2 == s else 0
+                                         for c, p in enumerate(P)), 1, blk, False, f"b{h}d{s}", 2 * h))
+        acts.append((True, 0, tuple(top - root if c == root else 0 for c in range(n)), 1, blk, False, f"b{h}r",
+                     2 * h))
+        for s in range(2):
+            acts.append((True, 0, tuple(coord[2 * p + 1 + s] - c if p >= 0 and 2 * p + 1 + s < m else 0
+                                        for c, p in enumerate(P)), 1, blk, False, f"b{h}d{s}", 2 * h + s))
+    return acts
+
+
 def _tree(kind: str, n: int, root: int):
-    if kind == "broadcast":  # one heap tree over positions relative to the root
-        whole = lambda c: [(0,)]  # noqa: E731
-        _, down = _tree_phases(n, lambda c: (c[0] if isinstance(c, tuple) else c - root) % n, whole, "b",
-                               False, False, True)
-        return 1, [down]
+    if kind == "broadcast":
+        return 2, [_tree_broadcast(n, root)]
     # all-reduce: double binary tree, block h on tree h (the second mirrored: position n-1-c)
     up, down = [], []
     for h, pos in ((0, lambda c: c), (1, lambda c: n - 1 - c)):
-        u, d = _tree_phases(n, pos, lambda c, h=h: [(h,)], f"t{h}", True, True, True)
+        u, d = _tree_phases(n, pos, lambda c, h=h: [(h,)], f"t{h}", True, True, True, lane=h)
         up += u
         down += d
     return 2, [up, down]
@@ -411,6 +454,8 @@ def _tree(kind: str, n: int, root: int):
 def _hierarchical(kind: str, sizes: tuple[int, ...]):
     n0, n1 = sizes  # outer, inner
     blocks = n0 * n1
+    if kind == "all_to_all":
+        return blocks, _hierarchical_a2a(n0, n1)
 
     # inner phase: position p on the inner axis owns blocks g with g % n1 == p (its "column")
     def col(c, p):
@@ -429,6 +474,26 @@ def _hierarchical(kind: str, sizes: tuple[int, ...]):
     if kind == "reduce_scatter":
         return blocks, rs_in + rs_out
     return blocks, ag_out + ag_in
+
+
+def _hierarchical_a2a(n0: int, n1: int) -> list[_Step]:
+    """All-to-all in two pairwise-exchange phases: inner axis, then outer axis.
+
+    Phase 1, step d: (c0, c1) sends (c0, c1+d) its blocks for every rank whose inner coordinate is
+    c1+d (n0 blocks). Phase 2, step d: (c0, c1) sends (c0+d, c1) the blocks its row holds for
+    (c0+d, c1) (n1 blocks). Every rank then holds (src, itself) for every src.
+    """
+    def g(c0, c1):
+        return (c0 % n0) * n1 + c1 % n1
+
+    steps = []
+    for d in range(1, n1):
+        steps.append(_pair(1, n1, d, n0, lambda c, d=d: [(g(*c), g(o, c[1] + d)) for o in range(n0)],
+                           lambda c, d=d: [(g(c[0], c[1] - d), g(o, c[1])) for o in range(n0)], False))
+    for d in range(1, n0):
+        steps.append(_pair(0, n0, d, n1, lambda c, d=d: [(g(c[0], i), g(c[0] + d, c[1])) for i in range(n1)],
+                           lambda c, d=d: [(g(c[0] - d, i), g(*c)) for i in range(n1)], False))
+    return steps
 
 
 def _ring_rs_axis(axis, n, owned):

@@ -229,6 +229,20 @@ def _log2_exact(n: int, what: str) -> int:
     return k
 
 
+def _tree_all_reduce_volume(n: int) -> float:
+    """Bytes (in full buffers S) the busiest rank sends in NCCL's double binary tree all-reduce.
+
+    Each tree reduces and broadcasts half of the buffer; a rank that is an
+    inner node with two children in one tree (and a leaf in the mirrored
+    other) sends S/2 up and 2 x S/2 down there plus S/2 up the other tree:
+    2S, the "algorithm bandwidth = bus bandwidth / 2" of NCCL's tuning model
+    for trees (``ncclTopoTuneModel``, src/graph/tuning.cc: tree ``ratio *=
+    .5``). Groups of fewer than 5 ranks have no such rank: the busiest sends
+    1.5S (3, 4 ranks) or S (2 ranks, each rank the other's only child).
+    """
+    return 1.0 if n <= 2 else 1.5 if n <= 4 else 2.0
+
+
 def _flat(kind: CollKind, S: float, n: int, link: Link, alg: Algorithm) -> float:
     """Time of one collective on one level; ``S`` is the full-buffer size (module docstring)."""
     if n <= 1:
@@ -261,7 +275,7 @@ def _flat_steps(kind: CollKind, S: float, n: int, link: Link, alg: Algorithm) ->
     if alg is Algorithm.TREE:
         depth = math.ceil(math.log2(n))
         if kind is CollKind.ALL_REDUCE:  # double binary tree: reduce up + broadcast down, pipelined
-            return 2 * depth * link.latency_us + 2 * S / link.bytes_per_us
+            return 2 * depth * link.latency_us + _tree_all_reduce_volume(n) * S / link.bytes_per_us
         if kind in (CollKind.BROADCAST, CollKind.REDUCE):
             return depth * link.latency_us + S / link.bytes_per_us
         raise FlintError(f"the tree algorithm prices all_reduce, broadcast, reduce and barrier, not {kind.name.lower()}; "

@@ -21,8 +21,20 @@ waits, holding its stream, until its partners have issued too:
 - a send and a recv pair by ``(src, dst, tag)`` in issue order and run
   together for latency + bytes / bandwidth (:meth:`Network.p2p_time_us`).
 
-There is no contention between transfers (uncongested network) and no
-contention between streams. Compute durations are the node's
+Sends and recvs on a named stream (a *channel*, ``stream = "ch<k>"`` from
+``decompose-collectives``) get one in-order send and one recv queue per
+channel, and are eager: a send goes out when issued (the receiver's
+buffers are pre-posted, as NCCL's channel slots are) and finishes when its
+last byte left; its recv finishes when the data arrived (latency later).
+A compute node on a named stream (a decomposed collective's reduction) runs
+in that stream's own queue, not the compute stream's.
+
+Every transfer occupies its sender's egress and its receiver's ingress
+port on the outermost network dimension it crosses; transfers sharing a
+port share its bandwidth max-min fairly (:class:`_Ports`). With one send
+and one recv queue per rank (no channels) a port never carries two
+transfers, so only channels see the sharing. There is no contention inside
+the network (uncongested fabric) and none between compute streams. Compute durations are the node's
 ``duration_us`` when present, else the device roofline from ``flops`` and
 ``tensor_bytes`` (class ``gemm`` when the node has FLOPs, else
 ``elementwise``), else 0. Collective and send/recv durations always come
@@ -67,6 +79,7 @@ from flint.trace import NodeKind, NodeTable, Trace
 
 COMPUTE, COLL, SEND, RECV = 0, 1, 2, 3
 STREAM_NAMES = ("compute", "coll", "send", "recv")
+_NAMED = ((NodeKind.COLL, ""), (NodeKind.SEND, "send:"), (NodeKind.RECV, "recv:"), (NodeKind.COMP, "comp:"))
 
 
 class SimDeadlock(FlintError):
@@ -95,17 +108,24 @@ def _plan_table(t: NodeTable, device: Device | None, dtype: str) -> _TablePlan:
     stream_arr[kind == NodeKind.COLL] = COLL
     names = STREAM_NAMES
     if t.comm_stream is not None and t.stream_names:
-        named = (kind == NodeKind.COLL) & (t.comm_stream >= 0)
-        stream_arr[named] = len(STREAM_NAMES) + t.comm_stream[named].astype(np.int64)
-        names = STREAM_NAMES + tuple(t.stream_names)
-    # Point-to-point: one in-order queue per direction and peer (slot), as NCCL runs send/recv on
-    # one communicator and stream per pair of ranks: a send to one peer never waits behind a
-    # send to another (pipeline schedules rely on that, e.g. torch's zero-bubble orders).
+        # a named stream is one in-order queue per node kind: collectives, sends and recvs on stream
+        # "x" are three queues (a send must never wait behind a recv of its own rank)
+        # (compute nodes on a named stream: the reduction kernels of a decomposed collective, which run in
+        # the communication kernel, not in the compute stream's order)
+        for k, prefix in _NAMED:  # a block of queues per node kind that uses named streams
+            named = (kind == k) & (t.comm_stream >= 0)
+            if k == NodeKind.COLL or named.any():
+                stream_arr[named] = len(names) + t.comm_stream[named].astype(np.int64)
+                names = names + tuple(f"{prefix}{n}" for n in t.stream_names)
+    # Point-to-point without a named stream: one in-order queue per direction and peer (slot), as
+    # NCCL runs send/recv on one communicator and stream per pair of ranks: a send to one peer never
+    # waits behind a send to another (pipeline schedules rely on that, e.g. torch's zero-bubble orders).
     p2p = (kind == NodeKind.SEND) | (kind == NodeKind.RECV)
-    if p2p.any():
-        keys = sorted({(int(k), int(q)) for k, q in zip(kind[p2p].tolist(), t.comm_peer[p2p].tolist())})
+    free = p2p if t.comm_stream is None or not t.stream_names else p2p & (t.comm_stream < 0)
+    if free.any():
+        keys = sorted({(int(k), int(q)) for k, q in zip(kind[free].tolist(), t.comm_peer[free].tolist())})
         index = {key: len(names) + i for i, key in enumerate(keys)}
-        stream_arr[p2p] = [index[(int(k), int(q))] for k, q in zip(kind[p2p].tolist(), t.comm_peer[p2p].tolist())]
+        stream_arr[free] = [index[(int(k), int(q))] for k, q in zip(kind[free].tolist(), t.comm_peer[free].tolist())]
         names = names + tuple(f"{'send' if k == NodeKind.SEND else 'recv'} {q}" for k, q in keys)
     # dependencies, deduplicated, as successor lists
     dst = np.concatenate([np.repeat(np.arange(n), np.diff(t.data_dep_ptr)),
@@ -123,7 +143,7 @@ def _plan_table(t: NodeTable, device: Device | None, dtype: str) -> _TablePlan:
     succ = [tuple(dl[bl[i]:bl[i + 1]]) for i in range(n)]
     # compute durations: the node's own, else the roofline, else 0
     dur = np.where(np.isnan(t.duration_us), 0.0, t.duration_us)
-    is_comp = stream_arr == COMPUTE
+    is_comp = (kind != NodeKind.COLL) & (kind != NodeKind.SEND) & (kind != NodeKind.RECV)
     missing = is_comp & np.isnan(t.duration_us) & ((t.flops > 0) | (t.tensor_bytes > 0))
     if missing.any():
         if device is None:
@@ -365,6 +385,9 @@ def _run(trace, device, network, mesh, algorithm, dtype, symmetric) -> RawSim:
     sync_arr = [np.full(len(p.table), -1, dtype=np.int64) for p in plans]
     _resolve_collectives(trace, sim_ranks, plans, groups, alg, is_sym, sync_arr, inst_expected, inst_dur, inst_desc)
     keyed: dict[tuple, int] = {}
+    inst_port: dict[int, tuple] = {}  # p2p instance -> (egress port, ingress port, serialization us)
+    port_dims: dict[tuple, int] = {}
+    eager: set[int] = set()  # p2p instances on channels (decomposed collectives): eager sends
     for s, r in enumerate(sim_ranks):
         plan = plans[s]
         t = plan.table
@@ -386,9 +409,14 @@ def _run(trace, device, network, mesh, algorithm, dtype, symmetric) -> RawSim:
             idx = keyed.get(key)
             if idx is None:
                 idx = keyed[key] = len(inst_expected)
+                if plan.stream[row] >= len(STREAM_NAMES):
+                    eager.add(idx)
                 inst_expected.append(2)
-                inst_dur.append(net.p2p_time_us(src, dst, nb))
+                d = net.p2p_time_us(src, dst, nb)
+                inst_dur.append(d)
                 inst_desc.append(("p", nb, src, dst, tag, kth))
+                port = _port(net, src, dst, port_dims)
+                inst_port[idx] = (("out", src, port), ("in", dst, port), d - net.p2p_time_us(src, dst, 0))
             sync_arr[s][row] = idx
     sync = [x.tolist() for x in sync_arr]
     inst_arrived: list[list] = [[] for _ in inst_expected]
@@ -402,6 +430,7 @@ def _run(trace, device, network, mesh, algorithm, dtype, symmetric) -> RawSim:
     ptr = [[0] * len(p.stream_rows) for p in plans]
     busy = [[False] * len(p.stream_rows) for p in plans]
     heap: list[tuple[float, int, int, int]] = []
+    ports = _Ports()
     seq = 0
     push = heapq.heappush
 
@@ -426,8 +455,20 @@ def _run(trace, device, network, mesh, algorithm, dtype, symmetric) -> RawSim:
             return
         arrived = inst_arrived[inst]
         arrived.append((s, row))
+        if inst in eager:
+            issue_eager(s, row, inst, now)
+            return
         if len(arrived) == inst_expected[inst]:
             d = inst_dur[inst]
+            port = inst_port.get(inst)
+            if port is not None and port[2] > 0:  # the bytes share the sender's and the receiver's ports
+                for s2, r2 in arrived:
+                    start[s2][r2] = now
+                for t_end, fid in ports.start(now, port[0], port[1], port[2], d - port[2], arrived):
+                    push(heap, (t_end, seq, -1, fid))
+                    ports.event[fid] = seq
+                    seq += 1
+                return
             end = now + d
             for s2, r2 in arrived:
                 start[s2][r2] = now
@@ -435,10 +476,74 @@ def _run(trace, device, network, mesh, algorithm, dtype, symmetric) -> RawSim:
                 push(heap, (end, seq, s2, r2))
                 seq += 1
 
+    delivered: dict[int, float] = {}  # eager instance -> when its data reaches the receiver
+    flow_inst: dict[int, int] = {}    # eager flow -> its instance
+
+    def issue_eager(s: int, row: int, inst: int, now: float) -> None:
+        """A send on a channel goes out when issued (the receiver's slots are pre-posted); its recv
+        completes when the data is there."""
+        nonlocal seq
+        start[s][row] = now
+        if plans[s].table.kind[row] == NodeKind.SEND:
+            out_p, in_p, ser = inst_port[inst]
+            lat = inst_dur[inst] - ser
+            if ser <= 0:
+                delivered[inst] = now + lat
+                done_eager(inst, now, now + lat)
+                return
+            for t_end, fid in ports.start(now, out_p, in_p, ser, lat, [(s, row)]):
+                if fid not in flow_inst:
+                    flow_inst[fid] = inst
+                push(heap, (t_end, seq, -1, fid))
+                ports.event[fid] = seq
+                seq += 1
+            return
+        t = delivered.get(inst)
+        if t is not None:
+            t = max(t, now)
+            durs[s][row] = t - now
+            push(heap, (t, seq, s, row))
+            seq += 1
+
+    def done_eager(inst: int, sent: float, t: float) -> None:
+        """The send finishes when its last byte left (``sent``), the recv when the data is there (``t``)."""
+        nonlocal seq
+        began = min(start[s2][r2] for s2, r2 in inst_arrived[inst]
+                    if plans[s2].table.kind[r2] == NodeKind.SEND)  # when the bytes started to move
+        for s2, r2 in inst_arrived[inst]:  # the send, and the recv if it is waiting already
+            end = sent
+            if plans[s2].table.kind[r2] != NodeKind.SEND:  # a posted recv is in flight once the bytes move
+                end = t
+                start[s2][r2] = max(start[s2][r2], began)
+            durs[s2][r2] = end - start[s2][r2]
+            push(heap, (end, seq, s2, r2))
+            seq += 1
+
     for s in range(S):
         for k in range(len(plans[s].stream_rows)):
             try_issue(s, k, 0.0)
-    events = _loop(heap, plans, ptr, busy, pending, finish, try_issue, sum(len(p.table) for p in plans))
+
+    def flow_done(now: float, fid: int, ev: int) -> None:
+        """A transfer's last byte left: both nodes finish after the latency; the ports' other flows speed up."""
+        nonlocal seq
+        if ports.event.get(fid) != ev:
+            return  # a stale estimate: the flow's rate changed since
+        lat, members, resched = ports.finish(now, fid)
+        inst = flow_inst.pop(fid, None)
+        if inst is not None:
+            delivered[inst] = now + lat
+            done_eager(inst, now, now + lat)
+        else:
+            for s2, r2 in members:
+                durs[s2][r2] = now + lat - start[s2][r2]
+                push(heap, (now + lat, seq, s2, r2))
+                seq += 1
+        for t_end, f2 in resched:
+            push(heap, (t_end, seq, -1, f2))
+            ports.event[f2] = seq
+            seq += 1
+
+    events = _loop(heap, plans, ptr, busy, pending, finish, try_issue, sum(len(p.table) for p in plans), flow_done)
 
     for s in range(S):
         if ptr[s] != [len(x) for x in plans[s].stream_rows]:
@@ -450,6 +555,87 @@ def _run(trace, device, network, mesh, algorithm, dtype, symmetric) -> RawSim:
                   events, time.perf_counter() - t0, is_sym)
 
 
+class _Ports:
+    """Senders' and receivers' network ports, shared max-min fairly by the transfers crossing them.
+
+    A transfer needs its sender's egress and its receiver's ingress port on
+    the network dimension it crosses; each port moves one transfer at the
+    link's full bandwidth, several at shares that are max-min fair
+    (progressive filling), recomputed whenever a transfer starts or ends.
+    ``ser`` is the transfer's time alone on the ports; its last byte leaves
+    when that much work is done, and it completes ``lat`` later. Rates only
+    change within the connected set of transfers sharing ports (a ring's
+    transfers share none), so each update stays local.
+    """
+
+    def __init__(self) -> None:
+        self.flows: dict[int, list] = {}   # fid -> [ports, remaining work, rate, last update, lat, members]
+        self.on: dict[tuple, set[int]] = {}  # port -> fids crossing it
+        self.event: dict[int, int] = {}    # fid -> seq of its current finish estimate
+        self.next = 0
+
+    def start(self, now: float, out_p, in_p, ser: float, lat: float, members) -> list[tuple[float, int]]:
+        fid = self.next
+        self.next += 1
+        self.flows[fid] = [(out_p, in_p), ser, 0.0, now, lat, list(members)]
+        for p in (out_p, in_p):
+            self.on.setdefault(p, set()).add(fid)
+        return self._rebalance(now, {out_p, in_p})
+
+    def finish(self, now: float, fid: int):
+        f = self.flows.pop(fid)
+        del self.event[fid]
+        for p in f[0]:
+            self.on[p].discard(fid)
+        return f[4], f[5], self._rebalance(now, set(f[0]))
+
+    def _rebalance(self, now: float, seeds: set) -> list[tuple[float, int]]:
+        # the connected set of flows reachable through shared ports
+        ports, fids, todo = set(), set(), list(seeds)
+        while todo:
+            p = todo.pop()
+            if p in ports:
+                continue
+            ports.add(p)
+            for f in self.on.get(p, ()):
+                if f not in fids:
+                    fids.add(f)
+                    todo.extend(self.flows[f][0])
+        for f in fids:  # work done at the old rates
+            fl = self.flows[f]
+            fl[1] = max(0.0, fl[1] - fl[2] * (now - fl[3]))
+            fl[3] = now
+        # progressive filling: the port with the smallest fair share fixes its flows' rate first
+        cap = {p: 1.0 for p in ports}
+        left = {p: {f for f in self.on.get(p, ()) if f in fids} for p in ports}
+        free = set(fids)
+        while free:
+            p = min((q for q in left if left[q]), key=lambda q: (cap[q] / len(left[q]), q))
+            share = cap[p] / len(left[p])
+            for f in sorted(left[p]):
+                self.flows[f][2] = share
+                free.discard(f)
+                for q in self.flows[f][0]:
+                    cap[q] -= share
+                    left[q].discard(f)
+        out = []
+        for f in sorted(fids):
+            fl = self.flows[f]
+            out.append((now + fl[1] / fl[2], f))
+        return out
+
+
+def _port(net: Network, src: int, dst: int, cache: dict[tuple, int]) -> int:
+    """The network dimension whose port a ``src`` -> ``dst`` transfer occupies: the outermost one they differ in."""
+    key = (src, dst)
+    dim = cache.get(key)
+    if dim is None:
+        c = net.coords([src, dst])
+        diff = np.nonzero(c[0] != c[1])[0]  # coordinates are innermost first
+        dim = cache[key] = int(diff[-1]) if diff.size else -1
+    return dim
+
+
 def _arr(x: list) -> np.ndarray:
     return np.fromiter(x, dtype=np.float64, count=len(x))
 
@@ -458,7 +644,7 @@ _PROGRESS_MIN_EVENTS = 500_000
 _PROGRESS_EVERY = 1 << 16
 
 
-def _loop(heap, plans, ptr, busy, pending, finish, try_issue, total: int = 0) -> int:
+def _loop(heap, plans, ptr, busy, pending, finish, try_issue, total: int = 0, flow_done=None) -> int:
     """Pop completion events in time order until none is left; returns the event count.
 
     Simulations of at least 500,000 node events show a progress bar (:mod:`flint.progress`)."""
@@ -472,7 +658,10 @@ def _loop(heap, plans, ptr, busy, pending, finish, try_issue, total: int = 0) ->
     pop = heapq.heappop
     events = 0
     while heap:
-        now, _, s, row = pop(heap)
+        now, ev, s, row = pop(heap)
+        if s < 0:
+            flow_done(now, row, ev)
+            continue
         events += 1
         if bar is not None and not events % _PROGRESS_EVERY:
             bar.update(_PROGRESS_EVERY)

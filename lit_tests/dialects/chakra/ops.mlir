@@ -31,6 +31,8 @@ chakra.graph @step {
   // CHECK: chakra.recv "r2" peer = 3 tag = 7 bytes = 64
   // GENERIC: "chakra.recv"() <{node_name = "r2", peer = 3 : i64, tag = 7 : i64, bytes = 64 : i64, operandSegmentSizes = array<i32: 0, 0>}>
   %6 = chakra.recv "r2" peer = 3 tag = 7 bytes = 64
+  // CHECK: chakra.send "s2" on @grid grid_axes = [1] offset = 1 stream = "ch1" tag = 8 bytes = 64
+  %8 = chakra.send "s2" on @grid grid_axes = [1] offset = 1 stream = "ch1" tag = 8 bytes = 64
   // CHECK: chakra.coll all_reduce "ar" group = 2 bytes = 8 ctrl(%[[C]])
   %7 = chakra.coll all_reduce "ar" group = 2 bytes = 8 ctrl(%0)
 }
