@@ -37,6 +37,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 ROWS = Path(__file__).with_name("accuracy_rows.toml")
+DROPOUT = 0.1  # Megatron TransformerConfig: hidden_dropout = attention_dropout = 0.1 (defaults)
+# Megatron runs the data-parallel gradient reduction on the DP communicator, concurrently with the
+# TP collectives and overlapped with backward (--overlap-grad-reduce): DP all-reduces on their own
+# stream, waited for before the optimizer.
+PASSES = "sink-waits,assign-streams{all-reduce=dp}"
 
 
 @dataclass
@@ -81,9 +86,65 @@ def plan_of(row: dict):
         if row.get("interleave", 1) > 1:
             fields.update(pp_schedule="interleaved-1f1b", pp_virtual_stages=row["interleave"])
     recompute = row.get("recompute")
-    if recompute:
-        fields["activation_checkpoint"] = {"full": "full", "selective": "selective-op"}[recompute]
+    if recompute == "full":  # selective: the model checkpoints its core attention (megatron_gpt)
+        fields["activation_checkpoint"] = "full"
     return Plan.from_dict(fields, world_size=row["gpus"])
+
+
+def megatron_gpt(row: dict):
+    """Factory of the row's GPT as Megatron runs it (module docstring): flint's GPT-2 zoo model
+    (module names kept, so TP rules and parameter groups apply unchanged) with Megatron's
+    dropout (``hidden_dropout`` = ``attention_dropout`` = 0.1, TransformerConfig's defaults) and,
+    for rows that predate fused attention (``attention = "unfused"``: Korthikanti et al. 2022),
+    Megatron's core attention: QK^T, fused scale-mask-softmax, attention dropout, xV, which is
+    also what its selective recomputation checkpoints (``recompute = "selective"``)."""
+    import torch
+    import torch.nn.functional as F
+    from torch.utils.checkpoint import checkpoint
+
+    from flint.models import factory
+    from flint.models.gpt2 import Attention
+
+    p = float(row.get("dropout", DROPOUT))
+    unfused = row.get("attention", "fused") == "unfused"
+    selective = row.get("recompute") == "selective"
+
+    class MegatronAttention(Attention):
+        def core(self, q, k, v):
+            if not unfused:
+                return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+            s = q.shape[-2]
+            scores = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))
+            mask = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)
+            probs = F.dropout(torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1), p)
+            return torch.matmul(probs, v)
+
+        def forward(self, x):
+            bsz, seq, _ = x.shape
+            q = self.wq(x).view(bsz, seq, -1, self.head_dim).transpose(1, 2)
+            k = self.wk(x).view(bsz, seq, -1, self.head_dim).transpose(1, 2)
+            v = self.wv(x).view(bsz, seq, -1, self.head_dim).transpose(1, 2)
+            out = checkpoint(self.core, q, k, v, use_reentrant=False) if selective else self.core(q, k, v)
+            return F.dropout(self.wo(out.transpose(1, 2).reshape(bsz, seq, -1)), p)
+
+    def mlp_forward(self, x):
+        return F.dropout(self.w2(F.gelu(self.w1(x), approximate="tanh")), p)
+
+    base = factory("gpt2-small", dim=row["hidden"], n_layers=row["layers"], n_heads=row["heads"],
+                   vocab_size=row["vocab"], ffn_dim=4 * row["hidden"], max_seq_len=row["seq"])
+
+    def make():
+        model = base()
+        for block in model.layers:
+            old = block.attention
+            new = MegatronAttention.__new__(MegatronAttention)
+            new.__dict__.update(old.__dict__)
+            block.attention = new
+            mlp = block.feed_forward
+            mlp.forward = mlp_forward.__get__(mlp)
+        return model
+
+    return make
 
 
 def estimate(row: dict) -> Result:
@@ -95,10 +156,10 @@ def estimate(row: dict) -> Result:
     from flint.cost import load_device, load_network
     from flint.errors import FlintError
     from flint.importer import import_step
-    from flint.models import factory
     from flint.passes.canonicalize_dist import CanonicalizeDistPass
     from flint.passes.fuse_pointwise import FusePointwisePass
     from flint.passes.lower_to_chakra import LowerToChakraPass
+    from flint.schedule.pipelines import run_pipeline
     from flint.sim import simulate
 
     t0 = time.perf_counter()
@@ -108,14 +169,14 @@ def estimate(row: dict) -> Result:
     except FlintError as e:
         return Result(row, "not expressible", str(e))
     device, network = load_device(row["device"]), load_network(row["network"])
-    model = factory("gpt2-small", dim=row["hidden"], n_layers=row["layers"], n_heads=row["heads"],
-                    vocab_size=row["vocab"], ffn_dim=4 * row["hidden"], max_seq_len=row["seq"])
+    model = megatron_gpt(row)
     shape = (row["global_batch"], row["seq"])
     step = capture_step(model, {"tokens": shape, "labels": shape}, plan=plan, dtype="bfloat16")
     module = import_step(step)
     ctx = Context()
     FusePointwisePass(device=row["device"]).apply(ctx, module)
     CanonicalizeDistPass().apply(ctx, module)
+    run_pipeline(module, PASSES)
     LowerToChakraPass(device=row["device"]).apply(ctx, module)
     mesh = mesh_of(module)
     result = simulate(trace_from_ir(module), device, network, mesh, algorithm="auto")
