@@ -147,10 +147,28 @@ def megatron_gpt(row: dict):
     return make
 
 
+def capture_row(row: dict, plan):
+    """The row's step, captured with the fewest layers its plan allows (one per pipeline stage and
+    virtual stage) and the repeated block's count set to the row's depth: the IR has one body per
+    repeated block, so capturing more layers only builds and parallelizes more identical modules."""
+    from dataclasses import replace
+
+    from flint.capture import capture_step
+
+    few = dict(row, layers=min(row["layers"], row["pp"] * row.get("interleave", 1)))
+    shape = (row["global_batch"], row["seq"])
+    step = capture_step(megatron_gpt(few), {"tokens": shape, "labels": shape}, plan=plan, dtype="bfloat16")
+    blocks = [p for p in step.parts if p.name == "block"]
+    if len(blocks) != 1 or blocks[0].repeat != few["layers"]:
+        raise RuntimeError(f"{row['id']}: expected one repeated block of {few['layers']} layers, got "
+                           f"{[(p.name, p.repeat) for p in step.parts]}")
+    step.parts = [replace(p, repeat=row["layers"]) if p.name == "block" else p for p in step.parts]
+    return step
+
+
 def estimate(row: dict) -> Result:
     from xdsl.context import Context
 
-    from flint.capture import capture_step
     from flint.capture.recipes import CAPTURE_FIELDS
     from flint.chakra.from_ir import mesh_of, trace_from_ir
     from flint.cost import load_device, load_network
@@ -169,9 +187,7 @@ def estimate(row: dict) -> Result:
     except FlintError as e:
         return Result(row, "not expressible", str(e))
     device, network = load_device(row["device"]), load_network(row["network"])
-    model = megatron_gpt(row)
-    shape = (row["global_batch"], row["seq"])
-    step = capture_step(model, {"tokens": shape, "labels": shape}, plan=plan, dtype="bfloat16")
+    step = capture_row(row, plan)
     module = import_step(step)
     ctx = Context()
     FusePointwisePass(device=row["device"]).apply(ctx, module)
