@@ -37,6 +37,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 ROWS = Path(__file__).with_name("accuracy_rows.toml")
+CAPTURE_LAYERS = 2  # blocks built and parallelized for capture; the IR repeats ONE block to the row's depth
 DROPOUT = 0.1  # Megatron TransformerConfig: hidden_dropout = attention_dropout = 0.1 (defaults)
 # Megatron runs the data-parallel gradient reduction on the DP communicator, concurrently with the
 # TP collectives and overlapped with backward (--overlap-grad-reduce): DP all-reduces on their own
@@ -163,16 +164,23 @@ def megatron_gpt(row: dict):
 
 
 def capture_row(row: dict, plan):
-    """The row's step, captured with the fewest layers its plan allows (one per pipeline stage and
-    virtual stage) and the repeated block's count set to the row's depth: the IR has one body per
-    repeated block, so capturing more layers only builds and parallelizes more identical modules."""
+    """The row's step, captured with ``CAPTURE_LAYERS`` blocks and the repeated block's count set to
+    the row's depth: the IR has one body per repeated block (pipeline-split cuts the repeat count
+    into stages), so capturing more layers only builds and parallelizes more identical modules."""
     from dataclasses import replace
 
     from flint.capture import capture_step
 
-    few = dict(row, layers=min(row["layers"], row["pp"] * row.get("interleave", 1)))
+    few = dict(row, layers=min(row["layers"], CAPTURE_LAYERS))
+    make = megatron_gpt(few)
+
+    def model():  # CAPTURE_LAYERS real blocks; the config states the row's depth for the plan's checks
+        m = make()
+        m.config = replace(m.config, n_layers=row["layers"])
+        return m
+
     shape = (row["global_batch"], row["seq"])
-    step = capture_step(megatron_gpt(few), {"tokens": shape, "labels": shape}, plan=plan, dtype="bfloat16")
+    step = capture_step(model, {"tokens": shape, "labels": shape}, plan=plan, dtype="bfloat16")
     blocks = [p for p in step.parts if p.name == "block"]
     if len(blocks) != 1 or blocks[0].repeat != few["layers"]:
         raise RuntimeError(f"{row['id']}: expected one repeated block of {few['layers']} layers, got "
