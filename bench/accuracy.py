@@ -17,12 +17,34 @@ against the device's dense bf16 peak. A row Flint cannot express yet (pipeline p
 activation checkpointing, ...) is listed with the reason the plan or capture gives, taken from
 ``Plan.require`` at run time: such rows light up by themselves once capture implements the field.
 
-Defaults where a row leaves a detail unstated (Megatron's recommended settings): sequence
-parallelism whenever TP > 1; data parallelism as replicated parameters with a gradient
-all-reduce per block (the same bytes as the distributed optimizer's reduce-scatter +
-all-gather); the local batch (global batch / DP) as one pass (Megatron's micro-batch 1 with
-gradient accumulation does the same FLOPs and the same gradient traffic per step); learned
-absolute positions, LayerNorm, GELU MLP of 4h, biases, untied embeddings (Megatron's GPT).
+Defaults where a row leaves a detail unstated (Megatron's own defaults; what a row's source
+states wins), and what Flint does not model:
+
+- Model: Megatron's GPT: learned absolute positions, LayerNorm, GELU MLP of 4h, biases, untied
+  embeddings, ``hidden_dropout`` = ``attention_dropout`` = 0.1 (TransformerConfig defaults).
+  Megatron-Core 0.8 rows (M) use fused (flash) attention with dropout; the 2022 A100 rows (S,
+  ``attention = "unfused"``) Megatron's core attention of then: QK^T, fused scale-mask-softmax,
+  dropout, xV, materialized per head. Korthikanti's selective recomputation checkpoints exactly
+  that core attention (``torch.utils.checkpoint`` in the captured model); full recomputation is
+  the plan's ``activation_checkpoint = "full"``.
+- Parallelism: sequence parallelism whenever TP > 1; data parallelism as replicated parameters
+  with one gradient all-reduce per block, on its own communication stream (Megatron reduces
+  gradients on the data-parallel communicator, concurrently with TP collectives, overlapped with
+  backward: ``--overlap-grad-reduce``, stated by the M rows' source) and waited for before the
+  optimizer. Pipeline rows: 1F1B (M rows: virtual stages unstated, so none) or the row's
+  interleaving, micro-batch 1 (the row's micro-batch where given), gradients reduced once per step.
+  Without pipelining, the local batch runs as one pass.
+- Not modelled: Megatron's ``--tp-comm-overlap`` (TP all-gather / reduce-scatter pipelined with
+  the GEMMs; stated by the M rows' source): Flint exposes TP collectives (the report's
+  ``if comm hidden`` column is the sensitivity to it); gradients reduced in fp32 (Megatron's
+  default for bf16: ``accumulate_allreduce_grads_in_fp32``) and the distributed optimizer's
+  reduce-scatter + all-gather (1.5x the bytes of Flint's bf16 all-reduce); micro-batch 1 with
+  gradient accumulation without pipelining (the same FLOPs; only the last micro-batch's backward
+  can hide the gradient reduction).
+
+Capture cost does not grow with depth: every row is captured with two blocks and the repeated
+block's count set to the row's depth (``capture_row``), which gives the same estimate as a
+full-depth capture (tests/test_accuracy_bench.py). A row Flint fails on is reported with its error.
 """
 
 from __future__ import annotations
