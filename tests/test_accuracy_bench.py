@@ -2,6 +2,7 @@
 estimate of a capture at full depth (the IR has one body per repeated block)."""
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ BENCH = Path(__file__).resolve().parent.parent / "bench" / "accuracy.py"
 def _bench():
     spec = importlib.util.spec_from_file_location("flint_bench_accuracy", BENCH)
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up there
     spec.loader.exec_module(mod)
     return mod
 
