@@ -294,3 +294,48 @@ def test_mesh_must_match_world_size():
     b.add_comp("c", duration_us=1.0)
     with pytest.raises(Exception, match="mesh \\[4\\] has 4 ranks but the trace has 2"):
         simulate(spmd(b.build()), None, NET, Mesh((4,)))
+
+
+def _pipeline_trace(peer_of, world=8):
+    """Two pipeline stages of 4 ranks: stage 0 computes, sends to its peer in stage 1, which computes
+    and sends back; each stage all-reduces over its 4 ranks (a data-parallel group)."""
+    b0 = NodeTableBuilder()
+    c = b0.add_comp("f0", duration_us=50.0)
+    s = b0.add_send("act", 40_000, 0, 7, data_deps=[c])
+    r = b0.add_recv("grad", 40_000, 0, 8, data_deps=[s])
+    b0.add_coll("dp_ar", CollKind.ALL_REDUCE, 80_000, 0, data_deps=[r])
+    b1 = NodeTableBuilder()
+    r1 = b1.add_recv("act", 40_000, 0, 7)
+    c1 = b1.add_comp("f1", duration_us=30.0, data_deps=[r1])
+    s1 = b1.add_send("grad", 40_000, 0, 8, data_deps=[c1])
+    b1.add_coll("dp_ar", CollKind.ALL_REDUCE, 80_000, 0, data_deps=[s1])
+    t0, t1 = b0.build(), b1.build()
+    groups = {1: (0, 1, 2, 3), 2: (4, 5, 6, 7)}
+    progs = [RankProgram(t0 if rank < 4 else t1, np.array([1 if rank < 4 else 2]), np.array([peer_of(rank)]))
+             for rank in range(world)]
+    return Trace(world, progs, groups)
+
+
+def test_pipeline_stages_reduce_to_one_rank_per_stage():
+    trace = _pipeline_trace(lambda r: r + 4 if r < 4 else r - 4)
+    fast = simulate(trace, None, NET)
+    full = simulate(trace, None, NET, symmetric=False)
+    assert fast.symmetric and fast.simulated_ranks == [0, 4]
+    assert len(full.simulated_ranks) == 8
+    assert np.allclose(fast.finish_us, full.finish_us) and np.allclose(fast.exposed_comm_us, full.exposed_comm_us)
+    ar4 = collective_time_us("all_reduce", 80_000, 4, Link(1.0, 0.0))
+    assert fast.iteration_time_us == pytest.approx(50.0 + 40.0 + 30.0 + 40.0 + ar4)
+
+
+def test_pipeline_peers_that_do_not_mirror_are_simulated_in_full():
+    # stage 0's representative sends to rank 5, not to stage 1's representative (rank 4)
+    shifted = _pipeline_trace(lambda r: 4 + (r + 1) % 4 if r < 4 else (r - 4 - 1) % 4)
+    r = simulate(shifted, None, NET)
+    assert not r.symmetric and len(r.simulated_ranks) == 8
+    # transfers of different cost: rank 1's NIC is degraded, so 1 -> 5 is slower than 0 -> 4
+    slow_nic = NET.with_nics([1], "x", 0.5)
+    mirrored = _pipeline_trace(lambda q: q + 4 if q < 4 else q - 4)
+    r = simulate(mirrored, None, slow_nic)
+    assert not r.symmetric and len(r.simulated_ranks) == 8
+    assert np.allclose(r.finish_us, simulate(mirrored, None, slow_nic, symmetric=False).finish_us)
+    assert r.iteration_time_us > simulate(mirrored, None, NET).iteration_time_us  # the slow pair paces all

@@ -317,6 +317,22 @@ def _shape(val: Any) -> tuple[int, ...]:
     return tuple(int(s) for s in getattr(val, "shape", ()))
 
 
+def _input_of(node: torch.fx.Node, inputs: list) -> tuple[str, Any]:
+    """The Dynamo input a placeholder stands for when tensor subclasses flatten into several
+    (a DTensor is its ``_local_tensor`` and its ``device_mesh``): AOTAutograd's descriptor
+    (``node.meta["desc"]``) names the input index and the attribute chain. The local tensor of a
+    subclass input is that input (a parameter's shard); anything else (a mesh) has no role."""
+    desc, attrs = node.meta.get("desc"), []
+    while desc is not None and hasattr(desc, "base") and hasattr(desc, "attr"):
+        attrs.append(desc.attr)
+        desc = desc.base
+    idx = getattr(desc, "idx", None)
+    if type(desc).__name__ != "PlainAOTInput" or not isinstance(idx, int) or not 0 <= idx < len(inputs) \
+            or any(a != "_local_tensor" for a in attrs):
+        return node.name, None
+    return inputs[idx]
+
+
 def _fwd_roles(cap: _Capture, infos: dict[int, ParamInfo], buffers: dict[int, str],
                input_kinds: Sequence[str]) -> dict[str, Role]:
     placeholders = [n for n in cap.fwd.graph.nodes if n.op == "placeholder"]
@@ -326,7 +342,7 @@ def _fwd_roles(cap: _Capture, infos: dict[int, ParamInfo], buffers: dict[int, st
     for i, node in enumerate(placeholders):
         val = node.meta.get("val")
         shape, dtype = _shape(val), getattr(val, "dtype", None)
-        source, example = cap.inputs[i] if aligned else (node.name, None)
+        source, example = cap.inputs[i] if aligned else _input_of(node, cap.inputs)
         if isinstance(example, DTensor):
             example_id = id(example)
         else:
@@ -336,7 +352,7 @@ def _fwd_roles(cap: _Capture, infos: dict[int, ParamInfo], buffers: dict[int, st
             roles[node.name] = Role("parameter", shape, dtype, info.name, info.global_shape, dict(info.sharding))
         elif example_id in buffers:
             roles[node.name] = Role("buffer", shape, dtype, buffers[example_id])
-        elif aligned and source.startswith("L[") and "self" not in source.split("]")[0]:
+        elif (aligned or example is not None) and source.startswith("L[") and "self" not in source.split("]")[0]:
             roles[node.name] = Role(next(user_inputs, "input"), shape, dtype)
         else:
             roles[node.name] = Role("unknown", shape, dtype)

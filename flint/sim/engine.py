@@ -45,12 +45,15 @@ Symmetric ranks
 Ranks sharing one table object form a *class*. When, for every class, every
 group its collectives use (per symbolic slot) has only members of that class,
 each member resolves the same slot to that same group, all those groups cost
-the same, and no class of more than one rank has send/recv nodes, then all
-ranks of a class follow identical timelines: every collective meets only
-peers that are in the same state at the same time. The simulator then runs
+the same, and the send/recv of every class mirror its representative's (the
+representative's peers are representatives, every member's peer lies in the
+class of the representative's peer, at the same transfer cost: pipeline
+stages), then all ranks of a class follow identical timelines: every
+collective and every transfer meets only peers that are in the same state
+at the same time. The simulator then runs
 one representative per class (the smallest rank) and copies its results to
 the class. Otherwise (e.g. a straggler rank with its own table inside a
-group, or pipeline send/recv between classes) every rank is simulated.
+group, or send/recv to a peer outside the mirrored class) every rank is simulated.
 Pass ``symmetric=False`` to force the full simulation.
 
 Deadlock (a node that can never start, e.g. a collective some member never
@@ -277,6 +280,32 @@ def _coll_duration(groups: _Groups, gid: int, comm_type: int, nbytes: int, algor
     return collective_time_us(kind, nbytes, len(m), list(groups.levels(gid)), algorithm.get(kind, "ring"))
 
 
+def _p2p_symmetric(trace: Trace, cls: list[int], rows: np.ndarray, rep: np.ndarray, network: Network) -> bool:
+    """Whether the send/recv of a class's members mirror its representative's (module docstring).
+
+    True when the representative's peers are themselves representatives, every
+    member's peer on each send/recv lies in the class of the representative's
+    peer on that node, and every member's transfers cost what the
+    representative's do (the same network dimensions crossed at the same
+    distances). Then simulating the representatives alone pairs every send
+    with its recv (a pipeline's stages: one representative per stage role).
+    """
+    base = trace.ranks[cls[0]].peers()[rows]
+    if np.any(base < 0) or np.any(base >= rep.size) or np.any(rep[base] != base):
+        return False
+    pairs = np.unique(base)
+    cost = {int(p): network.p2p_time_us(cls[0], int(p), 1 << 20) for p in pairs}
+    for r in cls[1:]:
+        peers = trace.ranks[r].peers()[rows]
+        if np.any(peers < 0) or np.any(peers >= rep.size) or np.any(rep[peers] != base):
+            return False
+        for b in pairs.tolist():
+            p = int(peers[np.argmax(base == b)])
+            if not math.isclose(network.p2p_time_us(r, p, 1 << 20), cost[b], rel_tol=1e-12):
+                return False
+    return True
+
+
 def _symmetric_classes(trace: Trace, groups: _Groups) -> list[list[int]] | None:
     """Classes of ranks that follow identical timelines, or None (module docstring)."""
     by_table: dict[int, list[int]] = {}
@@ -284,10 +313,14 @@ def _symmetric_classes(trace: Trace, groups: _Groups) -> list[list[int]] | None:
         by_table.setdefault(id(p.table), []).append(r)
     classes = list(by_table.values())
     world = trace.world_size
+    rep = np.empty(world, dtype=np.int64)
+    for cls in classes:
+        rep[cls] = cls[0]
     for cls in classes:
         t = trace.ranks[cls[0]].table
         kind = t.kind
-        if len(cls) > 1 and np.any((kind == NodeKind.SEND) | (kind == NodeKind.RECV)):
+        p2p = np.nonzero((kind == NodeKind.SEND) | (kind == NodeKind.RECV))[0]
+        if len(cls) > 1 and p2p.size and not _p2p_symmetric(trace, cls, p2p, rep, groups.network):
             return None
         coll = kind == NodeKind.COLL
         if not coll.any():
