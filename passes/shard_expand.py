@@ -17,7 +17,7 @@ from flint.ir import dist
 from flint.ir.aten import AtenOp, get_schedule
 from flint.passes.shard_annotate import PARAM_ATTR, _role, read_sharding
 from flint.plan import Plan, plan_of
-from flint.sharding.engine import ExpandError, FunctionExpander, demand_pass, shape_of
+from flint.sharding.engine import FILL_OPS, ExpandError, FunctionExpander, demand_pass, shape_of
 from flint.sharding.moe import assignments_of, gather_experts, make_expander, n_experts_of, reduce_expert_grads
 from flint.sharding.rules import Rules, fsdp_axes, load_rules
 from flint.sharding.spec import Sharding
@@ -203,6 +203,9 @@ class _State:
                                   "(expand a single-device program of aten ops)")
         if phase == "optim" and self.plan.zero == 1 and self.fsdp:
             self._zero1_sync(ex, fn, old, new_args)
+        for o in list(new_block.ops):  # global fills every user of which took a local one
+            if isinstance(o, AtenOp) and o.overload.split(".")[1] in FILL_OPS and not any(r.uses for r in o.results):
+                new_block.erase_op(o)
         results, result_sh = self._returns(ex, fn, phase, part, ret, returns, storage)
         new_block.add_op(func.ReturnOp(*results))
         if phase == "fwd":

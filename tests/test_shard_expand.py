@@ -185,7 +185,7 @@ def test_cli_expand_writes_the_per_rank_program_and_refuses_bad_plans(tmp_path, 
     assert "dist.reduce_scatter" in out.read_text() and "shard.shard" not in out.read_text()
     for body, match in (("tp = 3\n", "plan field 'tp': 3 does not divide"),
                         ("tp = 2\nfoo = 1\n", "plan field 'foo': unknown field"),
-                        ("pp = 2\n", "plan field 'pp': flint expand does not support it yet"),
+                        ("pp = 2\n", "plan field 'microbatches': schedule '1f1b' needs at least pp = 2 microbatches, got 1"),
                         ("tp = 2\nworld_size = 8\n", "plan field 'world_size'")):
         bad = tmp_path / "bad.toml"
         bad.write_text(body)
@@ -305,3 +305,22 @@ def test_megatron_sequence_parallel_block_matches_megatron_communication():
     assert per_fn["block_fwd"] == Counter({("all_gather", shard): 2, ("reduce_scatter", full): 2})
     assert per_fn["block_bwd"] == Counter({("all_gather", shard): 4, ("reduce_scatter", full): 2,
                                            ("all_reduce", D * elem): 2})
+
+
+@pytest.mark.parametrize("plan", [Plan.from_dict({"dp_shard": 4}), Plan.from_dict({"dp_replicate": 2, "tp": 2})])
+def test_no_value_keeps_a_global_data_parallel_shape(plan):
+    """Every tensor of the expanded program is at most its single-device size over the data-parallel
+    degree on the batch. Regression: the loss backward's ``new_zeros([batch, seq, vocab])`` kept its
+    GLOBAL shape (a fill sliced afterwards), so planned peak memory grew with the data-parallel degree."""
+    from xdsl.dialects.builtin import TensorType
+
+    from flint.ir.aten import AtenOp
+
+    batch = 8
+    m = expanded("llama-tiny", plan, batch)
+    dp = plan.dp_replicate * plan.dp_shard
+    fills = [op for op in m.walk() if isinstance(op, AtenOp) and op.overload.startswith("aten.new_zeros")]
+    assert fills, "the loss backward's new_zeros is gone: the test no longer looks at it"
+    for op in fills:
+        t = op.outputs[0].type
+        assert isinstance(t, TensorType) and t.get_shape()[0] == batch // dp, (op.overload, t)

@@ -39,6 +39,9 @@ from flint.sharding.rules import Rules
 from flint.sharding.spec import Sharding
 
 
+# fills whose values do not depend on their position: split locally without a slice
+FILL_OPS = frozenset({"new_zeros", "new_empty", "new_ones", "new_full", "zeros", "ones", "empty", "full"})
+
 class ExpandError(FlintError):
     """The program cannot be expanded; the message names the op and its location."""
 
@@ -218,6 +221,9 @@ class FunctionExpander:
                 out = self._coll(dist.AllGatherOp(out, self.grid, self._ids(rest), dist.FutureType(t),
                                                   gather_dim=d))
                 cur = nxt
+        filled = self._local_fill(out, gshape, cur, dst)
+        if filled is not None:  # a constant fill is created at its local shape, never sliced from a global one
+            out, cur = filled, dst
         for d in range(cur.rank):
             new = [a for a in dst.dims[d] if a not in cur.dims[d]]
             if new:
@@ -233,6 +239,23 @@ class FunctionExpander:
         if out is not v and v in self.hints:
             self.hints.setdefault(out, self.hints[v])  # a merged dim keeps where its axes came from
         return out
+
+    def _local_fill(self, v: SSAValue, gshape: Sequence[int], cur: Sharding, dst: Sharding) -> SSAValue | None:
+        """A fill (``new_zeros(size)``, ``zeros``, ...) that only needs splitting, re-created at ``dst``'s local
+        shape: the cross-entropy backward's ``new_zeros([tokens, vocab])`` must not stay global."""
+        op = v.owner
+        if not (isinstance(op, AtenOp) and op.overload.split(".")[1] in FILL_OPS and not cur.partial
+                and not dst.partial and cur == Sharding.replicated(cur.rank) and op.args is not None
+                and _int_list(op.args.data.get("size")) is not None):
+            return None
+        t = self._local_t(v, gshape, dst)
+        args = dict(op.args.data)
+        args["size"] = ArrayAttr([IntegerAttr(x, i64) for x in t.get_shape()])
+        new = AtenOp(op.overload, list(op.inputs), [t], args=args,
+                     phase=op.phase.data if op.phase else None, module=op.module.data if op.module else None)
+        new.location = op.location
+        self.emit(new)
+        return new.outputs[0]
 
     # ---------------------------------------------------------------- values
 
