@@ -56,7 +56,9 @@ CAPTURE_FIELDS = ("dp_replicate", "dp_shard", "tp", "sp",
                   # pipeline and microbatches: one microbatch is captured, pipeline-split schedules it
                   "pp", "microbatches", "grad_sync", "pp_schedule", "pp_virtual_stages", "pp_layers",
                   # activation checkpointing of the blocks (torchtitan's modes, flint.capture.recipes.apply_ac)
-                  "activation_checkpoint", "ac_every")
+                  "activation_checkpoint", "ac_every",
+                  # float8 linear layers (torchao's Float8Linear, flint.capture.float8.apply_float8)
+                  "fp8", "fp8_filter_fqns")
 
 
 @dataclass
