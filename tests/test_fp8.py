@@ -89,9 +89,10 @@ def test_captured_program_runs_scaled_mm_with_scaling_ops():
     assert by_func["block_fwd"]["mm"] == 0 and by_func["block_bwd"]["mm"] == 0
     # the output head stays in bf16 (torchtitan's filter_fqns = ["output"])
     assert by_func["head_fwd"]["_scaled_mm"] == 0 and by_func["head_fwd"]["mm"] >= 1
-    # tensorwise dynamic scaling: one amax (abs + max) per cast: input and weight in forward,
-    # the output gradient (and the weight again, recomputed) in backward
-    assert by_func["block_fwd"]["abs"] == by_func["block_fwd"]["max"] == 2 * LINEARS_PER_BLOCK
+    # tensorwise dynamic scaling: one amax (abs + max) per cast: every weight and every distinct
+    # input in forward (wq/wk/wv and w1/w3 share theirs: 4 inputs), every output gradient in backward
+    assert by_func["block_fwd"]["abs"] == by_func["block_fwd"]["max"] >= LINEARS_PER_BLOCK + 4
+    assert by_func["block_bwd"]["abs"] == by_func["block_bwd"]["max"]
     assert by_func["block_bwd"]["abs"] >= LINEARS_PER_BLOCK
     assert by_func["block_fwd"]["reciprocal"] >= 2 * LINEARS_PER_BLOCK
     # casts to e4m3 (input, weight) and e5m2 (gradient), as MLIR float8 element types
