@@ -179,6 +179,7 @@ def test_no_linear_layer_qualifies():
         capture_step(_OddLinear, {"x": (2, 20)}, plan=Plan(fp8="tensorwise").validate())
 
 
+@pytest.mark.slow
 def test_cli_model_without_linear_layers(tmp_path):
     model = tmp_path / "nolinear.py"
     model.write_text("import torch\nfrom torch import nn\n\n"
@@ -194,3 +195,26 @@ def test_cli_model_without_linear_layers(tmp_path):
     assert "plan field 'fp8'" in r.stderr and "has no nn.Linear layer" in r.stderr
     assert "Traceback" not in r.stderr
     assert not out.exists()
+
+
+@pytest.mark.slow
+def test_tensor_parallel_gathers_float8():
+    """TP+SP with tensorwise float8: torchao's Float8ColwiseParallel / Float8RowwiseParallel /
+    PrepareFloat8ModuleInput (torchtitan's choice) cast before the sequence all-gather, so the
+    gather moves float8; the weights' amax is all-reduced over the TP group (DTensor max)."""
+    from flint.importer import import_step
+    from flint.ir import dist
+
+    plan = Plan(tp=2, sp=True, fp8="tensorwise").validate()
+    step = capture_step(factory("llama-tiny"), {"tokens": (2, SEQ), "labels": (2, SEQ)}, plan=plan,
+                        dtype="bfloat16")
+    module = import_step(step)
+    names = Counter((fn, _name(op)) for fn, _, op in _ops(module))
+    assert names[("block_fwd", "_scaled_mm")] == LINEARS_PER_BLOCK
+    assert names[("block_bwd", "_scaled_mm")] == 2 * LINEARS_PER_BLOCK
+    from xdsl.dialects import func
+
+    funcs = {f.sym_name.data: f for f in module.ops if isinstance(f, func.FuncOp)}
+    gathered = [str(op.operands[0].type.element_type) for op in funcs["block_fwd"].walk()
+                if isinstance(op, dist.AllGatherOp)]
+    assert gathered and all(d == "f8E4M3FN" for d in gathered)
