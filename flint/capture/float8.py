@@ -36,9 +36,6 @@ which is what FSDP2 runs with that option off.
 from __future__ import annotations
 
 import logging
-from contextlib import contextmanager
-from typing import Iterator
-
 from torch import nn
 
 from flint.plan import Plan, PlanError
@@ -46,17 +43,18 @@ from flint.plan import Plan, PlanError
 RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
 
 
-@contextmanager
-def _quiet_torchao() -> Iterator[None]:
-    """torchao warns that its CUDA kernels (``_C*.so``) do not load on a CPU build; float8 training's
-    ``_scaled_mm`` path does not use them, so the warning is noise here."""
-    log = logging.getLogger("torchao")
-    level = log.level
-    log.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        log.setLevel(level)
+class _NoKernelLibraryWarning(logging.Filter):
+    """Drop torchao's "Failed to load .../_C*.so" warnings: its CUDA kernels do not load on a CPU
+    build of torch, and float8 training's ``_scaled_mm`` path does not use them. torchao may be
+    imported by someone else first (transformers does), so the filter sits on its logger from
+    Flint's capture import on; every other torchao message passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.getMessage()
+        return not (msg.startswith("Failed to load") and ".so" in msg)
+
+
+logging.getLogger("torchao").addFilter(_NoKernelLibraryWarning())
 
 
 def module_filter(module: nn.Module, fqn: str, filter_fqns: tuple[str, ...]) -> bool:
@@ -84,14 +82,16 @@ def apply_float8(model: nn.Module, plan: Plan) -> list[str]:
     chosen = [n for n, m in linears if module_filter(m, n, filt)]
     if not chosen:
         odd = [n for n, m in linears if any(d % 16 for d in m.weight.shape)]
+        why = []
+        if odd:
+            why.append(f"{len(odd)} have a weight dim that is not a multiple of 16 (fp8 tensor cores need it): "
+                       + ", ".join(odd[:3]) + (", ..." if len(odd) > 3 else ""))
+        if len(odd) < len(linears):
+            why.append(f"{len(linears) - len(odd)} match fp8_filter_fqns {list(filt)}")
         raise PlanError("fp8", f"none of the model's {len(linears)} nn.Linear layers qualifies for float8: "
-                        f"{len(odd)} have a weight dim that is not a multiple of 16 (fp8 tensor cores need it)"
-                        f"{' (' + ', '.join(odd[:3]) + (', ...' if len(odd) > 3 else '') + ')' if odd else ''}, "
-                        f"the others match fp8_filter_fqns {list(filt)}", plan.source)
-    with _quiet_torchao():
-        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+                        + "; ".join(why), plan.source)
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
-        config = Float8LinearConfig.from_recipe_name(plan.fp8)
-        convert_to_float8_training(model, config=config,
-                                   module_filter_fn=lambda m, fqn: module_filter(m, fqn, filt))
+    config = Float8LinearConfig.from_recipe_name(plan.fp8)
+    convert_to_float8_training(model, config=config, module_filter_fn=lambda m, fqn: module_filter(m, fqn, filt))
     return chosen
