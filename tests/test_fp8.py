@@ -218,3 +218,18 @@ def test_tensor_parallel_gathers_float8():
     gathered = [str(op.operands[0].type.element_type) for op in funcs["block_fwd"].walk()
                 if isinstance(op, dist.AllGatherOp)]
     assert gathered and all(d == "f8E4M3FN" for d in gathered)
+
+
+@pytest.mark.slow
+def test_rowwise_with_high_precision_weight_gradient():
+    """torchao's ``rowwise_with_gw_hp``: forward and input-gradient GEMMs in float8 with row-wise
+    scales, the weight-gradient GEMM kept in bf16; FLOPs still equal the bf16 step's."""
+    step, module = _imported("rowwise_with_gw_hp")
+    names = Counter((fn, _name(op)) for fn, _, op in _ops(module))
+    assert names[("block_fwd", "_scaled_mm")] == LINEARS_PER_BLOCK
+    assert names[("block_bwd", "_scaled_mm")] == LINEARS_PER_BLOCK
+    assert names[("block_bwd", "mm")] == LINEARS_PER_BLOCK
+    scales = [tuple(op.inputs[2].type.get_shape()) for fn, _, op in _ops(module)
+              if fn == "block_fwd" and _name(op) == "_scaled_mm"]
+    assert all(len(s) == 2 and s[1] == 1 and s[0] > 1 for s in scales)  # one scale per row of the input
+    assert step.summary().flops == _imported("none")[0].summary().flops
