@@ -34,6 +34,10 @@ from xdsl.dialects.builtin import (
     DictionaryAttr,
     FileLineColLoc,
     FloatAttr,
+    Float8E4M3FNType,
+    Float8E4M3FNUZType,
+    Float8E5M2FNUZType,
+    Float8E5M2Type,
     IntAttr,
     IntegerAttr,
     IntegerType,
@@ -68,7 +72,9 @@ _DTYPES: dict[torch.dtype, Attribute] = {
     torch.float32: f32, torch.float16: f16, torch.bfloat16: bf16, torch.float64: f64,
     torch.int64: i64, torch.int32: IntegerType(32), torch.int16: IntegerType(16), torch.int8: IntegerType(8),
     torch.uint8: IntegerType(8, Signedness.UNSIGNED), torch.bool: i1,
-    torch.float8_e4m3fn: IntegerType(8),  # no f8 in xDSL's builtin: stored as 8-bit
+    # float8 (torchao's Float8Linear): MLIR's builtin f8 types, so fp8 GEMMs price at the fp8 peak
+    torch.float8_e4m3fn: Float8E4M3FNType(), torch.float8_e5m2: Float8E5M2Type(),
+    torch.float8_e4m3fnuz: Float8E4M3FNUZType(), torch.float8_e5m2fnuz: Float8E5M2FNUZType(),
 }
 
 _REDUCTIONS = {"sum": "sum", "avg": "average", "max": "max", "min": "min", "product": "product"}

@@ -36,6 +36,14 @@ under ``[plan]``::
     pp_virtual_stages = 2
     microbatches = 16
     activation_checkpoint = "selective-op"
+    fp8 = "tensorwise"        # or true; torchao's Float8Linear on the linear layers
+
+Float8 (``fp8``, :mod:`flint.capture.float8`): the linear layers' GEMMs run
+as torchao's ``Float8Linear`` with one of torchao's recipes (``tensorwise``,
+``rowwise``, ``rowwise_with_gw_hp``; ``true`` means ``tensorwise``); modules
+whose name contains an entry of ``fp8_filter_fqns`` stay in bf16 (default:
+the output head, as torchtitan). A capture option: applied when the program
+is captured, before any parallelism.
 
 Pipelines and microbatches: capture takes ONE microbatch (the batch per
 data-parallel rank over ``microbatches``) and ``pipeline-split`` runs it
@@ -74,6 +82,8 @@ DEGREES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 DEFAULT_ORDER = tuple(reversed(DEGREES))  # innermost first
 PP_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "interleaved-zero-bubble", "zbv-zero-bubble")
 AC_MODES = ("none", "selective-op", "selective-layer", "full")
+# float8 linear layers: torchao's recipes (Float8LinearConfig.from_recipe_name); plan files may say true / false
+FP8_RECIPES = ("none", "tensorwise", "rowwise", "rowwise_with_gw_hp")
 GRAD_SYNC = ("step", "microbatch")
 # Where expanded TP reduces partial sums: "dtensor" as PyTorch's DTensor runs it (one backward all-reduce
 # per column-parallel linear: five per Llama block; sequence-parallel norm gradients reduced by the
@@ -118,6 +128,9 @@ class Plan:
     activation_checkpoint: str = "none"
     tp_style: str = "dtensor"  # shard-expand: where TP partial sums are reduced (dtensor: per linear; megatron: fused)
     ac_every: int = 1  # selective-layer: checkpoint every N-th block
+    # float8 linear layers (torchao's Float8Linear, flint.capture.float8): "none" or a torchao recipe
+    fp8: str = "none"
+    fp8_filter_fqns: tuple[str, ...] = ("output", "lm_head")  # modules kept in high precision (the head)
     world_size: int | None = None  # filled in by validate()
     source: str | None = field(default=None, compare=False)  # plan file, for messages
 
@@ -219,6 +232,11 @@ class Plan:
                             f"{', '.join(AC_MODES)}", src)
         if self.ac_every != 1 and self.activation_checkpoint != "selective-layer":
             raise PlanError("ac_every", "applies only to activation_checkpoint = \"selective-layer\"", src)
+        if self.fp8 not in FP8_RECIPES:
+            raise PlanError("fp8", f"unknown float8 recipe '{self.fp8}'; known: {', '.join(FP8_RECIPES)} "
+                            "(true = tensorwise)", src)
+        if tuple(self.fp8_filter_fqns) != Plan.fp8_filter_fqns and self.fp8 == "none":
+            raise PlanError("fp8_filter_fqns", "applies only with fp8 set to a recipe", src)
         self._validate_pipeline(src)
         self._validate_experts(dp_shard, src)
         order = tuple(self.order)
@@ -231,7 +249,8 @@ class Plan:
             raise PlanError("order", f"{what}; it must list each of {', '.join(DEGREES)} once, innermost first",
                             src)
         pp_layers = tuple(self.pp_layers) if self.pp_layers is not None else None
-        out = dataclasses.replace(self, dp_shard=dp_shard, world_size=world, order=order, pp_layers=pp_layers)
+        out = dataclasses.replace(self, dp_shard=dp_shard, world_size=world, order=order, pp_layers=pp_layers,
+                                  fp8_filter_fqns=tuple(self.fp8_filter_fqns))
         return out
 
     def _validate_pipeline(self, src: str | None) -> None:
@@ -409,17 +428,21 @@ class Plan:
             extra.append(f"ZeRO-{self.zero}")
         if self.activation_checkpoint != "none":
             extra.append(f"AC {self.activation_checkpoint}")
+        if self.fp8 != "none":
+            extra.append(f"fp8 {self.fp8}")
         return text + (f" [{', '.join(extra)}]" if extra else "") + f" = {self.world_size} ranks"
 
 
 _BOOL_FIELDS = {"sp"}
-_STR_FIELDS = {"grad_sync", "pp_schedule", "activation_checkpoint", "tp_style"}
-_LIST_FIELDS = {"order": str, "pp_layers": int}
+_STR_FIELDS = {"grad_sync", "pp_schedule", "activation_checkpoint", "tp_style", "fp8"}
+_LIST_FIELDS = {"order": str, "pp_layers": int, "fp8_filter_fqns": str}
 _FLOAT_FIELDS = {"capacity_factor"}
 
 
 def _coerce(key: str, value: Any, source: str | None) -> Any:
     """A TOML value as the field's Python type, or a PlanError naming the field."""
+    if key == "fp8" and isinstance(value, bool):  # fp8 = true: torchao's default recipe
+        return "tensorwise" if value else "none"
     if key in _BOOL_FIELDS:
         if not isinstance(value, bool):
             raise PlanError(key, f"must be true or false, got {value!r}", source)

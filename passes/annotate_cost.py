@@ -21,6 +21,8 @@ from xdsl.dialects.builtin import (
 from xdsl.passes import ModulePass
 
 from flint.cost import Device, OpCost, load_device, op_cost
+from flint.cost.opclass import GEMM, classify_target
+from flint.errors import FlintError
 from flint.ir.aten import AtenOp
 
 FLOPS_ATTR, BYTES_ATTR, DURATION_ATTR = "flops", "bytes", "duration_us"
@@ -72,10 +74,20 @@ def aten_op_cost(op: AtenOp, device: Device) -> tuple[int, int, float]:
 
 def compute_dtype(op: AtenOp, device: Device) -> str:
     """The dtype whose peak an op runs at: fp8 for a product of fp8 operands (``_scaled_mm``), else its
-    result's (inputs' for ops without results); bf16 when the device has no unit for it."""
+    result's (inputs' for ops without results); bf16 when the device has no unit for it.
+
+    A GEMM of fp8 operands on a device without fp8 tensor cores (A100) is an error: PyTorch's
+    ``_scaled_mm`` refuses to run there, so no estimate exists for it."""
     ins = [str(v.type.element_type) for v in op.inputs if isinstance(v.type, TensorType)]
-    if ins and ins[0].startswith("f8") and device.has_peak(ins[0]):
-        return ins[0]
+    if ins and ins[0].startswith("f8"):
+        if device.has_peak(ins[0]):
+            return ins[0]
+        if classify_target(op.overload) == GEMM:
+            where = f" in module '{op.module.data}'" if op.module is not None else ""
+            raise FlintError(f"'{op.overload}'{where} multiplies {ins[0]} operands (a float8 GEMM, plan field "
+                             f"'fp8'), but device '{device.name}' has no fp8 tensor cores (no peak_tflops_fp8): "
+                             "torch._scaled_mm does not run there; pick a device with fp8 (h100-sxm, h200, b200, "
+                             "mi300x) or capture with fp8 = \"none\"")
     values = list(op.outputs) or list(op.inputs)
     dtype = str(values[0].type.element_type) if values else "bf16"
     return dtype if dtype in ("bf16", "f16", "f32", "f64", "tf32") else "bf16"

@@ -161,6 +161,8 @@ def cmd_capture(args: argparse.Namespace) -> int:
             raise PlanError("ac_every", f"--ac-every must be at least 1, got {args.ac_every}")
         plan = plan.replace(activation_checkpoint=args.ac or plan.activation_checkpoint,
                             ac_every=plan.ac_every if args.ac_every is None else args.ac_every)
+    if args.fp8 is not None:  # float8 linear layers (flint.capture.float8)
+        plan = plan.replace(fp8=args.fp8)
     model_factory, cfg, user_module = _model_factory(args.model, args.layers)
     parallelize = None
     if args.parallelize:
@@ -438,6 +440,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "selective-layer (every --ac-every-th block) or full; overrides the plan's")
     cap.add_argument("--ac-every", type=int, default=None, metavar="N",
                      help="selective-layer: checkpoint every N-th block (overrides the plan's ac_every)")
+    cap.add_argument("--fp8", nargs="?", const="tensorwise", default=None, metavar="RECIPE",
+                     help="run the linear layers as torchao's Float8Linear (not the output head), as torchtitan's "
+                          "float8 converter: tensorwise (the default), rowwise, rowwise_with_gw_hp; or none")
     cap.add_argument("--layers", type=int, default=None, help="override the model's depth (zoo models)")
     cap.add_argument("--batch-size", type=int, default=None, help="global batch size (default: one sequence per data-parallel rank and microbatch)")
     cap.add_argument("--seq-len", type=int, default=None, help="sequence length (default: min(model max, 2048))")

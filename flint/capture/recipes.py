@@ -56,7 +56,9 @@ CAPTURE_FIELDS = ("dp_replicate", "dp_shard", "tp", "sp",
                   # pipeline and microbatches: one microbatch is captured, pipeline-split schedules it
                   "pp", "microbatches", "grad_sync", "pp_schedule", "pp_virtual_stages", "pp_layers",
                   # activation checkpointing of the blocks (torchtitan's modes, flint.capture.recipes.apply_ac)
-                  "activation_checkpoint", "ac_every")
+                  "activation_checkpoint", "ac_every",
+                  # float8 linear layers (torchao's Float8Linear, flint.capture.float8.apply_float8)
+                  "fp8", "fp8_filter_fqns")
 
 
 @dataclass
@@ -84,23 +86,37 @@ def _check_heads(model: nn.Module, tp: int) -> None:
                            "use 'dp' or 'fsdp' for MoE models")
 
 
-def _block_plan(block: nn.Module, sp: bool) -> dict:
+def _tp_styles(float8: bool) -> tuple:
+    """(colwise, rowwise, prepare-input) styles: torchao's float8 variants for tensorwise float8
+    linears (the input is cast before its all-gather, which then moves float8), as torchtitan's
+    ``apply_tp`` picks them (``enable_float8_tensorwise_tp``); PyTorch's own otherwise."""
+    if not float8:
+        return ColwiseParallel, RowwiseParallel, PrepareModuleInput
+    from torchao.float8.float8_tensor_parallel import (Float8ColwiseParallel, Float8RowwiseParallel,
+                                                       PrepareFloat8ModuleInput)
+
+    return Float8ColwiseParallel, Float8RowwiseParallel, PrepareFloat8ModuleInput
+
+
+def _block_plan(block: nn.Module, sp: bool, float8: bool = False) -> dict:
+    colwise, rowwise, prepare = _tp_styles(float8)
     rowwise_out = Shard(1) if sp else Replicate()
-    plan: dict = {sub: ColwiseParallel() for sub in ("attention.wq", "attention.wk", "attention.wv", "feed_forward.w1")}
+    plan: dict = {sub: colwise() for sub in ("attention.wq", "attention.wk", "attention.wv", "feed_forward.w1")}
     if hasattr(block.feed_forward, "w3"):
-        plan["feed_forward.w3"] = ColwiseParallel()
-    plan["attention.wo"] = RowwiseParallel(output_layouts=rowwise_out)
-    plan["feed_forward.w2"] = RowwiseParallel(output_layouts=rowwise_out)
+        plan["feed_forward.w3"] = colwise()
+    plan["attention.wo"] = rowwise(output_layouts=rowwise_out)
+    plan["feed_forward.w2"] = rowwise(output_layouts=rowwise_out)
     if sp:
         plan["attention_norm"] = SequenceParallel()
         plan["ffn_norm"] = SequenceParallel()
-        plan["attention"] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
-        plan["feed_forward"] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+        plan["attention"] = prepare(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+        plan["feed_forward"] = prepare(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
     return plan
 
 
-def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sp: bool) -> None:
-    """Tensor (and sequence) parallelism with ``parallelize_module``, torchtitan's Llama plan."""
+def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sp: bool, float8: bool = False) -> None:
+    """Tensor (and sequence) parallelism with ``parallelize_module``, torchtitan's Llama plan
+    (``float8``: the blocks' linears are tensorwise ``Float8Linear``, see :func:`_tp_styles`)."""
     _check_heads(model, tp_mesh.size())
     out_layout = Shard(1) if sp else Replicate()
     emb_plan = {"tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=out_layout)}
@@ -109,7 +125,7 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sp: bool) -> None:
         emb_plan = {"tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())}
     parallelize_module(model.embed, tp_mesh, emb_plan)
     for block in model.layers:
-        parallelize_module(block, tp_mesh, _block_plan(block, sp))
+        parallelize_module(block, tp_mesh, _block_plan(block, sp, float8))
     head_plan: dict = {"output": ColwiseParallel(input_layouts=out_layout, output_layouts=Replicate())}
     if sp:
         head_plan["norm"] = SequenceParallel()
@@ -409,7 +425,7 @@ def apply(plan: Plan, model: nn.Module, mesh: DeviceMesh) -> tuple[dict[int, Par
         if not staged:
             raise CaptureError("plan", "tensor parallelism needs a StagedLM (embed, layers, head); "
                                "pass a parallelisation function instead")
-        apply_tp(model, mesh["tp"], plan.sp)
+        apply_tp(model, mesh["tp"], plan.sp, float8=plan.fp8 == "tensorwise")
         by_name = {info.name: info for info in infos.values()}
         infos.clear()
         for name, p in model.named_parameters():

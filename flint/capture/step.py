@@ -36,6 +36,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from flint.capture import opclass
 from flint.capture.composite import composite_autograd, no_rng_state_on_meta
 from flint.capture.errors import CaptureError
+from flint.capture.float8 import apply_float8
 from flint.capture.fake_dist import device_mesh, fake_world, group_axes
 from flint.capture.recipes import (CAPTURE_FIELDS, RECIPES, ParamGroup, ParamInfo, ac_layers, apply, check_ac,
                                    data_parallel_mode)
@@ -606,6 +607,7 @@ def capture_step(
         staged = all(hasattr(model, a) for a in ("embed", "layers", "head"))
         if not custom:
             check_ac(plan, model, staged and parallelize is None)
+            apply_float8(model, plan)  # torchao's Float8Linear, before parallelism (torchtitan's order)
         if not staged or custom or parallelize is not None:
             # any module, or the user's own parallelisation (fully_shard intercepted): the generic path
             from flint.capture.generic import capture_generic

@@ -380,6 +380,10 @@ class FunctionExpander:
             if expand_attention(self, op):
                 return
         handler = getattr(self, f"rule_{kind}", None) if kind else None
+        if handler is None and op.overload.split(".")[1] == "_scaled_mm":
+            raise ExpandError(f"'{op.overload}'{where(op)}: a float8 program (plan field 'fp8') is not expanded "
+                              "by shard-expand yet (torchao's per-rank amax scaling has no global-program rule); "
+                              "capture it under the plan instead: flint capture --plan ... --fp8")
         if handler is None:
             raise ExpandError(f"no sharding rule for '{op.overload}'{where(op)}; add it to a kind in "
                               f"{self.rules.source}")
