@@ -28,10 +28,13 @@ microbatch count and layers per stage, exactly as on the planned path
 captured in a later rank's world are renamed to rank 0's name of the same
 mesh axes.
 
+``fully_shard`` / ``replicate`` calls inside the function are intercepted
+as :mod:`flint.capture.generic` does (:func:`flint.capture.byom.intercept`)
+and become parameter groups of the stage holding their modules.
+
 Not supported (refused, named): stages without static shapes, a stage in the
-middle holding parameters outside its blocks, ``fully_shard`` / ``replicate``
-inside the function (FSDP with pipelining is not captured yet), stages built
-by ``pipeline()`` (``_PipelineStage``: torch.export of the whole model).
+middle holding parameters outside its blocks, stages built by ``pipeline()``
+(``_PipelineStage``: torch.export of the whole model).
 """
 
 from __future__ import annotations
@@ -131,7 +134,8 @@ def capture_pipeline(model_factory: Callable[[], nn.Module], build: Callable, pl
     """
     from flint.capture.byom import call_user, intercept, where_defined
     from flint.capture.fake_dist import device_mesh, fake_world, group_axes
-    from flint.capture.generic import _TENSOR, _BlockCall, _capture, _infos_after_tp, _record_block_inputs, _Skip
+    from flint.capture.generic import (_TENSOR, _apply_groups, _BlockCall, _capture, _infos_after_tp,
+                                       _record_block_inputs, _Skip)
     from flint.capture.step import CapturedStep
     from flint.pipeline.schedules import stage_ranks
 
@@ -169,10 +173,6 @@ def capture_pipeline(model_factory: Callable[[], nn.Module], build: Callable, pl
             buffers = {id(b): n for n, b in model.named_buffers()}
             with intercept(getattr(build, "__globals__", None)) as rec:
                 sched = call_user(build, (model, dm), "parallelize", "the pipeline function")
-            if rec.groups:
-                raise CaptureError("parallelize", "fully_shard / replicate inside a pipeline function: FSDP "
-                                   "and DDP with pipeline parallelism are not captured yet (use the plan's "
-                                   "dp_shard with pp and no --parallelize, the planned path)", rec.groups[0].source)
             name = _schedule_name(sched, source)
             stages = [_Stage(st) for st in _stages(sched, source)]
             V = len(stages)
@@ -196,6 +196,17 @@ def capture_pipeline(model_factory: Callable[[], nn.Module], build: Callable, pl
                                        f"pipeline ranks x {V} stage(s) each = {P * V}", source)
                 owner_of[st.index] = r
             infos = _infos_after_tp(model, {})
+            placed: set[int] = set()
+            for st in stages:  # fully_shard / replicate calls on a stage's modules: its parameter groups
+                mods = {id(m) for m in st.submod.modules()}
+                calls = [c for c in rec.groups if all(id(m) in mods for m in c.modules)]
+                if calls:
+                    st.submod = _apply_groups(st.submod, calls, infos)
+                placed.update(id(c) for c in calls)
+            for c in rec.groups:
+                if id(c) not in placed:
+                    raise CaptureError("parallelize", f"{'fully_shard' if c.mode == 'fsdp' else 'replicate'} on "
+                                       "modules that are not all in one of this rank's stages", c.source)
             kw = dict(infos=infos, buffers=buffers, optimizer=optimizer, dp_group=None)
             captured: list[Any] = []
             for st in stages:

@@ -9,6 +9,7 @@ import os
 
 import torch
 from torch import nn
+from torch.distributed.fsdp import fully_shard
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
 MICROBATCH = int(os.environ.get("PP_MICROBATCH", "2"))
@@ -38,17 +39,30 @@ def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return -logp.gather(-1, labels.unsqueeze(-1)).mean()
 
 
-def pipeline(model: nn.Module, mesh) -> Schedule1F1B:
+def pipeline(model: nn.Module, mesh, fsdp: bool = False) -> Schedule1F1B:
     pp = mesh["pp"]
     rank, n = pp.get_local_rank(), pp.size()
     per = len(model.layers) // n
     first, last = rank == 0, rank == n - 1
     dim = model.config.dim
     dtype = next(model.parameters()).dtype
+    module = Stage(model, rank * per, (rank + 1) * per, first, last)
+    if fsdp:  # torchtitan's grouping: the embedding, every block, [norm, output]
+        dp = mesh["dp_shard"]
+        if first:
+            fully_shard(module.tok_embeddings, mesh=dp)
+        for layer in module.layers:
+            fully_shard(layer, mesh=dp)
+        if last:
+            fully_shard([module.norm, module.output], mesh=dp)
     tokens = torch.empty(MICROBATCH, SEQ, dtype=torch.int64, device="meta")
     hidden = torch.empty(MICROBATCH, SEQ, dim, dtype=dtype, device="meta")
     logits = torch.empty(MICROBATCH, SEQ, model.config.vocab_size, dtype=dtype, device="meta")
-    stage = PipelineStage(Stage(model, rank * per, (rank + 1) * per, first, last), rank, n, torch.device("meta"),
-                          input_args=tokens if first else hidden, output_args=logits if last else hidden,
-                          group=pp.get_group())
+    stage = PipelineStage(module, rank, n, torch.device("meta"), input_args=tokens if first else hidden,
+                          output_args=logits if last else hidden, group=pp.get_group())
     return Schedule1F1B(stage, n_microbatches=N_MICROBATCHES, loss_fn=loss_fn)
+
+
+def pipeline_fsdp(model: nn.Module, mesh) -> Schedule1F1B:
+    """The same stages with FSDP2 over the ``dp_shard`` axis."""
+    return pipeline(model, mesh, fsdp=True)
