@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -134,6 +135,9 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="flint-pp-") as tmp:
             ir = str(Path(tmp) / "step.mlir")
             cap = _run("capture", name, ir)
+            # the capture phase also wrote a trace: flush it to disk first, so the emit phase waits only
+            # for its own files (the page cache's writeback of GBs would otherwise be billed to it)
+            os.sync()
             em = _run("emit", ir, str(Path(tmp) / "trace"))
         row = {"config": name, **CONFIGS[name]["plan"], **cap, **em,
                "after_capture_s": cap["import_split_s"] + cap["inproc_emit_s"]}
