@@ -21,11 +21,11 @@ PP_FILE = Path(__file__).parent / "data" / "byom" / "pp_llama.py"
 SEQ = 64
 
 
-def _capture_cli(tmp_path: Path, name: str, dp: int, *extra: str) -> Path:
+def _capture_cli(tmp_path: Path, name: str, dp: int, tp: int, *extra: str) -> Path:
     plan_file, out = tmp_path / f"{name}.toml", tmp_path / f"{name}.mlir"
-    plan_file.write_text(f"pp = 2\ndp_shard = {dp}\n" + ("" if extra else "microbatches = 4\n"))
+    plan_file.write_text(f"pp = 2\ndp_shard = {dp}\ntp = {tp}\n" + ("" if extra else "microbatches = 4\n"))
     done = subprocess.run([sys.executable, "-m", "flint.tools.flint_cli", "capture", "--model", "llama-tiny",
-                           "--world-size", str(2 * dp), "--plan-file", str(plan_file), "--batch-size", str(8 * dp),
+                           "--world-size", str(2 * dp * tp), "--plan-file", str(plan_file), "--batch-size", str(8 * dp),
                            "--seq-len", str(SEQ), "--dtype", "float32", *extra, "-o", str(out)],
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
@@ -54,15 +54,17 @@ def _per_rank(module):
 
 @pytest.mark.slow
 def test_user_pipeline_stages_capture_like_the_planned_split(tmp_path):
-    """Llama-tiny, dp_shard 2 x pp 2, 1F1B over 4 microbatches: the user's PipelineStages (FSDP2 on
-    the embedding, every block and [norm, output]) + Schedule1F1B (tests/data/byom/pp_llama.py) give
-    the planned pipeline-split's FLOPs per stage, communication nodes (send/recv bytes, tags and
-    peers; FSDP gathers and reduce-scatters) and action order."""
+    """Llama-tiny, dp_shard 2 x tp 2 x pp 2 (8 ranks), 1F1B over 4 microbatches: the user's
+    PipelineStages (torchtitan's TP plan, then FSDP2 on the embedding, every block and [norm, output])
+    + Schedule1F1B (tests/data/byom/pp_llama.py) give the planned pipeline-split's FLOPs per rank,
+    communication nodes (send/recv bytes, tags and peers; TP all-reduces, FSDP gathers and
+    reduce-scatters) and action order."""
     from flint.ir.aten import STAGE_SCHEDULES_ATTR
     from flint.ir.parse import load_ir
 
-    captured = load_ir(str(_capture_cli(tmp_path, "captured", 2, "--parallelize", f"{PP_FILE}:pipeline_fsdp")))
-    planned = load_ir(str(_capture_cli(tmp_path, "planned", 2)))
+    captured = load_ir(str(_capture_cli(tmp_path, "captured", 2, 2, "--parallelize",
+                                        f"{PP_FILE}:pipeline_fsdp_tp")))
+    planned = load_ir(str(_capture_cli(tmp_path, "planned", 2, 2)))
     assert captured.attributes["flint.pipeline"] == planned.attributes["flint.pipeline"]
     names = {"first_stage": "embed", "last_stage": "head"}
 
@@ -80,12 +82,13 @@ def test_user_pipeline_stages_capture_like_the_planned_split(tmp_path):
 
     assert order(captured) == order(planned)
     got, want = _per_rank(captured), _per_rank(planned)
-    assert len(got) == 4 and all(r[0] > 0 for r in got)
+    assert len(got) == 8 and all(r[0] > 0 for r in got)
     assert got == want
-    sends = sorted(k for r in got[:2] for k in r[1].elements() if k[0] in (5, 6))  # ranks 0-1: SEND / RECV
-    # 4 microbatches x (activation forward, gradient backward), each sent and received: 2 x 64 x 256 float32
-    assert len(sends) == 16 and {k[2] for k in sends} == {2 * SEQ * 256 * 4}
-    assert any(k[0] == 7 for k in got[0][1])  # COLL: the FSDP collectives are there
+    for r in got:  # every rank: 4 microbatches x (activation, gradient), 2 x 64 x 256 float32 each
+        p2p = [k for k in r[1].elements() if k[0] in (5, 6)]  # SEND / RECV
+        assert len(p2p) == 8 and {k[2] for k in p2p} == {2 * SEQ * 256 * 4}
+    types = {k[1] for k in got[0][1] if k[0] == 7}  # COLL: TP all-reduces, FSDP gathers and reduce-scatters
+    assert {0, 2, 7} <= types, types
 
 
 def _build(static: bool, result: str = "schedule"):

@@ -11,6 +11,8 @@ import torch
 from torch import nn
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+from torch.distributed.tensor import Replicate
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 MICROBATCH = int(os.environ.get("PP_MICROBATCH", "2"))
 SEQ = int(os.environ.get("PP_SEQ", "64"))
@@ -39,7 +41,7 @@ def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return -logp.gather(-1, labels.unsqueeze(-1)).mean()
 
 
-def pipeline(model: nn.Module, mesh, fsdp: bool = False) -> Schedule1F1B:
+def pipeline(model: nn.Module, mesh, fsdp: bool = False, tp: bool = False) -> Schedule1F1B:
     pp = mesh["pp"]
     rank, n = pp.get_local_rank(), pp.size()
     per = len(model.layers) // n
@@ -47,6 +49,18 @@ def pipeline(model: nn.Module, mesh, fsdp: bool = False) -> Schedule1F1B:
     dim = model.config.dim
     dtype = next(model.parameters()).dtype
     module = Stage(model, rank * per, (rank + 1) * per, first, last)
+    if tp:  # torchtitan's Llama plan (no sequence parallelism), before FSDP
+        t = mesh["tp"]
+        if first:
+            parallelize_module(module, t, {"tok_embeddings": RowwiseParallel(input_layouts=Replicate(),
+                                                                             output_layouts=Replicate())})
+        for layer in module.layers:
+            parallelize_module(layer, t, {
+                **{f"attention.{w}": ColwiseParallel() for w in ("wq", "wk", "wv")},
+                "feed_forward.w1": ColwiseParallel(), "feed_forward.w3": ColwiseParallel(),
+                "attention.wo": RowwiseParallel(), "feed_forward.w2": RowwiseParallel()})
+        if last:
+            parallelize_module(module, t, {"output": ColwiseParallel(output_layouts=Replicate())})
     if fsdp:  # torchtitan's grouping: the embedding, every block, [norm, output]
         dp = mesh["dp_shard"]
         if first:
@@ -66,3 +80,8 @@ def pipeline(model: nn.Module, mesh, fsdp: bool = False) -> Schedule1F1B:
 def pipeline_fsdp(model: nn.Module, mesh) -> Schedule1F1B:
     """The same stages with FSDP2 over the ``dp_shard`` axis."""
     return pipeline(model, mesh, fsdp=True)
+
+
+def pipeline_fsdp_tp(model: nn.Module, mesh) -> Schedule1F1B:
+    """The same stages with tensor parallelism over ``tp`` and FSDP2 over ``dp_shard``."""
+    return pipeline(model, mesh, fsdp=True, tp=True)
