@@ -92,8 +92,13 @@ def _group_key(op: dist.DistCommOp) -> tuple:
     return (op.grid.root_reference.data, op.axes())
 
 
-def _chain_keys(fn: func.FuncOp) -> tuple[set[str], set[tuple]]:
-    """Streams and communicators the collectives of ``fn`` use."""
+def _chain_keys(fn: func.FuncOp, cache: dict | None = None) -> tuple[set[str], set[tuple]]:
+    """Streams and communicators the collectives of ``fn`` use (``cache``: per lowering, by function)."""
+    if cache is not None:
+        key = ("chain_keys", id(fn))
+        if key not in cache:
+            cache[key] = (fn, _chain_keys(fn))  # fn held: its id stays its own while the cache lives
+        return cache[key][1]
     streams, groups = set(), set()
     for op in fn.body.block.ops:
         if isinstance(op, dist.CollectiveOp | dist.BarrierOp) and op.group_size() > 1:
@@ -102,11 +107,19 @@ def _chain_keys(fn: func.FuncOp) -> tuple[set[str], set[tuple]]:
     return streams, groups
 
 
-def prefetch_depth(fn: func.FuncOp, count: int) -> int:
-    """Iterations ahead the prefetched ops of ``fn`` run when it repeats ``count`` times (0: none)."""
+def prefetch_depth(fn: func.FuncOp, count: int, cache: dict | None = None) -> int:
+    """Iterations ahead the prefetched ops of ``fn`` run when it repeats ``count`` times (0: none).
+
+    ``cache``: per lowering, by function (a pipeline's schedules name the same functions many times)."""
     if count < 2:
         return 0
-    k = max((dist.prefetch_of(op) for op in fn.body.block.ops), default=0)
+    key = ("prefetch", id(fn))
+    if cache is not None and key in cache:
+        k = cache[key][1]
+    else:
+        k = max((dist.prefetch_of(op) for op in fn.body.block.ops), default=0)
+        if cache is not None:
+            cache[key] = (fn, k)
     return min(k, count)
 
 
@@ -405,7 +418,7 @@ class LowerToChakraPass(ModulePass):
         graph_block = Block()
         s = _Streams(compute=None, comm={}, boundary=None)
         merge = self.merge_compute
-        depth = [prefetch_depth(funcs[name], count) for name, count, _ in entries]
+        depth = [prefetch_depth(funcs[name], count, costs) for name, count, _ in entries]
         slots: dict[int, list[list[SSAValue]]] = {}
 
         def extra_of(e: int) -> dict:
@@ -473,7 +486,7 @@ class LowerToChakraPass(ModulePass):
         lowered bodies by everything that shapes them (a pipeline runs one
         function from many schedule entries).
         """
-        streams, groups = _chain_keys(fn)
+        streams, groups = _chain_keys(fn, extra.get("costs"))
         for k in streams:  # a chain first used inside the body starts at the issue point
             if k not in s.comm and s.compute is not None:
                 s.comm[k] = s.compute

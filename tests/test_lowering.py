@@ -38,3 +38,20 @@ def test_merge_actually_merges():
     LowerToChakraPass().apply(Context(), module)
     names = [op.node_name.data for op in module.walk() if op.name == "chakra.comp"]
     assert names == ["aten.relu.default +2", "aten.mm.default +1", "aten.relu.default", "aten.neg.default"]
+
+
+def test_lowering_a_written_ir_does_not_import_the_capture_stack():
+    """Emit speed (bench/pipeline_pp.py): lowering classifies ATen ops through flint.capture.opclass,
+    which needs torch only; torch._dynamo and DTensor (capture) cost seconds per `flint emit`."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "from flint.cost.opclass import classify_target\n"
+            "import flint.passes.lower_to_chakra, flint.chakra.from_ir, flint.chakra.writer\n"
+            "assert classify_target('aten.mm.default') == 'gemm', classify_target('aten.mm.default')\n"
+            "heavy = sorted(m for m in sys.modules if m.startswith(('torch._dynamo', 'torch.distributed.tensor',\n"
+            "                                                      'flint.capture.step')))\n"
+            "assert not heavy, heavy\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

@@ -424,7 +424,9 @@ def build_parser() -> argparse.ArgumentParser:
     cap.add_argument("--parallelize", default=None,
                      help="path/to/file.py[:function] (default function: parallelize): fn(model, mesh) applying "
                           "fully_shard / replicate / parallelize_module / activation checkpointing as your training "
-                          "script does; the mesh is the plan's (--plan/--tp or --plan-file give its axes)")
+                          "script does; the mesh is the plan's (--plan/--tp or --plan-file give its axes); with pp "
+                          "> 1 it may build torch.distributed.pipelining PipelineStages (static input_args / "
+                          "output_args) and return their schedule")
     cap.add_argument("--inputs", default=None,
                      help="model files: the batch as forward takes it, global shapes, e.g. "
                           "'input_ids=8x2048:int64,labels=8x2048:int64' (default: the file's example_inputs(), "

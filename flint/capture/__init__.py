@@ -14,17 +14,31 @@ See :func:`capture_step` (flint/capture/step.py) for the inputs and
 """
 
 from flint.capture.errors import CaptureError
-from flint.capture.opclass import classify_aten
-from flint.capture.recipes import RECIPES, ParamInfo
-from flint.capture.step import (
-    CapturedGraph,
-    CapturedPart,
-    CapturedStep,
-    Role,
-    StepSummary,
-    capture_step,
-    summarize,
-)
+
+# Everything else on first use (PEP 562): ``import flint.capture.opclass`` (the op classes the cost
+# model reads while lowering a written IR) must not pay for torch._dynamo, DTensor and the recipes.
+_LAZY = {
+    "classify_aten": "flint.capture.opclass",
+    "RECIPES": "flint.capture.recipes",
+    "ParamInfo": "flint.capture.recipes",
+    **{name: "flint.capture.step" for name in ("CapturedGraph", "CapturedPart", "CapturedStep", "Role",
+                                               "StepSummary", "capture_step", "summarize")},
+}
 
 __all__ = ["capture_step", "CapturedStep", "CapturedPart", "CapturedGraph", "Role", "StepSummary",
            "summarize", "classify_aten", "CaptureError", "RECIPES", "ParamInfo"]
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'flint.capture' has no attribute '{name}'")
+    from importlib import import_module
+
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

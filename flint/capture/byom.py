@@ -121,15 +121,15 @@ def _signature(module: nn.Module) -> tuple:
             tuple(type(m).__name__ for _, m in module.named_modules()))
 
 
-def find_blocks(model: nn.Module) -> tuple[str, nn.Module] | None:
-    """The largest ``ModuleList`` / ``Sequential`` / ``ModuleDict`` of >= 2 structurally identical modules with parameters.
+def find_blocks(model: nn.Module, at_least: int = 2) -> tuple[str, nn.Module] | None:
+    """The largest ``ModuleList`` / ``Sequential`` / ``ModuleDict`` of >= ``at_least`` structurally identical modules with parameters.
 
     Structure: same class, same parameter names, shapes and dtypes, same
     submodule classes. Returns ``(path, container)`` or None (capture whole).
     """
     best: tuple[int, int, str, nn.Module] | None = None
     for path, mod in model.named_modules():
-        if not isinstance(mod, (nn.ModuleList, nn.Sequential, nn.ModuleDict)) or len(mod) < 2:
+        if not isinstance(mod, (nn.ModuleList, nn.Sequential, nn.ModuleDict)) or len(mod) < at_least:
             continue
         children = list(mod.children())
         sig = _signature(children[0])

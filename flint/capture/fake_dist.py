@@ -44,8 +44,8 @@ def forget_dtensor_caches() -> None:
 
 
 @contextmanager
-def fake_world(world_size: int) -> Iterator[None]:
-    """Initialise the default process group as rank 0 of ``world_size`` fake ranks.
+def fake_world(world_size: int, rank: int = 0) -> Iterator[None]:
+    """Initialise the default process group as ``rank`` (default 0) of ``world_size`` fake ranks.
 
     DTensor's mesh-holding caches are emptied on entry and on exit
     (:func:`forget_dtensor_caches`), so a capture never sees another world's meshes.
@@ -53,7 +53,7 @@ def fake_world(world_size: int) -> Iterator[None]:
     if dist.is_initialized():
         dist.destroy_process_group()
     forget_dtensor_caches()
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
     try:
         yield
     finally:

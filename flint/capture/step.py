@@ -576,6 +576,19 @@ def capture_step(
             raise CaptureError("mesh_shape", "the mesh of a plan or recipe comes from the plan "
                                "(flint.plan.Plan.mesh); give mesh_shape only with a parallelisation function")
         mesh = plan.mesh()
+    if parallelize is not None and not custom and plan.pp > 1:
+        # the user's own torch.distributed.pipelining stages and schedule (flint/capture/pipeline.py)
+        from flint.capture.pipeline import capture_pipeline
+
+        if optimizer not in (None, "adamw"):
+            raise CaptureError("optimizer", f"unknown optimizer '{optimizer}'; supported: 'adamw' or None")
+        if batch_shapes is None:
+            raise CaptureError("inputs", "a pipeline needs the batch shapes (the first stage's input and the "
+                               "loss target)")
+        return capture_pipeline(model_factory, parallelize, plan, mesh, batch_shapes,
+                                torch_dtype=_DTYPES.get(dtype, dtype) if isinstance(dtype, str) else dtype,
+                                optimizer=optimizer, capture_part=_capture_part,
+                                plan_name=getattr(parallelize, "__name__", plan_name))
     if not custom and plan.pp > 1:  # before any work: the schedule must be one torch runs
         from flint.pipeline.schedules import check
 

@@ -1,0 +1,124 @@
+"""The captured way into pipeline parallelism: the user's torch.distributed.pipelining stages and schedule
+(flint/capture/pipeline.py), against the planned path (pipeline-split of the zoo model under the same plan)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from xdsl.context import Context
+
+from flint.capture import CaptureError, capture_step
+from flint.models import factory
+from flint.plan import Plan
+
+PP_FILE = Path(__file__).parent / "data" / "byom" / "pp_llama.py"
+SEQ = 64
+
+
+def _capture_cli(tmp_path: Path, name: str, dp: int, tp: int, *extra: str) -> Path:
+    plan_file, out = tmp_path / f"{name}.toml", tmp_path / f"{name}.mlir"
+    plan_file.write_text(f"pp = 2\ndp_shard = {dp}\ntp = {tp}\n" + ("" if extra else "microbatches = 4\n"))
+    done = subprocess.run([sys.executable, "-m", "flint.tools.flint_cli", "capture", "--model", "llama-tiny",
+                           "--world-size", str(2 * dp * tp), "--plan-file", str(plan_file), "--batch-size", str(8 * dp),
+                           "--seq-len", str(SEQ), "--dtype", "float32", *extra, "-o", str(out)],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return out
+
+
+def _per_rank(module):
+    """Per pipeline rank: FLOPs, communication nodes (kind, type, bytes, tag, peer) of the emitted trace."""
+    from flint.chakra.from_ir import trace_from_ir
+    from flint.passes.lower_to_chakra import LowerToChakraPass
+    from flint.trace import NodeKind
+
+    LowerToChakraPass(device="h100-sxm").apply(Context(), module)
+    trace = trace_from_ir(module)
+    out = []
+    for rank, p in enumerate(trace.ranks):
+        t = p.table
+        comm = np.nonzero(t.kind != NodeKind.COMP)[0]
+        peers = [int(p.peer_ranks[s]) if p.peer_ranks is not None and s >= 0 else int(s)
+                 for s in t.comm_peer[comm].tolist()]
+        out.append((int(t.flops[t.flops > 0].sum()),
+                    Counter(zip(t.kind[comm].tolist(), t.comm_type[comm].tolist(), t.comm_bytes[comm].tolist(),
+                                t.comm_tag[comm].tolist(), peers))))
+    return out
+
+
+@pytest.mark.slow
+def test_user_pipeline_stages_capture_like_the_planned_split(tmp_path):
+    """Llama-tiny, dp_shard 2 x tp 2 x pp 2 (8 ranks), 1F1B over 4 microbatches: the user's
+    PipelineStages (torchtitan's TP plan, then FSDP2 on the embedding, every block and [norm, output])
+    + Schedule1F1B (tests/data/byom/pp_llama.py) give the planned pipeline-split's FLOPs per rank,
+    communication nodes (send/recv bytes, tags and peers; TP all-reduces, FSDP gathers and
+    reduce-scatters) and action order."""
+    from flint.ir.aten import STAGE_SCHEDULES_ATTR
+    from flint.ir.parse import load_ir
+
+    captured = load_ir(str(_capture_cli(tmp_path, "captured", 2, 2, "--parallelize",
+                                        f"{PP_FILE}:pipeline_fsdp_tp")))
+    planned = load_ir(str(_capture_cli(tmp_path, "planned", 2, 2)))
+    assert captured.attributes["flint.pipeline"] == planned.attributes["flint.pipeline"]
+    names = {"first_stage": "embed", "last_stage": "head"}
+
+    def order(module):
+        out = []
+        for role in module.attributes[STAGE_SCHEDULES_ATTR].data:
+            entries = []
+            for e in role.data:
+                name = e.data[0].data
+                for mine, zoo in names.items():
+                    name = name.replace(mine, zoo)
+                entries.append((name, e.data[1].value.data, str(e.data[2]) if len(e.data) > 2 else ""))
+            out.append(entries)
+        return out
+
+    assert order(captured) == order(planned)
+    got, want = _per_rank(captured), _per_rank(planned)
+    assert len(got) == 8 and all(r[0] > 0 for r in got)
+    assert got == want
+    for r in got:  # every rank: 4 microbatches x (activation, gradient), 2 x 64 x 256 float32 each
+        p2p = [k for k in r[1].elements() if k[0] in (5, 6)]  # SEND / RECV
+        assert len(p2p) == 8 and {k[2] for k in p2p} == {2 * SEQ * 256 * 4}
+    types = {k[1] for k in got[0][1] if k[0] == 7}  # COLL: TP all-reduces, FSDP gathers and reduce-scatters
+    assert {0, 2, 7} <= types, types
+
+
+def _build(static: bool, result: str = "schedule"):
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
+    from flint.capture.byom import load_user_module
+
+    user = load_user_module(str(PP_FILE), "--parallelize")
+    Stage, loss_fn = user.Stage, user.loss_fn
+
+    def pipeline(model, mesh):
+        pp = mesh["pp"]
+        rank = pp.get_local_rank()
+        kw = {}
+        if static:
+            kw = dict(input_args=torch.empty(2, SEQ, dtype=torch.int64, device="meta") if rank == 0
+                      else torch.empty(2, SEQ, 256, device="meta"),
+                      output_args=torch.empty(2, SEQ, 256, device="meta") if rank == 0
+                      else torch.empty(2, SEQ, 1024, device="meta"))
+        stage = PipelineStage(Stage(model, rank, rank + 1, rank == 0, rank == 1), rank, 2, torch.device("meta"),
+                              group=pp.get_group(), **kw)
+        return stage if result == "stage" else Schedule1F1B(stage, 4, loss_fn=loss_fn)
+    return pipeline
+
+
+@pytest.mark.parametrize("static,result,message", [
+    (False, "schedule", "stage 0: give every PipelineStage static input_args and output_args"),
+    (True, "stage", "must return the torch.distributed.pipelining schedule it builds"),
+])
+def test_user_pipeline_refusals(static, result, message):
+    with pytest.raises(CaptureError, match=message):
+        capture_step(factory("llama-tiny"), {"tokens": (8, SEQ), "labels": (8, SEQ)}, plan=Plan.from_dict({"pp": 2}),
+                     parallelize=_build(static, result))
