@@ -45,15 +45,25 @@ Symmetric ranks
 Ranks sharing one table object form a *class*. When, for every class, every
 group its collectives use (per symbolic slot) has only members of that class,
 each member resolves the same slot to that same group, all those groups cost
-the same, and the send/recv of every class mirror its representative's (the
-representative's peers are representatives, every member's peer lies in the
-class of the representative's peer, at the same transfer cost: pipeline
-stages), then all ranks of a class follow identical timelines: every
-collective and every transfer meets only peers that are in the same state
-at the same time. The simulator then runs
-one representative per class (the smallest rank) and copies its results to
-the class. Otherwise (e.g. a straggler rank with its own table inside a
-group, or send/recv to a peer outside the mirrored class) every rank is simulated.
+the same, and the send/recv of every class pair uniformly (for each send/recv
+row of the class's table there is one row of one class such that EVERY
+member's node pairs, by (src, dst, tag, occurrence), with that row of its
+peer, both ends move the same bytes, and every member's transfer has the same
+latency and bandwidth on the same network dimension: :func:`_p2p_pairing`),
+then all ranks of a class follow identical timelines, by induction over time:
+every collective and every transfer meets only peers that are in the same state
+at the same time. Uniform shifts are such pairings: a context-parallel ring
+inside a class (every rank sends to its +k neighbour on an axis and receives
+from its -k neighbour), a decomposed ring collective's steps, and pipeline
+stages (one class per stage, each member paired with a member of the next).
+The simulator then runs one representative per class (the smallest rank),
+pairs each representative's send/recv with its partner row of the partner
+class's representative (of its own class for a ring), and copies its results
+to the class. Port sharing is simulated on the representatives' ports: the
+full simulation's ports cover them one to one (each port carries the same rows
+at the same times), so the max-min fair rates are the same. Otherwise (e.g. a
+straggler rank with its own table inside a group, or a ring whose hops cross a
+node boundary at some ranks and not at others) every rank is simulated.
 Pass ``symmetric=False`` to force the full simulation.
 
 Deadlock (a node that can never start, e.g. a collective some member never
@@ -280,48 +290,142 @@ def _coll_duration(groups: _Groups, gid: int, comm_type: int, nbytes: int, algor
     return collective_time_us(kind, nbytes, len(m), list(groups.levels(gid)), algorithm.get(kind, "ring"))
 
 
-def _p2p_symmetric(trace: Trace, cls: list[int], rows: np.ndarray, rep: np.ndarray, network: Network) -> bool:
-    """Whether the send/recv of a class's members mirror its representative's (module docstring).
+def _p2p_pairing(trace: Trace, classes: list[list[int]], network: Network) -> dict | None:
+    """Pair every representative's send/recv with its partner's, or None when a class's members do not
+    mirror their representative (module docstring, "Symmetric ranks").
 
-    True when the representative's peers are themselves representatives, every
-    member's peer on each send/recv lies in the class of the representative's
-    peer on that node, and every member's transfers cost what the
-    representative's do (the same network dimensions crossed at the same
-    distances). Then simulating the representatives alone pairs every send
-    with its recv (a pipeline's stages: one representative per stage role).
+    Returns ``{(class, row): (partner class, partner row)}`` over the send/recv rows of every class's
+    table. It holds when, for every class ``C`` and send/recv row ``a`` of its table, there is one
+    row ``b`` of one class ``C'`` such that for EVERY member ``x`` of ``C`` the node that pairs with
+    ``x``'s row ``a`` in the full simulation (same (src, dst, tag) and the same occurrence count) is
+    row ``b`` of ``x``'s peer, that peer lies in ``C'``, both ends move the same bytes, and every
+    member's transfer costs the same (latency, bandwidth) on the same network dimension. A uniform
+    shift inside a class (a context-parallel ring: every rank sends to its +k neighbour on an axis and
+    receives from its -k neighbour) and pipeline stages (each stage a class) are such pairings.
     """
-    base = trace.ranks[cls[0]].peers()[rows]
-    if np.any(base < 0) or np.any(base >= rep.size) or np.any(rep[base] != base):
-        return False
-    pairs = np.unique(base)
-    cost = {int(p): network.p2p_time_us(cls[0], int(p), 1 << 20) for p in pairs}
-    for r in cls[1:]:
-        peers = trace.ranks[r].peers()[rows]
-        if np.any(peers < 0) or np.any(peers >= rep.size) or np.any(rep[peers] != base):
-            return False
-        for b in pairs.tolist():
-            p = int(peers[np.argmax(base == b)])
-            if not math.isclose(network.p2p_time_us(r, p, 1 << 20), cost[b], rel_tol=1e-12):
-                return False
-    return True
+    world = trace.world_size
+    cls_of = np.empty(world, dtype=np.int64)
+    pos_of = np.empty(world, dtype=np.int64)
+    for c, cls in enumerate(classes):
+        cls_of[cls] = c
+        pos_of[cls] = np.arange(len(cls))
+    rows_of, peers_of, kth_of = [], [], []
+    for c, cls in enumerate(classes):
+        t = trace.ranks[cls[0]].table
+        rows = np.nonzero((t.kind == NodeKind.SEND) | (t.kind == NodeKind.RECV))[0]
+        rows_of.append(rows)
+        if not rows.size:
+            peers_of.append(None)
+            kth_of.append(None)
+            continue
+        slots = t.comm_peer[rows].astype(np.int64)
+        P = np.empty((len(cls), rows.size), dtype=np.int64)
+        for i, x in enumerate(cls):
+            pr = trace.ranks[x].peer_ranks
+            if pr is None:
+                P[i] = slots
+            elif len(pr) == 0 or slots.max() >= len(pr):
+                return None
+            else:
+                P[i] = np.where(slots < 0, -1, pr[np.clip(slots, 0, None)])
+        if np.any(P < 0) or np.any(P >= world):
+            return None  # the full simulation names the bad peer
+        # occurrence count of (peer, tag, kind) per member, as the full simulation pairs them
+        _, code = np.unique(t.comm_tag[rows].astype(np.int64) * 2 + (t.kind[rows] == NodeKind.SEND),
+                            return_inverse=True)
+        code = code.reshape(-1)
+        key = (np.arange(len(cls), dtype=np.int64)[:, None] * world + P) * (int(code.max()) + 1) + code[None, :]
+        peers_of.append(P)
+        kth_of.append(_cumcount(key.reshape(-1)).reshape(P.shape))
+    # the representative's partner rows
+    index: dict[tuple[int, int], dict] = {}
+    pairing: dict[tuple[int, int], tuple[int, int]] = {}
+    partner_cls, partner_idx = [], []
+    for c, cls in enumerate(classes):
+        rows = rows_of[c]
+        pc = np.empty(rows.size, dtype=np.int64)
+        pb = np.empty(rows.size, dtype=np.int64)
+        t = trace.ranks[cls[0]].table
+        for a, row in enumerate(rows.tolist()):
+            y = int(peers_of[c][0, a])
+            c2, p2 = int(cls_of[y]), int(pos_of[y])
+            look = index.get((c2, p2))
+            if look is None:
+                t2 = trace.ranks[classes[c2][0]].table
+                r2 = rows_of[c2]
+                look = index[(c2, p2)] = {
+                    (q, tg, k, n): b for b, (q, tg, k, n) in enumerate(zip(
+                        peers_of[c2][p2].tolist(), t2.comm_tag[r2].tolist(), t2.kind[r2].tolist(),
+                        kth_of[c2][p2].tolist()))}
+            want = NodeKind.RECV if t.kind[row] == NodeKind.SEND else NodeKind.SEND
+            b = look.get((cls[0], int(t.comm_tag[row]), int(want), int(kth_of[c][0, a])))
+            if b is None:
+                return None  # unmatched: the full simulation reports the deadlock
+            t2 = trace.ranks[classes[c2][0]].table
+            if int(t2.comm_bytes[rows_of[c2][b]]) != int(t.comm_bytes[row]):
+                return None
+            pc[a], pb[a] = c2, b
+            pairing[(c, row)] = (c2, int(rows_of[c2][b]))
+        partner_cls.append(pc)
+        partner_idx.append(pb)
+    # every member's node pairs with the same partner row, in the partner class
+    pairs = []
+    for c, cls in enumerate(classes):
+        if not rows_of[c].size:
+            continue
+        P, pc, pb = peers_of[c], partner_cls[c], partner_idx[c]
+        if np.any(cls_of[P] != pc[None, :]):
+            return None
+        members = np.asarray(cls, dtype=np.int64)
+        for c2 in np.unique(pc).tolist():
+            cols = np.nonzero(pc == c2)[0]
+            Y = pos_of[P[:, cols]]
+            B = np.broadcast_to(pb[cols][None, :], Y.shape)
+            if np.any(peers_of[c2][Y, B] != members[:, None]) or np.any(kth_of[c2][Y, B] != kth_of[c][:, cols]):
+                return None
+        send = (trace.ranks[cls[0]].table.kind[rows_of[c]] == NodeKind.SEND)[None, :]
+        X = np.broadcast_to(members[:, None], P.shape)
+        pairs.append(np.stack([np.where(send, X, P), np.where(send, P, X)], axis=-1).reshape(-1, 2))
+    if not pairs:
+        return pairing
+    # every member's transfer on a row costs what the representative's does, on the same dimension
+    # (a transfer's time is latency + bytes / bandwidth: equal at 0 and at 1 MiB means equal at any size)
+    allp = np.concatenate(pairs)
+    ukey, inv = np.unique(allp[:, 0] * world + allp[:, 1], return_inverse=True)
+    inv = inv.reshape(-1)
+    uniq = np.stack([ukey // world, ukey % world], axis=1)
+    lat = np.array([network.p2p_time_us(s, d, 0) for s, d in uniq.tolist()])
+    mib = np.array([network.p2p_time_us(s, d, 1 << 20) for s, d in uniq.tolist()])
+    cs = network.coords(uniq[:, 0])
+    cd = network.coords(uniq[:, 1])
+    diff = cs != cd
+    dim = np.where(diff.any(axis=1), diff.shape[1] - 1 - np.argmax(diff[:, ::-1], axis=1), -1)
+    off = 0
+    for c, cls in enumerate(classes):
+        n = rows_of[c].size
+        if not n:
+            continue
+        k = inv[off:off + len(cls) * n].reshape(len(cls), n)
+        off += len(cls) * n
+        for v in (lat, mib):
+            if not np.allclose(v[k], v[k[0]][None, :], rtol=1e-12, atol=0.0):
+                return None
+        if np.any(dim[k] != dim[k[0]][None, :]):
+            return None
+    return pairing
 
 
-def _symmetric_classes(trace: Trace, groups: _Groups) -> list[list[int]] | None:
-    """Classes of ranks that follow identical timelines, or None (module docstring)."""
+def _symmetric_classes(trace: Trace, groups: _Groups) -> tuple[list[list[int]], dict] | None:
+    """Classes of ranks that follow identical timelines and their send/recv pairing
+    (:func:`_p2p_pairing`), or None (module docstring)."""
     by_table: dict[int, list[int]] = {}
     for r, p in enumerate(trace.ranks):
         by_table.setdefault(id(p.table), []).append(r)
     classes = list(by_table.values())
     world = trace.world_size
-    rep = np.empty(world, dtype=np.int64)
-    for cls in classes:
-        rep[cls] = cls[0]
     for cls in classes:
         t = trace.ranks[cls[0]].table
         kind = t.kind
-        p2p = np.nonzero((kind == NodeKind.SEND) | (kind == NodeKind.RECV))[0]
-        if len(cls) > 1 and p2p.size and not _p2p_symmetric(trace, cls, p2p, rep, groups.network):
-            return None
         coll = kind == NodeKind.COLL
         if not coll.any():
             continue
@@ -348,7 +452,8 @@ def _symmetric_classes(trace: Trace, groups: _Groups) -> list[list[int]] | None:
                     sig = s
                 elif s != sig:
                     return None
-    return classes
+    pairing = _p2p_pairing(trace, classes, groups.network)
+    return None if pairing is None else (classes, pairing)
 
 
 @dataclass
@@ -396,10 +501,12 @@ def _run(trace, device, network, mesh, algorithm, dtype, symmetric) -> RawSim:
             alg.setdefault(k, "ring")
     groups = _Groups(trace, net)
 
-    classes = _symmetric_classes(trace, groups) if symmetric else None
-    is_sym = classes is not None
-    if classes is None:
-        classes = [[r] for r in range(world)]
+    found = _symmetric_classes(trace, groups) if symmetric else None
+    is_sym = found is not None
+    classes, pairing = found if found is not None else ([[r] for r in range(world)], None)
+    rep_of = np.empty(world, dtype=np.int64)  # the simulated rank standing for each rank
+    for cls in classes:
+        rep_of[cls] = cls[0]
     sim_ranks = [c[0] for c in classes]
     plan_cache: dict[int, _TablePlan] = {}
     plans = []
@@ -438,7 +545,10 @@ def _run(trace, device, network, mesh, algorithm, dtype, symmetric) -> RawSim:
             ck = (src, dst, tag, k)
             kth = count.get(ck, 0)
             count[ck] = kth + 1
-            key = (src, dst, tag, kth)
+            if pairing is None:
+                key = (src, dst, tag, kth)
+            else:  # one instance per pair of representative rows: the send's (program, row)
+                key = (s, row) if k == NodeKind.SEND else pairing[(s, row)]
             idx = keyed.get(key)
             if idx is None:
                 idx = keyed[key] = len(inst_expected)
@@ -449,7 +559,10 @@ def _run(trace, device, network, mesh, algorithm, dtype, symmetric) -> RawSim:
                 inst_dur.append(d)
                 inst_desc.append(("p", nb, src, dst, tag, kth))
                 port = _port(net, src, dst, port_dims)
-                inst_port[idx] = (("out", src, port), ("in", dst, port), d - net.p2p_time_us(src, dst, 0))
+                # ports of the representatives: in a reduced simulation the representative's egress
+                # carries its class's sends and its ingress the recvs (module docstring)
+                inst_port[idx] = (("out", int(rep_of[src]), port), ("in", int(rep_of[dst]), port),
+                                  d - net.p2p_time_us(src, dst, 0))
             sync_arr[s][row] = idx
     sync = [x.tolist() for x in sync_arr]
     inst_arrived: list[list] = [[] for _ in inst_expected]
