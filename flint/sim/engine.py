@@ -292,16 +292,18 @@ def _coll_duration(groups: _Groups, gid: int, comm_type: int, nbytes: int, algor
 
 def _p2p_pairing(trace: Trace, classes: list[list[int]], network: Network) -> dict | None:
     """Pair every representative's send/recv with its partner's, or None when a class's members do not
-    mirror their representative (module docstring, "Symmetric ranks").
+    pair uniformly (module docstring, "Symmetric ranks").
 
     Returns ``{(class, row): (partner class, partner row)}`` over the send/recv rows of every class's
     table. It holds when, for every class ``C`` and send/recv row ``a`` of its table, there is one
     row ``b`` of one class ``C'`` such that for EVERY member ``x`` of ``C`` the node that pairs with
     ``x``'s row ``a`` in the full simulation (same (src, dst, tag) and the same occurrence count) is
     row ``b`` of ``x``'s peer, that peer lies in ``C'``, both ends move the same bytes, and every
-    member's transfer costs the same (latency, bandwidth) on the same network dimension. A uniform
+    member's transfer has the same latency and bandwidth on the same network dimension. A uniform
     shift inside a class (a context-parallel ring: every rank sends to its +k neighbour on an axis and
     receives from its -k neighbour) and pipeline stages (each stage a class) are such pairings.
+    Peers are checked per symbolic peer slot (a table names few), occurrence counts per row only when
+    some member sends two slots to one rank.
     """
     world = trace.world_size
     cls_of = np.empty(world, dtype=np.int64)
@@ -309,110 +311,130 @@ def _p2p_pairing(trace: Trace, classes: list[list[int]], network: Network) -> di
     for c, cls in enumerate(classes):
         cls_of[cls] = c
         pos_of[cls] = np.arange(len(cls))
-    rows_of, peers_of, kth_of = [], [], []
+    info = []  # per class: rows, slot index per row, peer per (member, slot), occurrence counts
     for c, cls in enumerate(classes):
         t = trace.ranks[cls[0]].table
         rows = np.nonzero((t.kind == NodeKind.SEND) | (t.kind == NodeKind.RECV))[0]
-        rows_of.append(rows)
         if not rows.size:
-            peers_of.append(None)
-            kth_of.append(None)
+            info.append(None)
             continue
-        slots = t.comm_peer[rows].astype(np.int64)
-        P = np.empty((len(cls), rows.size), dtype=np.int64)
+        used, ui = np.unique(t.comm_peer[rows].astype(np.int64), return_inverse=True)
+        ui = ui.reshape(-1)
+        S = np.empty((len(cls), used.size), dtype=np.int64)
         for i, x in enumerate(cls):
             pr = trace.ranks[x].peer_ranks
             if pr is None:
-                P[i] = slots
-            elif len(pr) == 0 or slots.max() >= len(pr):
+                S[i] = used
+            elif used[0] < 0 or used[-1] >= len(pr):
                 return None
             else:
-                P[i] = np.where(slots < 0, -1, pr[np.clip(slots, 0, None)])
-        if np.any(P < 0) or np.any(P >= world):
+                S[i] = pr[used]
+        if np.any(S < 0) or np.any(S >= world):
             return None  # the full simulation names the bad peer
-        # occurrence count of (peer, tag, kind) per member, as the full simulation pairs them
+        # occurrence count of (peer, tag, kind), as the full simulation pairs them: the same for every
+        # member when each member's slots name distinct ranks (then equal peers <=> equal slots)
         _, code = np.unique(t.comm_tag[rows].astype(np.int64) * 2 + (t.kind[rows] == NodeKind.SEND),
                             return_inverse=True)
         code = code.reshape(-1)
-        key = (np.arange(len(cls), dtype=np.int64)[:, None] * world + P) * (int(code.max()) + 1) + code[None, :]
-        peers_of.append(P)
-        kth_of.append(_cumcount(key.reshape(-1)).reshape(P.shape))
+        ncode = int(code.max()) + 1
+        srt = np.sort(S, axis=1)
+        if not np.any(srt[:, 1:] == srt[:, :-1]):
+            kth = _cumcount(ui * ncode + code)[None, :]  # broadcast over members
+        else:
+            key = (np.arange(len(cls), dtype=np.int64)[:, None] * world + S[:, ui]) * ncode + code[None, :]
+            kth = _cumcount(key.reshape(-1)).reshape(len(cls), rows.size)
+        info.append((rows, ui, S, kth, t))
     # the representative's partner rows
     index: dict[tuple[int, int], dict] = {}
     pairing: dict[tuple[int, int], tuple[int, int]] = {}
-    partner_cls, partner_idx = [], []
+    partner = []
     for c, cls in enumerate(classes):
-        rows = rows_of[c]
+        if info[c] is None:
+            partner.append(None)
+            continue
+        rows, ui, S, kth, t = info[c]
         pc = np.empty(rows.size, dtype=np.int64)
         pb = np.empty(rows.size, dtype=np.int64)
-        t = trace.ranks[cls[0]].table
+        peers0 = S[0, ui].tolist()
+        k0 = kth[0].tolist()
         for a, row in enumerate(rows.tolist()):
-            y = int(peers_of[c][0, a])
+            y = peers0[a]
             c2, p2 = int(cls_of[y]), int(pos_of[y])
+            if info[c2] is None:
+                return None
+            rows2, ui2, S2, kth2, t2 = info[c2]
             look = index.get((c2, p2))
             if look is None:
-                t2 = trace.ranks[classes[c2][0]].table
-                r2 = rows_of[c2]
                 look = index[(c2, p2)] = {
-                    (q, tg, k, n): b for b, (q, tg, k, n) in enumerate(zip(
-                        peers_of[c2][p2].tolist(), t2.comm_tag[r2].tolist(), t2.kind[r2].tolist(),
-                        kth_of[c2][p2].tolist()))}
+                    key: b for b, key in enumerate(zip(S2[p2, ui2].tolist(), t2.comm_tag[rows2].tolist(),
+                                                       t2.kind[rows2].tolist(), kth2[min(p2, len(kth2) - 1)].tolist()))}
             want = NodeKind.RECV if t.kind[row] == NodeKind.SEND else NodeKind.SEND
-            b = look.get((cls[0], int(t.comm_tag[row]), int(want), int(kth_of[c][0, a])))
-            if b is None:
-                return None  # unmatched: the full simulation reports the deadlock
-            t2 = trace.ranks[classes[c2][0]].table
-            if int(t2.comm_bytes[rows_of[c2][b]]) != int(t.comm_bytes[row]):
-                return None
+            b = look.get((cls[0], int(t.comm_tag[row]), int(want), k0[a]))
+            if b is None or int(t2.comm_bytes[rows2[b]]) != int(t.comm_bytes[row]):
+                return None  # unmatched (the full simulation reports the deadlock) or different sizes
             pc[a], pb[a] = c2, b
-            pairing[(c, row)] = (c2, int(rows_of[c2][b]))
-        partner_cls.append(pc)
-        partner_idx.append(pb)
+            pairing[(c, row)] = (c2, int(rows2[b]))
+        partner.append((pc, pb))
     # every member's node pairs with the same partner row, in the partner class
-    pairs = []
     for c, cls in enumerate(classes):
-        if not rows_of[c].size:
+        if info[c] is None:
             continue
-        P, pc, pb = peers_of[c], partner_cls[c], partner_idx[c]
-        if np.any(cls_of[P] != pc[None, :]):
-            return None
+        rows, ui, S, kth, t = info[c]
+        pc, pb = partner[c]
         members = np.asarray(cls, dtype=np.int64)
+        per_row = kth.shape[0] > 1
         for c2 in np.unique(pc).tolist():
+            rows2, ui2, S2, kth2, _ = info[c2]
             cols = np.nonzero(pc == c2)[0]
-            Y = pos_of[P[:, cols]]
-            B = np.broadcast_to(pb[cols][None, :], Y.shape)
-            if np.any(peers_of[c2][Y, B] != members[:, None]) or np.any(kth_of[c2][Y, B] != kth_of[c][:, cols]):
+            if not per_row and kth2.shape[0] == 1:  # peers per (slot, partner slot): a few columns
+                _, first = np.unique(ui[cols] * S2.shape[1] + ui2[pb[cols]], return_index=True)
+                cols = cols[first]
+            Y = S[:, ui[cols]]
+            if np.any(cls_of[Y] != c2):
                 return None
-        send = (trace.ranks[cls[0]].table.kind[rows_of[c]] == NodeKind.SEND)[None, :]
-        X = np.broadcast_to(members[:, None], P.shape)
-        pairs.append(np.stack([np.where(send, X, P), np.where(send, P, X)], axis=-1).reshape(-1, 2))
-    if not pairs:
-        return pairing
-    # every member's transfer on a row costs what the representative's does, on the same dimension
+            Y = pos_of[Y]
+            B = np.broadcast_to(pb[cols][None, :], Y.shape)
+            if np.any(S2[Y, ui2[B]] != members[:, None]):
+                return None
+            if (per_row or kth2.shape[0] > 1) and np.any(
+                    np.broadcast_to(kth2, (S2.shape[0], kth2.shape[1]))[Y, B]
+                    != np.broadcast_to(kth, (len(cls), kth.shape[1]))[:, cols]):
+                return None
+    # every member's transfer on a slot costs what the representative's does, on the same dimension
     # (a transfer's time is latency + bytes / bandwidth: equal at 0 and at 1 MiB means equal at any size)
-    allp = np.concatenate(pairs)
-    ukey, inv = np.unique(allp[:, 0] * world + allp[:, 1], return_inverse=True)
-    inv = inv.reshape(-1)
-    uniq = np.stack([ukey // world, ukey % world], axis=1)
-    lat = np.array([network.p2p_time_us(s, d, 0) for s, d in uniq.tolist()])
-    mib = np.array([network.p2p_time_us(s, d, 1 << 20) for s, d in uniq.tolist()])
-    cs = network.coords(uniq[:, 0])
-    cd = network.coords(uniq[:, 1])
+    for c, cls in enumerate(classes):
+        if info[c] is None:
+            continue
+        rows, ui, S, kth, t = info[c]
+        send = t.kind[rows] == NodeKind.SEND
+        members = np.asarray(cls, dtype=np.int64)[:, None]
+        for u, d in {(int(u), bool(d)) for u, d in zip(ui.tolist(), send.tolist())}:
+            src, dst = (members[:, 0], S[:, u]) if d else (S[:, u], members[:, 0])
+            if not _same_p2p_cost(network, src, dst):
+                return None
+    return pairing
+
+
+def _same_p2p_cost(network: Network, src: np.ndarray, dst: np.ndarray) -> bool:
+    """Whether every ``src[i] -> dst[i]`` transfer has the first one's latency, bandwidth and port dimension.
+
+    Without per-NIC bandwidths a transfer's cost and port depend only on how far apart the two ranks are
+    along each network dimension, so one transfer per distinct distance vector is priced."""
+    cs, cd = network.coords(src), network.coords(dst)
     diff = cs != cd
     dim = np.where(diff.any(axis=1), diff.shape[1] - 1 - np.argmax(diff[:, ::-1], axis=1), -1)
-    off = 0
-    for c, cls in enumerate(classes):
-        n = rows_of[c].size
-        if not n:
-            continue
-        k = inv[off:off + len(cls) * n].reshape(len(cls), n)
-        off += len(cls) * n
-        for v in (lat, mib):
-            if not np.allclose(v[k], v[k[0]][None, :], rtol=1e-12, atol=0.0):
-                return None
-        if np.any(dim[k] != dim[k[0]][None, :]):
-            return None
-    return pairing
+    if np.any(dim != dim[0]):
+        return False
+    if network.nics:
+        idx = np.arange(src.size)
+    else:
+        _, idx = np.unique(np.abs(cs - cd), axis=0, return_index=True)
+
+    def cost(i: int) -> tuple[float, float]:
+        return network.p2p_time_us(int(src[i]), int(dst[i]), 0), network.p2p_time_us(int(src[i]), int(dst[i]), 1 << 20)
+
+    base = cost(0)
+    return all(math.isclose(a, b, rel_tol=1e-12, abs_tol=0.0) for i in idx.tolist() for a, b in zip(cost(i), base))
 
 
 def _symmetric_classes(trace: Trace, groups: _Groups) -> tuple[list[list[int]], dict] | None:
