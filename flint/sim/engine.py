@@ -453,14 +453,19 @@ def _symmetric_classes(trace: Trace, groups: _Groups) -> tuple[list[list[int]], 
             continue
         slots = np.unique(t.comm_group[coll])
         cls_arr = np.asarray(cls, dtype=np.int64)
+        ids = [trace.ranks[r].group_ids for r in cls]
+        table = None  # every member's group ids as one matrix, when they have the same length
+        if all(x is not None for x in ids) and len({len(x) for x in ids}) == 1:
+            table = np.stack(ids).astype(np.int64)
         for slot in slots.tolist():
             g = np.full(world, -2, dtype=np.int64)
-            for r in cls:
-                p = trace.ranks[r]
-                if p.group_ids is None or slot < 0:
-                    g[r] = max(slot, 0)
-                else:
-                    g[r] = int(p.group_ids[slot]) if slot < len(p.group_ids) else -3
+            if slot < 0:
+                g[cls_arr] = 0
+            elif table is not None:
+                g[cls_arr] = table[:, slot] if slot < table.shape[1] else -3
+            else:
+                for r, x in zip(cls, ids):
+                    g[r] = slot if x is None else (int(x[slot]) if slot < len(x) else -3)
             gs = g[cls_arr]
             if np.any(gs == -3):
                 return None
