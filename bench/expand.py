@@ -34,12 +34,15 @@ def plans(n: int):
 
 
 def cp_zero_plans():
-    """Context-parallel and ZeRO-1/2 plans (``--cp-zero``): FSDP x TP 8 + SP with cp 2..8, and the ZeRO stages."""
+    """Context-parallel and ZeRO-1/2 plans (``--cp-zero``): FSDP x TP 8 + SP with cp 2..8 (and one cp 4 x tp 4
+    whose ring is not uniform across nodes), and the ZeRO stages."""
     from flint.plan import Plan
 
     out = []
     for world, cp in ((64, 2), (128, 4), (256, 8), (1024, 8)):
         out.append(Plan.from_dict({"dp_shard": world // (8 * cp), "cp": cp, "tp": 8, "sp": True}))
+    # cp ring over tp = 4: hops 0 -> 4 stay in a node of 8, 4 -> 8 leave it: every rank is simulated
+    out.append(Plan.from_dict({"dp_shard": 4, "cp": 4, "tp": 4, "sp": True}))
     for world in (64, 512):
         for zero in (1, 2):
             out.append(Plan.from_dict({"dp_shard": world // 8, "tp": 8, "sp": True, "zero": zero}))
