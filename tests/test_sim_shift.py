@@ -86,13 +86,28 @@ def test_any_permutation_of_uniform_cost_is_reduced():
     _same(fast, full)
 
 
-def test_ring_crossing_a_node_boundary_at_some_ranks_falls_back():
-    # nodes of 2: hops 1 -> 2 and 3 -> 0 cross InfiniBand, 0 -> 1 and 2 -> 3 stay on NVLink
+def test_ring_crossing_a_node_boundary_at_some_ranks_splits_the_class():
+    # nodes of 2: hops 1 -> 2 and 3 -> 0 cross InfiniBand, 0 -> 1 and 2 -> 3 stay on NVLink: even positions
+    # (send on NVLink, receive over InfiniBand) and odd ones are two classes; the dp all-reduce stays in one
     trace = _ring_trace(Mesh((2, 4), ("dp", "cp")), "cp")
     fast, full = _both(trace, NODES_OF_2)
-    assert not fast.symmetric and len(fast.simulated_ranks) == 8
+    assert fast.symmetric and fast.simulated_ranks == [0, 1]
     _same(fast, full)
-    assert len(set(full.finish_us.tolist())) > 1  # the ranks' timelines really differ: no reduction is right
+    assert len(set(full.finish_us.tolist())) > 1  # the ranks' timelines really differ: one class is not right
+
+
+def test_group_spanning_classes_meets_their_representatives():
+    # the same ring, with the all-reduce over the cp axis (ranks of both classes): ranks 0 and 1, the
+    # representatives, are in the same group and meet there
+    mesh = Mesh((2, 4), ("dp", "cp"))
+    trace = _ring_trace(mesh, "cp")
+    groups, lookup = assign_group_ids(mesh, [(1,)])
+    for r, p in enumerate(trace.ranks):
+        p.group_ids = np.array([lookup[(1,)][r]])
+    trace.comm_groups = groups
+    fast, full = _both(trace, NODES_OF_2)
+    assert fast.symmetric and fast.simulated_ranks == [0, 1]
+    _same(fast, full)
 
 
 @settings(max_examples=30, deadline=None)

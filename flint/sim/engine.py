@@ -247,25 +247,25 @@ def _resolve_collectives(trace, sim_ranks, plans, groups, alg, is_sym, sync_arr,
             row = int(e["row"][i])
             raise FlintError(f"rank {r} node {int(t.node_ids[row])} '{t.names[row]}' issues a collective on group {gid}, "
                              f"which does not contain it (members {list(groups.members(gid))[:16]})")
-    if is_sym:
-        first = np.arange(e["s"].size)
-        inv = first
-    else:
-        key = e["gid"] * (int(e["kth"].max()) + 1) + e["kth"]
-        _, first, inv = np.unique(key, return_index=True, return_inverse=True)
-        inv = inv.reshape(-1)
-        bad = np.nonzero((e["ct"] != e["ct"][first][inv]) | (e["nb"] != e["nb"][first][inv]))[0]
-        if bad.size:
-            i = int(bad[0])
-            j = int(first[inv[i]])
-            t = plans[int(e["s"][i])].table
-            row = int(e["row"][i])
-            mine = ("c", int(e["ct"][i]), int(e["nb"][i]), int(e["gid"][i]), int(e["kth"][i]))
-            other = ("c", int(e["ct"][j]), int(e["nb"][j]), int(e["gid"][j]), int(e["kth"][j]))
-            raise FlintError(f"rank {int(e['rank'][i])} node {int(t.node_ids[row])} '{t.names[row]}': {_describe(mine)}, "
-                             f"but rank {int(e['rank'][j])} issued {_describe(other)} as the same call; members must issue "
-                             "a group's collectives in the same order with the same kind and size")
+    # the k-th call of every simulated member of group g is one instance (in a reduced simulation the
+    # simulated members of g are the representatives of the classes with members in g)
+    key = e["gid"] * (int(e["kth"].max()) + 1) + e["kth"]
+    _, first, inv = np.unique(key, return_index=True, return_inverse=True)
+    inv = inv.reshape(-1)
+    bad = np.nonzero((e["ct"] != e["ct"][first][inv]) | (e["nb"] != e["nb"][first][inv]))[0]
+    if bad.size:
+        i = int(bad[0])
+        j = int(first[inv[i]])
+        t = plans[int(e["s"][i])].table
+        row = int(e["row"][i])
+        mine = ("c", int(e["ct"][i]), int(e["nb"][i]), int(e["gid"][i]), int(e["kth"][i]))
+        other = ("c", int(e["ct"][j]), int(e["nb"][j]), int(e["gid"][j]), int(e["kth"][j]))
+        raise FlintError(f"rank {int(e['rank'][i])} node {int(t.node_ids[row])} '{t.names[row]}': {_describe(mine)}, "
+                         f"but rank {int(e['rank'][j])} issued {_describe(other)} as the same call; members must issue "
+                         "a group's collectives in the same order with the same kind and size")
     base = len(inst_expected)
+    simulated = set(sim_ranks)
+    count: dict[int, int] = {}  # group -> simulated members
     gid_f, ct_f, nb_f, kth_f = (e[k][first].tolist() for k in ("gid", "ct", "nb", "kth"))
     cache: dict[tuple, float] = {}
     for gid, ct, nb, kth in zip(gid_f, ct_f, nb_f, kth_f):
@@ -273,7 +273,10 @@ def _resolve_collectives(trace, sim_ranks, plans, groups, alg, is_sym, sync_arr,
         d = cache.get(ck)
         if d is None:
             d = cache[ck] = _coll_duration(groups, gid, ct, nb, alg)
-        inst_expected.append(1 if is_sym else len(groups.members(gid)))
+        n = count.get(gid)
+        if n is None:
+            n = count[gid] = (len(simulated & groups.member_set(gid)) if is_sym else len(groups.members(gid)))
+        inst_expected.append(n)
         inst_dur.append(d)
         inst_desc.append(("c", ct, nb, gid, kth))
     ids = inv + base
@@ -320,16 +323,8 @@ def _p2p_pairing(trace: Trace, classes: list[list[int]], network: Network) -> di
             continue
         used, ui = np.unique(t.comm_peer[rows].astype(np.int64), return_inverse=True)
         ui = ui.reshape(-1)
-        S = np.empty((len(cls), used.size), dtype=np.int64)
-        for i, x in enumerate(cls):
-            pr = trace.ranks[x].peer_ranks
-            if pr is None:
-                S[i] = used
-            elif used[0] < 0 or used[-1] >= len(pr):
-                return None
-            else:
-                S[i] = pr[used]
-        if np.any(S < 0) or np.any(S >= world):
+        S = _slot_peers(trace, cls, used, world)
+        if S is None:
             return None  # the full simulation names the bad peer
         # occurrence count of (peer, tag, kind), as the full simulation pairs them: the same for every
         # member when each member's slots name distinct ranks (then equal peers <=> equal slots)
@@ -402,39 +397,89 @@ def _p2p_pairing(trace: Trace, classes: list[list[int]], network: Network) -> di
                 return None
     # every member's transfer on a slot costs what the representative's does, on the same dimension
     # (a transfer's time is latency + bytes / bandwidth: equal at 0 and at 1 MiB means equal at any size)
+    ids: dict = {}
     for c, cls in enumerate(classes):
         if info[c] is None:
             continue
         rows, ui, S, kth, t = info[c]
         send = t.kind[rows] == NodeKind.SEND
-        members = np.asarray(cls, dtype=np.int64)[:, None]
+        members = np.asarray(cls, dtype=np.int64)
         for u, d in {(int(u), bool(d)) for u, d in zip(ui.tolist(), send.tolist())}:
-            src, dst = (members[:, 0], S[:, u]) if d else (S[:, u], members[:, 0])
-            if not _same_p2p_cost(network, src, dst):
+            src, dst = (members, S[:, u]) if d else (S[:, u], members)
+            cost = _cost_ids(network, src, dst, ids)
+            if np.any(cost != cost[0]):
                 return None
     return pairing
 
 
-def _same_p2p_cost(network: Network, src: np.ndarray, dst: np.ndarray) -> bool:
-    """Whether every ``src[i] -> dst[i]`` transfer has the first one's latency, bandwidth and port dimension.
+def _cost_ids(network: Network, src: np.ndarray, dst: np.ndarray, ids: dict) -> np.ndarray:
+    """An id per ``src[i] -> dst[i]`` transfer: equal ids, equal (port dimension, latency, bandwidth).
 
     Without per-NIC bandwidths a transfer's cost and port depend only on how far apart the two ranks are
     along each network dimension, so one transfer per distinct distance vector is priced."""
     cs, cd = network.coords(src), network.coords(dst)
     diff = cs != cd
     dim = np.where(diff.any(axis=1), diff.shape[1] - 1 - np.argmax(diff[:, ::-1], axis=1), -1)
-    if np.any(dim != dim[0]):
-        return False
     if network.nics:
-        idx = np.arange(src.size)
+        first, inv = np.arange(src.size), np.arange(src.size)
     else:
-        _, idx = np.unique(np.abs(cs - cd), axis=0, return_index=True)
+        _, first, inv = np.unique(np.abs(cs - cd), axis=0, return_index=True, return_inverse=True)
+        inv = inv.reshape(-1)
+    out = np.empty(first.size, dtype=np.int64)
+    for k, i in enumerate(first.tolist()):
+        a, b = int(src[i]), int(dst[i])
+        key = (int(dim[i]), network.p2p_time_us(a, b, 0), network.p2p_time_us(a, b, 1 << 20))
+        out[k] = ids.setdefault(key, len(ids))
+    return out[inv]
 
-    def cost(i: int) -> tuple[float, float]:
-        return network.p2p_time_us(int(src[i]), int(dst[i]), 0), network.p2p_time_us(int(src[i]), int(dst[i]), 1 << 20)
 
-    base = cost(0)
-    return all(math.isclose(a, b, rel_tol=1e-12, abs_tol=0.0) for i in idx.tolist() for a, b in zip(cost(i), base))
+def _slot_peers(trace: Trace, cls: list[int], slots: np.ndarray, world: int) -> np.ndarray | None:
+    """The peer rank of each member (rows) for each peer slot (columns), or None if one is out of range."""
+    S = np.empty((len(cls), slots.size), dtype=np.int64)
+    for i, x in enumerate(cls):
+        pr = trace.ranks[x].peer_ranks
+        if pr is None:
+            S[i] = slots
+        elif slots[0] < 0 or slots[-1] >= len(pr):
+            return None
+        else:
+            S[i] = pr[slots]
+    return None if np.any(S < 0) or np.any(S >= world) else S
+
+
+def _refine(trace: Trace, classes: list[list[int]], network: Network) -> list[list[int]]:
+    """Split classes until the members of each send to and receive from ranks of the same classes at the same
+    cost per peer slot (e.g. a ring whose hops leave a node at some positions only: one class per position)."""
+    world = trace.world_size
+    ids: dict = {}
+    while True:
+        label = np.empty(world, dtype=np.int64)
+        for c, cls in enumerate(classes):
+            label[cls] = c
+        out = []
+        for cls in classes:
+            t = trace.ranks[cls[0]].table
+            rows = np.nonzero((t.kind == NodeKind.SEND) | (t.kind == NodeKind.RECV))[0]
+            if len(cls) == 1 or not rows.size:
+                out.append(cls)
+                continue
+            used, ui = np.unique(t.comm_peer[rows].astype(np.int64), return_inverse=True)
+            S = _slot_peers(trace, cls, used, world)
+            if S is None:
+                return classes  # the pairing check refuses it
+            members = np.asarray(cls, dtype=np.int64)
+            cols = []
+            for u, d in sorted({(int(u), bool(d)) for u, d in zip(ui.reshape(-1).tolist(),
+                                                                 (t.kind[rows] == NodeKind.SEND).tolist())}):
+                src, dst = (members, S[:, u]) if d else (S[:, u], members)
+                cols += [_cost_ids(network, src, dst, ids), label[S[:, u]]]
+            _, first, inv = np.unique(np.stack(cols, axis=1), axis=0, return_index=True, return_inverse=True)
+            inv = inv.reshape(-1)
+            for k in np.argsort(first).tolist():
+                out.append(members[inv == k].tolist())
+        if len(out) == len(classes):
+            return sorted(classes, key=lambda c: c[0])
+        classes = out
 
 
 def _symmetric_classes(trace: Trace, groups: _Groups) -> tuple[list[list[int]], dict] | None:
@@ -443,41 +488,71 @@ def _symmetric_classes(trace: Trace, groups: _Groups) -> tuple[list[list[int]], 
     by_table: dict[int, list[int]] = {}
     for r, p in enumerate(trace.ranks):
         by_table.setdefault(id(p.table), []).append(r)
-    classes = list(by_table.values())
     world = trace.world_size
-    for cls in classes:
+    classes = _refine(trace, list(by_table.values()), groups.network)
+    label = np.empty(world, dtype=np.int64)
+    for c, cls in enumerate(classes):
+        label[cls] = c
+    is_rep = np.zeros(world, dtype=bool)
+    is_rep[[cls[0] for cls in classes]] = True
+    resolved: dict[tuple[int, int], np.ndarray] = {}  # (table, slot) -> group of every rank of the table
+
+    def resolve(t_id: int, slot: int) -> np.ndarray | None:
+        g = resolved.get((t_id, slot))
+        if g is None:
+            members = by_table[t_id]
+            g = np.full(world, -2, dtype=np.int64)
+            ids = [trace.ranks[r].group_ids for r in members]
+            if slot < 0:
+                g[members] = 0
+            elif all(x is not None for x in ids) and len({len(x) for x in ids}) == 1:
+                if slot >= len(ids[0]):
+                    return None
+                g[members] = np.stack(ids)[:, slot]
+            else:
+                for r, x in zip(members, ids):
+                    if x is not None and slot >= len(x):
+                        return None
+                    g[r] = slot if x is None else int(x[slot])
+            resolved[(t_id, slot)] = g
+        return g
+
+    for c, cls in enumerate(classes):
         t = trace.ranks[cls[0]].table
-        kind = t.kind
-        coll = kind == NodeKind.COLL
+        coll = t.kind == NodeKind.COLL
         if not coll.any():
             continue
-        slots = np.unique(t.comm_group[coll])
         cls_arr = np.asarray(cls, dtype=np.int64)
-        ids = [trace.ranks[r].group_ids for r in cls]
-        table = None  # every member's group ids as one matrix, when they have the same length
-        if all(x is not None for x in ids) and len({len(x) for x in ids}) == 1:
-            table = np.stack(ids).astype(np.int64)
-        for slot in slots.tolist():
-            g = np.full(world, -2, dtype=np.int64)
-            if slot < 0:
-                g[cls_arr] = 0
-            elif table is not None:
-                g[cls_arr] = table[:, slot] if slot < table.shape[1] else -3
-            else:
-                for r, x in zip(cls, ids):
-                    g[r] = slot if x is None else (int(x[slot]) if slot < len(x) else -3)
-            gs = g[cls_arr]
-            if np.any(gs == -3):
+        cols = []
+        for slot in np.unique(t.comm_group[coll]).tolist():
+            g = resolve(id(t), slot)
+            if g is None:
                 return None
+            gs = g[cls_arr]
+            cols.append(gs)
             sig = None
             for gid in np.unique(gs).tolist():
                 mem = np.asarray(groups.members(gid), dtype=np.int64)
+                # every member (of this table) resolves the slot to this group; the group spans the same
+                # classes and costs the same as every other group of the slot
                 if not np.all(g[mem] == gid):
                     return None
-                s = (len(mem), tuple((id(lk), n) for lk, n in groups.levels(gid)))
+                comp = np.unique(label[mem])
+                s = (len(mem), tuple((id(lk), n) for lk, n in groups.levels(gid)), tuple(comp.tolist()))
                 if sig is None:
                     sig = s
                 elif s != sig:
+                    return None
+                # the representative's group holds the representative of every class in it: in the reduced
+                # simulation they meet there
+                if gid == int(g[cls[0]]) and int(is_rep[mem].sum()) != comp.size:
+                    return None
+        # two slots naming one group for one member name one group for all (the k-th call on a group is
+        # the same row for every member)
+        for i in range(len(cols)):
+            for j in range(i + 1, len(cols)):
+                eq = cols[i] == cols[j]
+                if eq.any() and not eq.all():
                     return None
     pairing = _p2p_pairing(trace, classes, groups.network)
     return None if pairing is None else (classes, pairing)
