@@ -42,29 +42,35 @@ from the network model (a trace's own ``duration_us`` on them is ignored).
 
 Symmetric ranks
 ---------------
-Ranks sharing one table object form a *class*. When, for every class, every
-group its collectives use (per symbolic slot) has only members of that class,
-each member resolves the same slot to that same group, all those groups cost
-the same, and the send/recv of every class pair uniformly (for each send/recv
-row of the class's table there is one row of one class such that EVERY
-member's node pairs, by (src, dst, tag, occurrence), with that row of its
-peer, both ends move the same bytes, and every member's transfer has the same
-latency and bandwidth on the same network dimension: :func:`_p2p_pairing`),
-then all ranks of a class follow identical timelines, by induction over time:
-every collective and every transfer meets only peers that are in the same state
-at the same time. Uniform shifts are such pairings: a context-parallel ring
-inside a class (every rank sends to its +k neighbour on an axis and receives
-from its -k neighbour), a decomposed ring collective's steps, and pipeline
-stages (one class per stage, each member paired with a member of the next).
-The simulator then runs one representative per class (the smallest rank),
-pairs each representative's send/recv with its partner row of the partner
-class's representative (of its own class for a ring), and copies its results
-to the class. Port sharing is simulated on the representatives' ports: the
-full simulation's ports cover them one to one (each port carries the same rows
-at the same times), so the max-min fair rates are the same. Otherwise (e.g. a
-straggler rank with its own table inside a group, or a ring whose hops cross a
-node boundary at some ranks and not at others) every rank is simulated.
-Pass ``symmetric=False`` to force the full simulation.
+Ranks sharing one table object start as one *class*; a class is split
+(:func:`_refine`, to a fixed point) until, for each peer slot of its
+send/recv, all its members' transfers go to ranks of one class at the same
+latency and bandwidth on the same network dimension (a ring whose hops leave
+a node at some positions only becomes one class per position). Then, when
+every group a class's collectives use (per symbolic slot) lies among ranks of
+its table, every such rank resolves the slot to that group, all those groups
+cost the same and span the same classes, the representative's group holds the
+representative of each class it spans, and the send/recv of every class pair
+uniformly (for each send/recv row of the class's table there is one row of
+one class such that EVERY member's node pairs, by (src, dst, tag,
+occurrence), with that row of its peer, and both ends move the same bytes:
+:func:`_p2p_pairing`), all ranks of a class follow identical timelines, by
+induction over time: every collective and every transfer meets only ranks
+whose classes are in the same state at the same time. Uniform shifts are such
+pairings: a context-parallel ring inside a class (every rank sends to its +k
+neighbour on an axis and receives from its -k neighbour), a decomposed ring
+collective's steps, and pipeline stages (one class per stage, each member
+paired with a member of the next). The simulator then runs one
+representative per class (the smallest rank): a collective instance waits
+for the representatives in its group, each send/recv pairs with its partner
+row of the partner class's representative (of its own class for a ring), and
+the results are copied to the class. Port sharing is simulated on the
+representatives' ports: the full simulation's ports cover them one to one
+(each port carries the same rows at the same times), so the max-min fair
+rates are the same. Otherwise (e.g. a straggler rank with its own table
+inside a group, groups of different sizes, or members pairing with different
+rows of their peers) every rank is simulated. Pass ``symmetric=False`` to
+force the full simulation.
 
 Deadlock (a node that can never start, e.g. a collective some member never
 issues or a recv without a send) raises :class:`SimDeadlock` naming the
