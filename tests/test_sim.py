@@ -328,14 +328,17 @@ def test_pipeline_stages_reduce_to_one_rank_per_stage():
 
 
 def test_pipeline_peers_that_do_not_mirror_are_simulated_in_full():
-    # stage 0's representative sends to rank 5, not to stage 1's representative (rank 4)
+    # stage 0's representative sends to rank 5, not to stage 1's representative (rank 4): still a uniform
+    # pairing (every member of stage 0 pairs with the same rows of a member of stage 1), so reduced
     shifted = _pipeline_trace(lambda r: 4 + (r + 1) % 4 if r < 4 else (r - 4 - 1) % 4)
     r = simulate(shifted, None, NET)
-    assert not r.symmetric and len(r.simulated_ranks) == 8
-    # transfers of different cost: rank 1's NIC is degraded, so 1 -> 5 is slower than 0 -> 4
+    assert r.symmetric and r.simulated_ranks == [0, 4]
+    assert np.allclose(r.finish_us, simulate(shifted, None, NET, symmetric=False).finish_us)
+    # transfers of different cost: rank 1's NIC is degraded, so 1 -> 5 is slower than 0 -> 4: ranks 1 and 5
+    # get classes of their own (the stages' all-reduces meet them there)
     slow_nic = NET.with_nics([1], "x", 0.5)
     mirrored = _pipeline_trace(lambda q: q + 4 if q < 4 else q - 4)
     r = simulate(mirrored, None, slow_nic)
-    assert not r.symmetric and len(r.simulated_ranks) == 8
+    assert r.symmetric and r.simulated_ranks == [0, 1, 4, 5]
     assert np.allclose(r.finish_us, simulate(mirrored, None, slow_nic, symmetric=False).finish_us)
     assert r.iteration_time_us > simulate(mirrored, None, NET).iteration_time_us  # the slow pair paces all

@@ -42,19 +42,35 @@ from the network model (a trace's own ``duration_us`` on them is ignored).
 
 Symmetric ranks
 ---------------
-Ranks sharing one table object form a *class*. When, for every class, every
-group its collectives use (per symbolic slot) has only members of that class,
-each member resolves the same slot to that same group, all those groups cost
-the same, and the send/recv of every class mirror its representative's (the
-representative's peers are representatives, every member's peer lies in the
-class of the representative's peer, at the same transfer cost: pipeline
-stages), then all ranks of a class follow identical timelines: every
-collective and every transfer meets only peers that are in the same state
-at the same time. The simulator then runs
-one representative per class (the smallest rank) and copies its results to
-the class. Otherwise (e.g. a straggler rank with its own table inside a
-group, or send/recv to a peer outside the mirrored class) every rank is simulated.
-Pass ``symmetric=False`` to force the full simulation.
+Ranks sharing one table object start as one *class*; a class is split
+(:func:`_refine`, to a fixed point) until, for each peer slot of its
+send/recv, all its members' transfers go to ranks of one class at the same
+latency and bandwidth on the same network dimension (a ring whose hops leave
+a node at some positions only becomes one class per position). Then, when
+every group a class's collectives use (per symbolic slot) lies among ranks of
+its table, every such rank resolves the slot to that group, all those groups
+cost the same and span the same classes, the representative's group holds the
+representative of each class it spans, and the send/recv of every class pair
+uniformly (for each send/recv row of the class's table there is one row of
+one class such that EVERY member's node pairs, by (src, dst, tag,
+occurrence), with that row of its peer, and both ends move the same bytes:
+:func:`_p2p_pairing`), all ranks of a class follow identical timelines, by
+induction over time: every collective and every transfer meets only ranks
+whose classes are in the same state at the same time. Uniform shifts are such
+pairings: a context-parallel ring inside a class (every rank sends to its +k
+neighbour on an axis and receives from its -k neighbour), a decomposed ring
+collective's steps, and pipeline stages (one class per stage, each member
+paired with a member of the next). The simulator then runs one
+representative per class (the smallest rank): a collective instance waits
+for the representatives in its group, each send/recv pairs with its partner
+row of the partner class's representative (of its own class for a ring), and
+the results are copied to the class. Port sharing is simulated on the
+representatives' ports: the full simulation's ports cover them one to one
+(each port carries the same rows at the same times), so the max-min fair
+rates are the same. Otherwise (e.g. a straggler rank with its own table
+inside a group, groups of different sizes, or members pairing with different
+rows of their peers) every rank is simulated. Pass ``symmetric=False`` to
+force the full simulation.
 
 Deadlock (a node that can never start, e.g. a collective some member never
 issues or a recv without a send) raises :class:`SimDeadlock` naming the
@@ -237,25 +253,25 @@ def _resolve_collectives(trace, sim_ranks, plans, groups, alg, is_sym, sync_arr,
             row = int(e["row"][i])
             raise FlintError(f"rank {r} node {int(t.node_ids[row])} '{t.names[row]}' issues a collective on group {gid}, "
                              f"which does not contain it (members {list(groups.members(gid))[:16]})")
-    if is_sym:
-        first = np.arange(e["s"].size)
-        inv = first
-    else:
-        key = e["gid"] * (int(e["kth"].max()) + 1) + e["kth"]
-        _, first, inv = np.unique(key, return_index=True, return_inverse=True)
-        inv = inv.reshape(-1)
-        bad = np.nonzero((e["ct"] != e["ct"][first][inv]) | (e["nb"] != e["nb"][first][inv]))[0]
-        if bad.size:
-            i = int(bad[0])
-            j = int(first[inv[i]])
-            t = plans[int(e["s"][i])].table
-            row = int(e["row"][i])
-            mine = ("c", int(e["ct"][i]), int(e["nb"][i]), int(e["gid"][i]), int(e["kth"][i]))
-            other = ("c", int(e["ct"][j]), int(e["nb"][j]), int(e["gid"][j]), int(e["kth"][j]))
-            raise FlintError(f"rank {int(e['rank'][i])} node {int(t.node_ids[row])} '{t.names[row]}': {_describe(mine)}, "
-                             f"but rank {int(e['rank'][j])} issued {_describe(other)} as the same call; members must issue "
-                             "a group's collectives in the same order with the same kind and size")
+    # the k-th call of every simulated member of group g is one instance (in a reduced simulation the
+    # simulated members of g are the representatives of the classes with members in g)
+    key = e["gid"] * (int(e["kth"].max()) + 1) + e["kth"]
+    _, first, inv = np.unique(key, return_index=True, return_inverse=True)
+    inv = inv.reshape(-1)
+    bad = np.nonzero((e["ct"] != e["ct"][first][inv]) | (e["nb"] != e["nb"][first][inv]))[0]
+    if bad.size:
+        i = int(bad[0])
+        j = int(first[inv[i]])
+        t = plans[int(e["s"][i])].table
+        row = int(e["row"][i])
+        mine = ("c", int(e["ct"][i]), int(e["nb"][i]), int(e["gid"][i]), int(e["kth"][i]))
+        other = ("c", int(e["ct"][j]), int(e["nb"][j]), int(e["gid"][j]), int(e["kth"][j]))
+        raise FlintError(f"rank {int(e['rank'][i])} node {int(t.node_ids[row])} '{t.names[row]}': {_describe(mine)}, "
+                         f"but rank {int(e['rank'][j])} issued {_describe(other)} as the same call; members must issue "
+                         "a group's collectives in the same order with the same kind and size")
     base = len(inst_expected)
+    simulated = set(sim_ranks)
+    count: dict[int, int] = {}  # group -> simulated members
     gid_f, ct_f, nb_f, kth_f = (e[k][first].tolist() for k in ("gid", "ct", "nb", "kth"))
     cache: dict[tuple, float] = {}
     for gid, ct, nb, kth in zip(gid_f, ct_f, nb_f, kth_f):
@@ -263,7 +279,10 @@ def _resolve_collectives(trace, sim_ranks, plans, groups, alg, is_sym, sync_arr,
         d = cache.get(ck)
         if d is None:
             d = cache[ck] = _coll_duration(groups, gid, ct, nb, alg)
-        inst_expected.append(1 if is_sym else len(groups.members(gid)))
+        n = count.get(gid)
+        if n is None:
+            n = count[gid] = (len(simulated & groups.member_set(gid)) if is_sym else len(groups.members(gid)))
+        inst_expected.append(n)
         inst_dur.append(d)
         inst_desc.append(("c", ct, nb, gid, kth))
     ids = inv + base
@@ -280,75 +299,269 @@ def _coll_duration(groups: _Groups, gid: int, comm_type: int, nbytes: int, algor
     return collective_time_us(kind, nbytes, len(m), list(groups.levels(gid)), algorithm.get(kind, "ring"))
 
 
-def _p2p_symmetric(trace: Trace, cls: list[int], rows: np.ndarray, rep: np.ndarray, network: Network) -> bool:
-    """Whether the send/recv of a class's members mirror its representative's (module docstring).
+def _p2p_pairing(trace: Trace, classes: list[list[int]], network: Network) -> dict | None:
+    """Pair every representative's send/recv with its partner's, or None when a class's members do not
+    pair uniformly (module docstring, "Symmetric ranks").
 
-    True when the representative's peers are themselves representatives, every
-    member's peer on each send/recv lies in the class of the representative's
-    peer on that node, and every member's transfers cost what the
-    representative's do (the same network dimensions crossed at the same
-    distances). Then simulating the representatives alone pairs every send
-    with its recv (a pipeline's stages: one representative per stage role).
+    Returns ``{(class, row): (partner class, partner row)}`` over the send/recv rows of every class's
+    table. It holds when, for every class ``C`` and send/recv row ``a`` of its table, there is one
+    row ``b`` of one class ``C'`` such that for EVERY member ``x`` of ``C`` the node that pairs with
+    ``x``'s row ``a`` in the full simulation (same (src, dst, tag) and the same occurrence count) is
+    row ``b`` of ``x``'s peer, that peer lies in ``C'``, both ends move the same bytes, and every
+    member's transfer has the same latency and bandwidth on the same network dimension. A uniform
+    shift inside a class (a context-parallel ring: every rank sends to its +k neighbour on an axis and
+    receives from its -k neighbour) and pipeline stages (each stage a class) are such pairings.
+    Peers are checked per symbolic peer slot (a table names few), occurrence counts per row only when
+    some member sends two slots to one rank.
     """
-    base = trace.ranks[cls[0]].peers()[rows]
-    if np.any(base < 0) or np.any(base >= rep.size) or np.any(rep[base] != base):
-        return False
-    pairs = np.unique(base)
-    cost = {int(p): network.p2p_time_us(cls[0], int(p), 1 << 20) for p in pairs}
-    for r in cls[1:]:
-        peers = trace.ranks[r].peers()[rows]
-        if np.any(peers < 0) or np.any(peers >= rep.size) or np.any(rep[peers] != base):
-            return False
-        for b in pairs.tolist():
-            p = int(peers[np.argmax(base == b)])
-            if not math.isclose(network.p2p_time_us(r, p, 1 << 20), cost[b], rel_tol=1e-12):
-                return False
-    return True
+    world = trace.world_size
+    cls_of = np.empty(world, dtype=np.int64)
+    pos_of = np.empty(world, dtype=np.int64)
+    for c, cls in enumerate(classes):
+        cls_of[cls] = c
+        pos_of[cls] = np.arange(len(cls))
+    info = []  # per class: rows, slot index per row, peer per (member, slot), occurrence counts
+    for c, cls in enumerate(classes):
+        t = trace.ranks[cls[0]].table
+        rows = np.nonzero((t.kind == NodeKind.SEND) | (t.kind == NodeKind.RECV))[0]
+        if not rows.size:
+            info.append(None)
+            continue
+        used, ui = np.unique(t.comm_peer[rows].astype(np.int64), return_inverse=True)
+        ui = ui.reshape(-1)
+        S = _slot_peers(trace, cls, used, world)
+        if S is None:
+            return None  # the full simulation names the bad peer
+        # occurrence count of (peer, tag, kind), as the full simulation pairs them: the same for every
+        # member when each member's slots name distinct ranks (then equal peers <=> equal slots)
+        _, code = np.unique(t.comm_tag[rows].astype(np.int64) * 2 + (t.kind[rows] == NodeKind.SEND),
+                            return_inverse=True)
+        code = code.reshape(-1)
+        ncode = int(code.max()) + 1
+        srt = np.sort(S, axis=1)
+        if not np.any(srt[:, 1:] == srt[:, :-1]):
+            kth = _cumcount(ui * ncode + code)[None, :]  # broadcast over members
+        else:
+            key = (np.arange(len(cls), dtype=np.int64)[:, None] * world + S[:, ui]) * ncode + code[None, :]
+            kth = _cumcount(key.reshape(-1)).reshape(len(cls), rows.size)
+        info.append((rows, ui, S, kth, t))
+    # the representative's partner rows
+    index: dict[tuple[int, int], dict] = {}
+    pairing: dict[tuple[int, int], tuple[int, int]] = {}
+    partner = []
+    for c, cls in enumerate(classes):
+        if info[c] is None:
+            partner.append(None)
+            continue
+        rows, ui, S, kth, t = info[c]
+        pc = np.empty(rows.size, dtype=np.int64)
+        pb = np.empty(rows.size, dtype=np.int64)
+        peers0 = S[0, ui].tolist()
+        k0 = kth[0].tolist()
+        for a, row in enumerate(rows.tolist()):
+            y = peers0[a]
+            c2, p2 = int(cls_of[y]), int(pos_of[y])
+            if info[c2] is None:
+                return None
+            rows2, ui2, S2, kth2, t2 = info[c2]
+            look = index.get((c2, p2))
+            if look is None:
+                look = index[(c2, p2)] = {
+                    key: b for b, key in enumerate(zip(S2[p2, ui2].tolist(), t2.comm_tag[rows2].tolist(),
+                                                       t2.kind[rows2].tolist(), kth2[min(p2, len(kth2) - 1)].tolist()))}
+            want = NodeKind.RECV if t.kind[row] == NodeKind.SEND else NodeKind.SEND
+            b = look.get((cls[0], int(t.comm_tag[row]), int(want), k0[a]))
+            if b is None or int(t2.comm_bytes[rows2[b]]) != int(t.comm_bytes[row]):
+                return None  # unmatched (the full simulation reports the deadlock) or different sizes
+            pc[a], pb[a] = c2, b
+            pairing[(c, row)] = (c2, int(rows2[b]))
+        partner.append((pc, pb))
+    # every member's node pairs with the same partner row, in the partner class
+    for c, cls in enumerate(classes):
+        if info[c] is None:
+            continue
+        rows, ui, S, kth, t = info[c]
+        pc, pb = partner[c]
+        members = np.asarray(cls, dtype=np.int64)
+        per_row = kth.shape[0] > 1
+        for c2 in np.unique(pc).tolist():
+            rows2, ui2, S2, kth2, _ = info[c2]
+            cols = np.nonzero(pc == c2)[0]
+            if not per_row and kth2.shape[0] == 1:  # peers per (slot, partner slot): a few columns
+                _, first = np.unique(ui[cols] * S2.shape[1] + ui2[pb[cols]], return_index=True)
+                cols = cols[first]
+            Y = S[:, ui[cols]]
+            if np.any(cls_of[Y] != c2):
+                return None
+            Y = pos_of[Y]
+            B = np.broadcast_to(pb[cols][None, :], Y.shape)
+            if np.any(S2[Y, ui2[B]] != members[:, None]):
+                return None
+            if (per_row or kth2.shape[0] > 1) and np.any(
+                    np.broadcast_to(kth2, (S2.shape[0], kth2.shape[1]))[Y, B]
+                    != np.broadcast_to(kth, (len(cls), kth.shape[1]))[:, cols]):
+                return None
+    # every member's transfer on a slot costs what the representative's does, on the same dimension
+    # (a transfer's time is latency + bytes / bandwidth: equal at 0 and at 1 MiB means equal at any size)
+    ids: dict = {}
+    for c, cls in enumerate(classes):
+        if info[c] is None:
+            continue
+        rows, ui, S, kth, t = info[c]
+        send = t.kind[rows] == NodeKind.SEND
+        members = np.asarray(cls, dtype=np.int64)
+        for u, d in {(int(u), bool(d)) for u, d in zip(ui.tolist(), send.tolist())}:
+            src, dst = (members, S[:, u]) if d else (S[:, u], members)
+            cost = _cost_ids(network, src, dst, ids)
+            if np.any(cost != cost[0]):
+                return None
+    return pairing
 
 
-def _symmetric_classes(trace: Trace, groups: _Groups) -> list[list[int]] | None:
-    """Classes of ranks that follow identical timelines, or None (module docstring)."""
+def _cost_ids(network: Network, src: np.ndarray, dst: np.ndarray, ids: dict) -> np.ndarray:
+    """An id per ``src[i] -> dst[i]`` transfer: equal ids, equal (port dimension, latency, bandwidth).
+
+    Without per-NIC bandwidths a transfer's cost and port depend only on how far apart the two ranks are
+    along each network dimension, so one transfer per distinct distance vector is priced."""
+    cs, cd = network.coords(src), network.coords(dst)
+    diff = cs != cd
+    dim = np.where(diff.any(axis=1), diff.shape[1] - 1 - np.argmax(diff[:, ::-1], axis=1), -1)
+    if network.nics:
+        first, inv = np.arange(src.size), np.arange(src.size)
+    else:
+        _, first, inv = np.unique(np.abs(cs - cd), axis=0, return_index=True, return_inverse=True)
+        inv = inv.reshape(-1)
+    out = np.empty(first.size, dtype=np.int64)
+    for k, i in enumerate(first.tolist()):
+        a, b = int(src[i]), int(dst[i])
+        key = (int(dim[i]), network.p2p_time_us(a, b, 0), network.p2p_time_us(a, b, 1 << 20))
+        out[k] = ids.setdefault(key, len(ids))
+    return out[inv]
+
+
+def _slot_peers(trace: Trace, cls: list[int], slots: np.ndarray, world: int) -> np.ndarray | None:
+    """The peer rank of each member (rows) for each peer slot (columns), or None if one is out of range."""
+    S = np.empty((len(cls), slots.size), dtype=np.int64)
+    for i, x in enumerate(cls):
+        pr = trace.ranks[x].peer_ranks
+        if pr is None:
+            S[i] = slots
+        elif slots[0] < 0 or slots[-1] >= len(pr):
+            return None
+        else:
+            S[i] = pr[slots]
+    return None if np.any(S < 0) or np.any(S >= world) else S
+
+
+def _refine(trace: Trace, classes: list[list[int]], network: Network) -> list[list[int]]:
+    """Split classes until the members of each send to and receive from ranks of the same classes at the same
+    cost per peer slot (e.g. a ring whose hops leave a node at some positions only: one class per position)."""
+    world = trace.world_size
+    ids: dict = {}
+    while True:
+        label = np.empty(world, dtype=np.int64)
+        for c, cls in enumerate(classes):
+            label[cls] = c
+        out = []
+        for cls in classes:
+            t = trace.ranks[cls[0]].table
+            rows = np.nonzero((t.kind == NodeKind.SEND) | (t.kind == NodeKind.RECV))[0]
+            if len(cls) == 1 or not rows.size:
+                out.append(cls)
+                continue
+            used, ui = np.unique(t.comm_peer[rows].astype(np.int64), return_inverse=True)
+            S = _slot_peers(trace, cls, used, world)
+            if S is None:
+                return classes  # the pairing check refuses it
+            members = np.asarray(cls, dtype=np.int64)
+            cols = []
+            for u, d in sorted({(int(u), bool(d)) for u, d in zip(ui.reshape(-1).tolist(),
+                                                                 (t.kind[rows] == NodeKind.SEND).tolist())}):
+                src, dst = (members, S[:, u]) if d else (S[:, u], members)
+                cols += [_cost_ids(network, src, dst, ids), label[S[:, u]]]
+            _, first, inv = np.unique(np.stack(cols, axis=1), axis=0, return_index=True, return_inverse=True)
+            inv = inv.reshape(-1)
+            for k in np.argsort(first).tolist():
+                out.append(members[inv == k].tolist())
+        if len(out) == len(classes):
+            return sorted(classes, key=lambda c: c[0])
+        classes = out
+
+
+def _symmetric_classes(trace: Trace, groups: _Groups) -> tuple[list[list[int]], dict] | None:
+    """Classes of ranks that follow identical timelines and their send/recv pairing
+    (:func:`_p2p_pairing`), or None (module docstring)."""
     by_table: dict[int, list[int]] = {}
     for r, p in enumerate(trace.ranks):
         by_table.setdefault(id(p.table), []).append(r)
-    classes = list(by_table.values())
     world = trace.world_size
-    rep = np.empty(world, dtype=np.int64)
-    for cls in classes:
-        rep[cls] = cls[0]
-    for cls in classes:
+    classes = _refine(trace, list(by_table.values()), groups.network)
+    label = np.empty(world, dtype=np.int64)
+    for c, cls in enumerate(classes):
+        label[cls] = c
+    is_rep = np.zeros(world, dtype=bool)
+    is_rep[[cls[0] for cls in classes]] = True
+    resolved: dict[tuple[int, int], np.ndarray] = {}  # (table, slot) -> group of every rank of the table
+
+    def resolve(t_id: int, slot: int) -> np.ndarray | None:
+        g = resolved.get((t_id, slot))
+        if g is None:
+            members = by_table[t_id]
+            g = np.full(world, -2, dtype=np.int64)
+            ids = [trace.ranks[r].group_ids for r in members]
+            if slot < 0:
+                g[members] = 0
+            elif all(x is not None for x in ids) and len({len(x) for x in ids}) == 1:
+                if slot >= len(ids[0]):
+                    return None
+                g[members] = np.stack(ids)[:, slot]
+            else:
+                for r, x in zip(members, ids):
+                    if x is not None and slot >= len(x):
+                        return None
+                    g[r] = slot if x is None else int(x[slot])
+            resolved[(t_id, slot)] = g
+        return g
+
+    for c, cls in enumerate(classes):
         t = trace.ranks[cls[0]].table
-        kind = t.kind
-        p2p = np.nonzero((kind == NodeKind.SEND) | (kind == NodeKind.RECV))[0]
-        if len(cls) > 1 and p2p.size and not _p2p_symmetric(trace, cls, p2p, rep, groups.network):
-            return None
-        coll = kind == NodeKind.COLL
+        coll = t.kind == NodeKind.COLL
         if not coll.any():
             continue
-        slots = np.unique(t.comm_group[coll])
         cls_arr = np.asarray(cls, dtype=np.int64)
-        for slot in slots.tolist():
-            g = np.full(world, -2, dtype=np.int64)
-            for r in cls:
-                p = trace.ranks[r]
-                if p.group_ids is None or slot < 0:
-                    g[r] = max(slot, 0)
-                else:
-                    g[r] = int(p.group_ids[slot]) if slot < len(p.group_ids) else -3
-            gs = g[cls_arr]
-            if np.any(gs == -3):
+        cols = []
+        for slot in np.unique(t.comm_group[coll]).tolist():
+            g = resolve(id(t), slot)
+            if g is None:
                 return None
+            gs = g[cls_arr]
+            cols.append(gs)
             sig = None
             for gid in np.unique(gs).tolist():
                 mem = np.asarray(groups.members(gid), dtype=np.int64)
+                # every member (of this table) resolves the slot to this group; the group spans the same
+                # classes and costs the same as every other group of the slot
                 if not np.all(g[mem] == gid):
                     return None
-                s = (len(mem), tuple((id(lk), n) for lk, n in groups.levels(gid)))
+                comp = np.unique(label[mem])
+                s = (len(mem), tuple((id(lk), n) for lk, n in groups.levels(gid)), tuple(comp.tolist()))
                 if sig is None:
                     sig = s
                 elif s != sig:
                     return None
-    return classes
+                # the representative's group holds the representative of every class in it: in the reduced
+                # simulation they meet there
+                if gid == int(g[cls[0]]) and int(is_rep[mem].sum()) != comp.size:
+                    return None
+        # two slots naming one group for one member name one group for all (the k-th call on a group is
+        # the same row for every member)
+        for i in range(len(cols)):
+            for j in range(i + 1, len(cols)):
+                eq = cols[i] == cols[j]
+                if eq.any() and not eq.all():
+                    return None
+    pairing = _p2p_pairing(trace, classes, groups.network)
+    return None if pairing is None else (classes, pairing)
 
 
 @dataclass
@@ -396,10 +609,12 @@ def _run(trace, device, network, mesh, algorithm, dtype, symmetric) -> RawSim:
             alg.setdefault(k, "ring")
     groups = _Groups(trace, net)
 
-    classes = _symmetric_classes(trace, groups) if symmetric else None
-    is_sym = classes is not None
-    if classes is None:
-        classes = [[r] for r in range(world)]
+    found = _symmetric_classes(trace, groups) if symmetric else None
+    is_sym = found is not None
+    classes, pairing = found if found is not None else ([[r] for r in range(world)], None)
+    rep_of = np.empty(world, dtype=np.int64)  # the simulated rank standing for each rank
+    for cls in classes:
+        rep_of[cls] = cls[0]
     sim_ranks = [c[0] for c in classes]
     plan_cache: dict[int, _TablePlan] = {}
     plans = []
@@ -438,7 +653,10 @@ def _run(trace, device, network, mesh, algorithm, dtype, symmetric) -> RawSim:
             ck = (src, dst, tag, k)
             kth = count.get(ck, 0)
             count[ck] = kth + 1
-            key = (src, dst, tag, kth)
+            if pairing is None:
+                key = (src, dst, tag, kth)
+            else:  # one instance per pair of representative rows: the send's (program, row)
+                key = (s, row) if k == NodeKind.SEND else pairing[(s, row)]
             idx = keyed.get(key)
             if idx is None:
                 idx = keyed[key] = len(inst_expected)
@@ -449,7 +667,10 @@ def _run(trace, device, network, mesh, algorithm, dtype, symmetric) -> RawSim:
                 inst_dur.append(d)
                 inst_desc.append(("p", nb, src, dst, tag, kth))
                 port = _port(net, src, dst, port_dims)
-                inst_port[idx] = (("out", src, port), ("in", dst, port), d - net.p2p_time_us(src, dst, 0))
+                # ports of the representatives: in a reduced simulation the representative's egress
+                # carries its class's sends and its ingress the recvs (module docstring)
+                inst_port[idx] = (("out", int(rep_of[src]), port), ("in", int(rep_of[dst]), port),
+                                  d - net.p2p_time_us(src, dst, 0))
             sync_arr[s][row] = idx
     sync = [x.tolist() for x in sync_arr]
     inst_arrived: list[list] = [[] for _ in inst_expected]
