@@ -110,7 +110,7 @@ def check_single_device(module: ModuleOp) -> None:
 def check_model(module: ModuleOp, plan: Plan) -> None:
     """The plan against the shapes in the program (heads, KV heads, hidden, sequence, batch)."""
     heads = head_dim = hidden = seq = batch = None
-    kv = None
+    kv = attn_seq = None
     split_dims: list[tuple[str, int]] = []
     rules = load_rules()
     for fn in module.ops:
@@ -132,6 +132,9 @@ def check_model(module: ModuleOp, plan: Plan) -> None:
                 q = op.inputs[0].type.get_shape()
                 if len(q) == 4:
                     heads, head_dim = q[1], q[3]
+                    attn_seq = q[2]
+    if seq is None and attn_seq is not None:  # a block without token inputs: the sequence its attention sees
+        seq = attn_seq
     if head_dim:
         for param, rows in split_dims:
             if param.endswith("attention.wk.weight"):

@@ -1,12 +1,16 @@
 // RUN: flint-opt %s -p 'shard-annotate{cp=2},shard-expand,verify-p2p' | filecheck %s --check-prefix=CP
 // RUN: flint-opt %s -p 'shard-annotate{cp=2 dp_shard=2},shard-expand,verify-p2p' | filecheck %s --check-prefix=CPFSDP
 // RUN: flint-opt %s -p 'shard-annotate{cp=2 tp=2},shard-expand,verify-p2p' | filecheck %s --check-prefix=CPTP
+// RUN: not flint-opt %s -p 'shard-annotate{cp=8},shard-expand' 2>&1 | filecheck %s --check-prefix=BADCP
 // Context parallelism: a one-projection causal attention block (2 heads of 8, sequence 8), forward and
 // backward on one device, expanded with the sequence split over `cp` as PyTorch's context_parallel runs it
 // (flint/sharding/cp.py): the local K/V all-gathered once (ALL_GATHER rotator), a causal call on the local
 // chunk then cp-1 unmasked calls on half of each remote K/V (head-tail load balance), merged with the
 // logsumexp update; backward gathers K/V again and passes the float32 K/V gradient round the ring with
 // send/recv (one hop per step). FSDP shards over dp_shard x cp (torchtitan's dp_shard_cp).
+
+// A block without token inputs: the sequence the attention sees (8) must split into 2*cp load-balanced chunks.
+// BADCP: error: plan field 'cp': sequence length 8 is not divisible by 16
 
 // CP:      shard.grid @mesh(shape = 2) {flint.axis_names = ["cp"]}
 // CP:      func.func @block_fwd(%x: tensor<2x4x16xf32> {{.*}}, %wq: tensor<8x16xf32> {{.*}}, %wo: tensor<8x16xf32>
