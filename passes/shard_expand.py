@@ -208,6 +208,9 @@ class _State:
                 new_block.erase_op(o)
         results, result_sh = self._returns(ex, fn, phase, part, ret, returns, storage)
         new_block.add_op(func.ReturnOp(*results))
+        for o in reversed(list(new_block.ops)):  # casts of a shard whose users took the gathered, cast-after value
+            if isinstance(o, AtenOp) and o.overload == "aten._to_copy.default" and not any(r.uses for r in o.results):
+                new_block.erase_op(o)
         if phase == "fwd":
             self.fwd_results[part] = result_sh
             self.fwd_hints[part] = [ex.hints.get(v) for v in results]

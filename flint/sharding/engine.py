@@ -218,8 +218,7 @@ class FunctionExpander:
                 t = self._local_t(out, gshape, nxt)
                 if t.get_shape()[d] != out.type.get_shape()[d] * self._n(rest):
                     raise ExpandError(f"{why}: dim {d} of size {gshape[d]} is not divisible over {rest}")
-                out = self._coll(dist.AllGatherOp(out, self.grid, self._ids(rest), dist.FutureType(t),
-                                                  gather_dim=d))
+                out = self._gather(out, rest, t, d)
                 cur = nxt
         filled = self._local_fill(out, gshape, cur, dst)
         if filled is not None:  # a constant fill is created at its local shape, never sliced from a global one
@@ -239,6 +238,26 @@ class FunctionExpander:
         if out is not v and v in self.hints:
             self.hints.setdefault(out, self.hints[v])  # a merged dim keeps where its axes came from
         return out
+
+    def _gather(self, v: SSAValue, axes: Sequence[str], t: TensorType, d: int) -> SSAValue:
+        """All-gather ``v`` along dim ``d`` into ``t`` as PyTorch's functional collectives do it: NCCL gathers
+        along dim 0, so a dim ``d`` > 0 with more than one row before it is the gathered chunks
+        concatenated along ``d`` afterwards (``all_gather_single``'s ``_maybe_view_chunk_cat``: a copy)."""
+        shp = list(v.type.get_shape())
+        outer = 1
+        for x in shp[:d]:
+            outer *= x
+        if d == 0 or outer == 1:
+            return self._coll(dist.AllGatherOp(v, self.grid, self._ids(axes), dist.FutureType(t), gather_dim=d))
+        n = self._n(axes)
+        flat = TensorType(t.element_type, [n * shp[0]] + shp[1:])
+        full = self._coll(dist.AllGatherOp(v, self.grid, self._ids(axes), dist.FutureType(flat), gather_dim=0))
+        split = AtenOp("aten.split.Tensor", [full], [v.type] * n,
+                       args={"split_size": IntegerAttr(shp[0], i64), "dim": IntegerAttr(0, i64)})
+        self.emit(split)
+        cat = AtenOp("aten.cat.default", list(split.outputs), [t], args={"dim": IntegerAttr(d, i64)})
+        self.emit(cat)
+        return cat.outputs[0]
 
     def _local_fill(self, v: SSAValue, gshape: Sequence[int], cur: Sharding, dst: Sharding) -> SSAValue | None:
         """A fill (``new_zeros(size)``, ``zeros``, ...) that only needs splitting, re-created at ``dst``'s local
@@ -306,16 +325,36 @@ class FunctionExpander:
             return back if again == want else None
         return None
 
+    @staticmethod
+    def _upcast(op: AtenOp) -> bool:
+        """``op`` only widens its input's dtype (``logits.float()`` after the output projection)."""
+        from flint.cost import dtype_bytes
+
+        if op.overload != "aten._to_copy.default" or not op.outputs:
+            return False
+        a, b = op.inputs[0].type, op.outputs[0].type
+        if not (isinstance(a, TensorType) and isinstance(b, TensorType)) or a.get_shape() != b.get_shape():
+            return False
+        try:
+            return dtype_bytes(str(a.element_type)) < dtype_bytes(str(b.element_type))
+        except (KeyError, ValueError):
+            return False
+
     def _from_upstream(self, old: SSAValue, want: Sharding, depth: int) -> SSAValue | None:
         """Reuse a collective already done on the input of the view / transpose producing ``old``:
         re-apply the view to that input's resharded value (DTensor redistributes once, at the
-        module boundary, and every user of the value sees it)."""
+        module boundary, and every user of the value sees it). A gather of an up-cast value
+        (``_to_copy`` to a wider dtype) gathers the narrow input and casts after: the module
+        (DTensor's ColwiseParallel output, say) gathers its output before the loss widens it."""
         op = old.owner
         if depth == 0 or not isinstance(op, AtenOp) or len(op.inputs) != 1 or op.inputs[0] not in self.env:
             return None
-        if self.rules.op_kind(op.overload) not in ("reshape", "transpose"):
+        if self._upcast(op):
+            in_want = want if not want.partial and not self.env[old][1].partial else None
+        elif self.rules.op_kind(op.overload) not in ("reshape", "transpose"):
             return None
-        in_want = self._view_input_sharding(op, want)
+        else:
+            in_want = self._view_input_sharding(op, want)
         if in_want is None:
             return None
         inp = op.inputs[0]
