@@ -195,8 +195,7 @@ class FunctionExpander:
                 nxt = cur.with_dim(d, cur.dims[d] + tuple(axes)).with_partial(
                     tuple(a for a in cur.partial if a not in axes))
                 t = self._local_t(out, gshape, nxt)
-                out = self._coll(dist.ReduceScatterOp(out, self.grid, self._ids(axes), dist.FutureType(t),
-                                                      reduction="sum", scatter_dim=d))
+                out = self._reduce_scatter(out, axes, t, d)
                 cur = nxt
             cur = cur.with_partial(keep)
         for d in range(cur.rank):
@@ -258,6 +257,31 @@ class FunctionExpander:
         cat = AtenOp("aten.cat.default", list(split.outputs), [t], args={"dim": IntegerAttr(d, i64)})
         self.emit(cat)
         return cat.outputs[0]
+
+    def _reduce_scatter(self, v: SSAValue, axes: Sequence[str], t: TensorType, d: int) -> SSAValue:
+        """Reduce-scatter ``v`` along dim ``d`` into ``t`` as PyTorch's functional collectives do it:
+        ``reduce_scatter_single`` scatters along dim 0, so a dim ``d`` > 0 is first chunked along ``d``
+        and concatenated along 0 (``_chunk_or_narrow_cat``: a copy). DTensor's sequence-parallel
+        reduce-scatter (Partial -> Shard(1) of ``[batch, seq, hidden]``) always scatters dim 1, so a
+        reduce-scatter over the tensor-parallel axes copies even where this program has merged batch
+        and sequence into dim 0."""
+        sequence = self.tp_style == "dtensor" and self.sequence_parallel and set(axes) <= set(self.eager_axes)
+        if d != 0 or sequence:
+            n = self._n(axes)
+            shp = list(v.type.get_shape())
+            chunk = list(shp)
+            chunk[d] //= n
+            split = AtenOp("aten.split.Tensor", [v], [TensorType(v.type.element_type, chunk)] * n,
+                           args={"split_size": IntegerAttr(chunk[d], i64), "dim": IntegerAttr(d, i64)})
+            self.emit(split)
+            stacked = [chunk[0] * n] + chunk[1:]
+            cat = AtenOp("aten.cat.default", list(split.outputs), [TensorType(v.type.element_type, stacked)],
+                         args={"dim": IntegerAttr(0, i64)})
+            self.emit(cat)
+            v, d = cat.outputs[0], 0
+            t = TensorType(t.element_type, chunk)
+        return self._coll(dist.ReduceScatterOp(v, self.grid, self._ids(axes), dist.FutureType(t),
+                                               reduction="sum", scatter_dim=d))
 
     def _local_fill(self, v: SSAValue, gshape: Sequence[int], cur: Sharding, dst: Sharding) -> SSAValue | None:
         """A fill (``new_zeros(size)``, ``zeros``, ...) that only needs splitting, re-created at ``dst``'s local
