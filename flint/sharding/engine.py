@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from xdsl.dialects.builtin import ArrayAttr, IntegerAttr, StringAttr, TensorType, i64
+from xdsl.dialects.builtin import ArrayAttr, IntegerAttr, IntegerType, StringAttr, TensorType, i64
 from xdsl.ir import Attribute, Operation, SSAValue
 
 from flint.errors import FlintError
@@ -232,6 +232,14 @@ class FunctionExpander:
                                   "end": IntegerAttr(t.get_shape()[d], i64)})
                 self.emit(op)
                 out = op.outputs[0]
+                outer = 1
+                for x in t.get_shape()[:d]:
+                    outer *= x
+                if self.tp_style == "dtensor" and outer > 1 and set(new) <= set(self.eager_axes):
+                    # DTensor's Replicate -> Shard(d) keeps a contiguous chunk: a copy unless d is outermost
+                    op = AtenOp("aten.clone.default", [out], [t])
+                    self.emit(op)
+                    out = op.outputs[0]
                 cur = nxt
         self.cache[key] = out
         if out is not v and v in self.hints:
@@ -475,13 +483,20 @@ class FunctionExpander:
         results = [TensorType(r.type.element_type, s.local_shape(shape_of(r), self.sizes))
                    for r, s in zip(op.outputs, rule.results)]
         args = self._local_args(op, results)
+        masked = op.overload == "aten.embedding.default" and self.tp_style == "dtensor" and bool(
+            set(rule.results[0].partial) & set(self.eager_axes))
+        if masked:
+            operands[1], mask = self._mask_vocab(op, operands[1])
         new = AtenOp(op.overload, operands, results, args=args,
                      phase=op.phase.data if op.phase else None, module=op.module.data if op.module else None)
         new.location = op.location
         for k, a in op.attributes.items():
             new.attributes[k] = a
         self.emit(new)
-        for r, nr, s in zip(op.outputs, new.outputs, rule.results):
+        outs = list(new.outputs)
+        if masked:
+            outs[0] = self._mask_rows(op, outs[0], mask)
+        for r, nr, s in zip(op.outputs, outs, rule.results):
             self.bind(r, nr, s)
         hint = self._next_hint if kind == "reshape" else None
         self._next_hint = None
@@ -491,6 +506,35 @@ class FunctionExpander:
         if hint:
             for nr in new.outputs:
                 self.hints[nr] = hint
+
+    def _masked_op(self, op: AtenOp, target: str, inputs, t: TensorType, **args) -> SSAValue:
+        new = AtenOp(target, list(inputs), [t], args=args or None, phase=op.phase.data if op.phase else None,
+                     module=op.module.data if op.module else None)
+        new.location = op.location
+        self.emit(new)
+        return new.outputs[0]
+
+    def _mask_vocab(self, op: AtenOp, idx: SSAValue) -> tuple[SSAValue, SSAValue]:
+        """DTensor's vocabulary-parallel embedding input (MaskPartial._partition_value): ids outside this
+        rank's rows masked, the rest shifted to local rows and the masked ones set to 0."""
+        rows = op.inputs[0].type.get_shape()[0]
+        local = self.env[op.inputs[0]][0].type.get_shape()[0]
+        it = idx.type
+        bt = TensorType(IntegerType(1), it.get_shape())
+        lo = self._masked_op(op, "aten.lt.Scalar", [idx], bt, other=IntegerAttr(0, i64))
+        hi = self._masked_op(op, "aten.ge.Scalar", [idx], bt, other=IntegerAttr(min(local, rows), i64))
+        mask = self._masked_op(op, "aten.bitwise_or.Tensor", [lo, hi], bt)
+        shifted = self._masked_op(op, "aten.sub.Tensor", [self._masked_op(op, "aten.clone.default", [idx], it)], it,
+                                  other=IntegerAttr(0, i64))
+        zero = self._masked_op(op, "aten.scalar_tensor.default", [], TensorType(it.element_type, []),
+                               s=IntegerAttr(0, i64))
+        return self._masked_op(op, "aten.index_put.default", [shifted, mask, zero], it), mask
+
+    def _mask_rows(self, op: AtenOp, out: SSAValue, mask: SSAValue) -> SSAValue:
+        """The embedding rows of masked ids zeroed (MaskPartial._mask_tensor) before the partial sum."""
+        zero = self._masked_op(op, "aten.scalar_tensor.default", [], TensorType(out.type.element_type, []),
+                               s=IntegerAttr(0, i64))
+        return self._masked_op(op, "aten.index_put.default", [out, mask, zero], out.type)
 
     def _local_args(self, op: AtenOp, results: list[TensorType]) -> dict | None:
         if op.args is None:
@@ -806,6 +850,10 @@ class FunctionExpander:
         rows = tuple(x for x in self.demand.get(op.outputs[0], {}).get(0, ()) if x not in sg.partial + feat)
         # rows split over an axis that also splits the batch: gather the gradient on that axis first
         lead = tuple(tuple(x for x in ax if x not in rows) for ax in lead)
+        if self.tp_style == "dtensor":
+            # DTensor's vocabulary-parallel embedding (MaskPartial) has a replicated gradient: the dense
+            # backward covers the whole vocabulary, then each rank keeps its rows (Replicate -> Shard(0))
+            rows = tuple(x for x in rows if x not in self.eager_axes)
         partial = tuple(dict.fromkeys(sg.partial + tuple(x for ax in lead for x in ax)))
         return Rule([Sharding(lead + (feat,), sg.partial), Sharding(lead)], [Sharding((rows, feat), partial)])
 
