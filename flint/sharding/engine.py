@@ -232,11 +232,8 @@ class FunctionExpander:
                                   "end": IntegerAttr(t.get_shape()[d], i64)})
                 self.emit(op)
                 out = op.outputs[0]
-                outer = 1
-                for x in t.get_shape()[:d]:
-                    outer *= x
-                if self.tp_style == "dtensor" and outer > 1 and set(new) <= set(self.eager_axes):
-                    # DTensor's Replicate -> Shard(d) keeps a contiguous chunk: a copy unless d is outermost
+                if self.tp_style == "dtensor" and set(new) <= set(self.eager_axes):
+                    # DTensor's Replicate -> Shard(d) keeps a clone of its chunk (Shard._replicate_to_shard)
                     op = AtenOp("aten.clone.default", [out], [t])
                     self.emit(op)
                     out = op.outputs[0]
