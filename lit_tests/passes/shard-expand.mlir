@@ -17,7 +17,7 @@
 // FSDP:      func.func @block_fwd(%x: tensor<2x8x16xf32> {{.*}}, %w1: tensor<16x16xf32> {{.*}}, %w2: tensor<8x32xf32>
 // FSDP:      aten.op "aten.cat.default"({{.*}} -> tensor<512xf32>
 // FSDP-NEXT: dist.all_gather %{{.*}} on @mesh grid_axes = [0] gather_dim = 0 : tensor<512xf32> -> !dist.future<tensor<1024xf32>>
-// FSDP:      aten.op "aten.split_with_sizes_copy.default"({{.*}} split_sizes = [256 : i64, 256 : i64], dim = 1 : i64} : (tensor<2x512xf32>) -> (tensor<2x256xf32>, tensor<2x256xf32>)
+// FSDP:      aten.op "aten.split_with_sizes_copy.default"({{.*}}split_sizes = [256 : i64, 256 : i64], dim = 1 : i64} : (tensor<2x512xf32>) -> (tensor<2x256xf32>, tensor<2x256xf32>)
 // FSDP-NOT:  {{= dist\.(all|reduce)}}
 // FSDP:      func.func @block_bwd
 // FSDP:      dist.all_gather %{{.*}} gather_dim = 0 : tensor<512xf32> -> !dist.future<tensor<1024xf32>>
