@@ -208,6 +208,9 @@ class _State:
                 new_block.erase_op(o)
         results, result_sh = self._returns(ex, fn, phase, part, ret, returns, storage)
         new_block.add_op(func.ReturnOp(*results))
+        for o in reversed(list(new_block.ops)):  # casts of a shard whose users took the gathered, cast-after value
+            if isinstance(o, AtenOp) and o.overload == "aten._to_copy.default" and not any(r.uses for r in o.results):
+                new_block.erase_op(o)
         if phase == "fwd":
             self.fwd_results[part] = result_sh
             self.fwd_hints[part] = [ex.hints.get(v) for v in results]
@@ -253,15 +256,28 @@ class _State:
             metas.append((val, i, s, shp, numel))
         et = new_args[gather[0][1]].type.element_type
         total = sum(m[4] for m in metas)
-        flat = flats[0] if len(flats) == 1 else self._aten(ex, "aten.cat.default", flats, TensorType(et, [total]), dim=0)
+        # FSDP2's copy-in (all_gather_copy_in): the shards copied into the flat all-gather input, one
+        # parameter or many
+        flat = self._aten(ex, "aten.cat.default", flats, TensorType(et, [total]), dim=0)
         full = ex._coll(dist.AllGatherOp(flat, ex.grid, ex._ids(self.fsdp), dist.FutureType(TensorType(et, [n * total])),
                                          gather_dim=0))
         full2 = self._aten(ex, "aten.view.default", [full], TensorType(et, [n, total]), size=[n, total])
-        off = 0
-        for val, i, s, shp, numel in metas:
-            piece = self._aten(ex, "aten.slice.Tensor", [full2], TensorType(et, [n, numel]), dim=1, start=off,
-                               end=off + numel)
-            off += numel
+        if any(m[0].uses for m in metas):
+            # FSDP2's copy-out: torch.split_with_sizes_copy of the gathered buffer into the unsharded
+            # parameters (a copy, not views; skipped where nothing reads them, as for an embedding's
+            # pre-backward unshard)
+            op = AtenOp("aten.split_with_sizes_copy.default", [full2], [TensorType(et, [n, m[4]]) for m in metas],
+                        args={"split_sizes": ArrayAttr([IntegerAttr(m[4], i64) for m in metas]),
+                              "dim": IntegerAttr(1, i64)})
+            ex.emit(op)
+            pieces = list(op.outputs)
+        else:
+            pieces, off = [], 0
+            for m in metas:
+                pieces.append(self._aten(ex, "aten.slice.Tensor", [full2], TensorType(et, [n, m[4]]), dim=1,
+                                         start=off, end=off + m[4]))
+                off += m[4]
+        for (val, i, s, shp, numel), piece in zip(metas, pieces):
             rows = [n * shp[0]] + shp[1:]
             v = self._aten(ex, "aten.view.default", [piece], TensorType(et, rows), size=rows)
             local = s.local_shape(shape_of(old.args[i]), self.sizes)
@@ -403,15 +419,14 @@ class _State:
                 pieces.append(self._aten(ex, "aten.view.default", [v], TensorType(et, [numel]), size=[numel]))
             metas.append((i, target, param, keep_tp, numel))
         total = sum(m[4] for m in metas)
+        # FSDP2's reduce-scatter copy-in (chunk_cat) and DDP's bucket: a copy, one gradient or many
         if fsdp:
-            flat = pieces[0] if len(pieces) == 1 else self._aten(ex, "aten.cat.default", pieces,
-                                                                 TensorType(et, [n, total]), dim=1)
+            flat = self._aten(ex, "aten.cat.default", pieces, TensorType(et, [n, total]), dim=1)
             flat = self._aten(ex, "aten.view.default", [flat], TensorType(et, [n * total]), size=[n * total])
             flat = ex._coll(dist.ReduceScatterOp(flat, ex.grid, ex._ids(fsdp), dist.FutureType(TensorType(et, [total])),
                                                  reduction="sum", scatter_dim=0))
         else:
-            flat = pieces[0] if len(pieces) == 1 else self._aten(ex, "aten.cat.default", pieces,
-                                                                 TensorType(et, [total]), dim=0)
+            flat = self._aten(ex, "aten.cat.default", pieces, TensorType(et, [total]), dim=0)
         if replicate:
             flat = ex._coll(dist.AllReduceOp(flat, ex.grid, ex._ids(replicate), dist.FutureType(flat.type),
                                              reduction="average"))

@@ -82,3 +82,16 @@ def single_device_config(model: str, batch: int, overrides: tuple = ()):
     step = capture_step(factory(model, **dict(overrides)), {"tokens": (batch, SEQ), "labels": (batch, SEQ)},
                         world_size=1, plan="dp")
     return step, import_step(step)
+
+
+@cache
+def captured_in(dtype: str, model: str, plan: str, world: int, tp: int, batch: int, seq: int):
+    """(captured step, its IR module) of ``model`` in ``dtype`` (``"bfloat16"``) under recipe ``plan`` at
+    ``world`` ranks (``plan`` ``"single"``: one device), a GLOBAL batch of ``batch`` x ``seq`` tokens.
+    Tests must not mutate the module."""
+    from flint.importer import import_step
+
+    shapes = (batch, seq)
+    kw = dict(world_size=1, plan="dp") if plan == "single" else dict(world_size=world, plan=plan, tp=tp)
+    step = capture_step(factory(model), {"tokens": shapes, "labels": shapes}, dtype=dtype, **kw)
+    return step, import_step(step)

@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from xdsl.dialects.builtin import ArrayAttr, IntegerAttr, StringAttr, TensorType, i64
+from xdsl.dialects.builtin import ArrayAttr, IntegerAttr, IntegerType, StringAttr, TensorType, i64
 from xdsl.ir import Attribute, Operation, SSAValue
 
 from flint.errors import FlintError
@@ -195,8 +195,7 @@ class FunctionExpander:
                 nxt = cur.with_dim(d, cur.dims[d] + tuple(axes)).with_partial(
                     tuple(a for a in cur.partial if a not in axes))
                 t = self._local_t(out, gshape, nxt)
-                out = self._coll(dist.ReduceScatterOp(out, self.grid, self._ids(axes), dist.FutureType(t),
-                                                      reduction="sum", scatter_dim=d))
+                out = self._reduce_scatter(out, axes, t, d)
                 cur = nxt
             cur = cur.with_partial(keep)
         for d in range(cur.rank):
@@ -218,8 +217,7 @@ class FunctionExpander:
                 t = self._local_t(out, gshape, nxt)
                 if t.get_shape()[d] != out.type.get_shape()[d] * self._n(rest):
                     raise ExpandError(f"{why}: dim {d} of size {gshape[d]} is not divisible over {rest}")
-                out = self._coll(dist.AllGatherOp(out, self.grid, self._ids(rest), dist.FutureType(t),
-                                                  gather_dim=d))
+                out = self._gather(out, rest, t, d)
                 cur = nxt
         filled = self._local_fill(out, gshape, cur, dst)
         if filled is not None:  # a constant fill is created at its local shape, never sliced from a global one
@@ -234,11 +232,61 @@ class FunctionExpander:
                                   "end": IntegerAttr(t.get_shape()[d], i64)})
                 self.emit(op)
                 out = op.outputs[0]
+                if self.tp_style == "dtensor" and set(new) <= set(self.eager_axes):
+                    # DTensor's Replicate -> Shard(d) keeps a clone of its chunk (Shard._replicate_to_shard)
+                    op = AtenOp("aten.clone.default", [out], [t])
+                    self.emit(op)
+                    out = op.outputs[0]
                 cur = nxt
         self.cache[key] = out
         if out is not v and v in self.hints:
             self.hints.setdefault(out, self.hints[v])  # a merged dim keeps where its axes came from
         return out
+
+    def _gather(self, v: SSAValue, axes: Sequence[str], t: TensorType, d: int) -> SSAValue:
+        """All-gather ``v`` along dim ``d`` into ``t`` as PyTorch's functional collectives do it: NCCL gathers
+        along dim 0, so a dim ``d`` > 0 with more than one row before it is the gathered chunks
+        concatenated along ``d`` afterwards (``all_gather_single``'s ``_maybe_view_chunk_cat``: a copy)."""
+        shp = list(v.type.get_shape())
+        outer = 1
+        for x in shp[:d]:
+            outer *= x
+        if d == 0 or outer == 1:
+            return self._coll(dist.AllGatherOp(v, self.grid, self._ids(axes), dist.FutureType(t), gather_dim=d))
+        n = self._n(axes)
+        flat = TensorType(t.element_type, [n * shp[0]] + shp[1:])
+        full = self._coll(dist.AllGatherOp(v, self.grid, self._ids(axes), dist.FutureType(flat), gather_dim=0))
+        split = AtenOp("aten.split.Tensor", [full], [v.type] * n,
+                       args={"split_size": IntegerAttr(shp[0], i64), "dim": IntegerAttr(0, i64)})
+        self.emit(split)
+        cat = AtenOp("aten.cat.default", list(split.outputs), [t], args={"dim": IntegerAttr(d, i64)})
+        self.emit(cat)
+        return cat.outputs[0]
+
+    def _reduce_scatter(self, v: SSAValue, axes: Sequence[str], t: TensorType, d: int) -> SSAValue:
+        """Reduce-scatter ``v`` along dim ``d`` into ``t`` as PyTorch's functional collectives do it:
+        ``reduce_scatter_single`` scatters along dim 0, so a dim ``d`` > 0 is first chunked along ``d``
+        and concatenated along 0 (``_chunk_or_narrow_cat``: a copy). DTensor's sequence-parallel
+        reduce-scatter (Partial -> Shard(1) of ``[batch, seq, hidden]``) always scatters dim 1, so a
+        reduce-scatter over the tensor-parallel axes copies even where this program has merged batch
+        and sequence into dim 0."""
+        sequence = self.tp_style == "dtensor" and self.sequence_parallel and set(axes) <= set(self.eager_axes)
+        if d != 0 or sequence:
+            n = self._n(axes)
+            shp = list(v.type.get_shape())
+            chunk = list(shp)
+            chunk[d] //= n
+            split = AtenOp("aten.split.Tensor", [v], [TensorType(v.type.element_type, chunk)] * n,
+                           args={"split_size": IntegerAttr(chunk[d], i64), "dim": IntegerAttr(d, i64)})
+            self.emit(split)
+            stacked = [chunk[0] * n] + chunk[1:]
+            cat = AtenOp("aten.cat.default", list(split.outputs), [TensorType(v.type.element_type, stacked)],
+                         args={"dim": IntegerAttr(0, i64)})
+            self.emit(cat)
+            v, d = cat.outputs[0], 0
+            t = TensorType(t.element_type, chunk)
+        return self._coll(dist.ReduceScatterOp(v, self.grid, self._ids(axes), dist.FutureType(t),
+                                               reduction="sum", scatter_dim=d))
 
     def _local_fill(self, v: SSAValue, gshape: Sequence[int], cur: Sharding, dst: Sharding) -> SSAValue | None:
         """A fill (``new_zeros(size)``, ``zeros``, ...) that only needs splitting, re-created at ``dst``'s local
@@ -306,16 +354,36 @@ class FunctionExpander:
             return back if again == want else None
         return None
 
+    @staticmethod
+    def _upcast(op: AtenOp) -> bool:
+        """``op`` only widens its input's dtype (``logits.float()`` after the output projection)."""
+        from flint.cost import dtype_bytes
+
+        if op.overload != "aten._to_copy.default" or not op.outputs:
+            return False
+        a, b = op.inputs[0].type, op.outputs[0].type
+        if not (isinstance(a, TensorType) and isinstance(b, TensorType)) or a.get_shape() != b.get_shape():
+            return False
+        try:
+            return dtype_bytes(str(a.element_type)) < dtype_bytes(str(b.element_type))
+        except (KeyError, ValueError):
+            return False
+
     def _from_upstream(self, old: SSAValue, want: Sharding, depth: int) -> SSAValue | None:
         """Reuse a collective already done on the input of the view / transpose producing ``old``:
         re-apply the view to that input's resharded value (DTensor redistributes once, at the
-        module boundary, and every user of the value sees it)."""
+        module boundary, and every user of the value sees it). A gather of an up-cast value
+        (``_to_copy`` to a wider dtype) gathers the narrow input and casts after: the module
+        (DTensor's ColwiseParallel output, say) gathers its output before the loss widens it."""
         op = old.owner
         if depth == 0 or not isinstance(op, AtenOp) or len(op.inputs) != 1 or op.inputs[0] not in self.env:
             return None
-        if self.rules.op_kind(op.overload) not in ("reshape", "transpose"):
+        if self._upcast(op):
+            in_want = want if not want.partial and not self.env[old][1].partial else None
+        elif self.rules.op_kind(op.overload) not in ("reshape", "transpose"):
             return None
-        in_want = self._view_input_sharding(op, want)
+        else:
+            in_want = self._view_input_sharding(op, want)
         if in_want is None:
             return None
         inp = op.inputs[0]
@@ -412,13 +480,20 @@ class FunctionExpander:
         results = [TensorType(r.type.element_type, s.local_shape(shape_of(r), self.sizes))
                    for r, s in zip(op.outputs, rule.results)]
         args = self._local_args(op, results)
+        masked = op.overload == "aten.embedding.default" and self.tp_style == "dtensor" and bool(
+            set(rule.results[0].partial) & set(self.eager_axes))
+        if masked:
+            operands[1], mask = self._mask_vocab(op, operands[1])
         new = AtenOp(op.overload, operands, results, args=args,
                      phase=op.phase.data if op.phase else None, module=op.module.data if op.module else None)
         new.location = op.location
         for k, a in op.attributes.items():
             new.attributes[k] = a
         self.emit(new)
-        for r, nr, s in zip(op.outputs, new.outputs, rule.results):
+        outs = list(new.outputs)
+        if masked:
+            outs[0] = self._mask_rows(op, outs[0], mask)
+        for r, nr, s in zip(op.outputs, outs, rule.results):
             self.bind(r, nr, s)
         hint = self._next_hint if kind == "reshape" else None
         self._next_hint = None
@@ -428,6 +503,35 @@ class FunctionExpander:
         if hint:
             for nr in new.outputs:
                 self.hints[nr] = hint
+
+    def _masked_op(self, op: AtenOp, target: str, inputs, t: TensorType, **args) -> SSAValue:
+        new = AtenOp(target, list(inputs), [t], args=args or None, phase=op.phase.data if op.phase else None,
+                     module=op.module.data if op.module else None)
+        new.location = op.location
+        self.emit(new)
+        return new.outputs[0]
+
+    def _mask_vocab(self, op: AtenOp, idx: SSAValue) -> tuple[SSAValue, SSAValue]:
+        """DTensor's vocabulary-parallel embedding input (MaskPartial._partition_value): ids outside this
+        rank's rows masked, the rest shifted to local rows and the masked ones set to 0."""
+        rows = op.inputs[0].type.get_shape()[0]
+        local = self.env[op.inputs[0]][0].type.get_shape()[0]
+        it = idx.type
+        bt = TensorType(IntegerType(1), it.get_shape())
+        lo = self._masked_op(op, "aten.lt.Scalar", [idx], bt, other=IntegerAttr(0, i64))
+        hi = self._masked_op(op, "aten.ge.Scalar", [idx], bt, other=IntegerAttr(min(local, rows), i64))
+        mask = self._masked_op(op, "aten.bitwise_or.Tensor", [lo, hi], bt)
+        shifted = self._masked_op(op, "aten.sub.Tensor", [self._masked_op(op, "aten.clone.default", [idx], it)], it,
+                                  other=IntegerAttr(0, i64))
+        zero = self._masked_op(op, "aten.scalar_tensor.default", [], TensorType(it.element_type, []),
+                               s=IntegerAttr(0, i64))
+        return self._masked_op(op, "aten.index_put.default", [shifted, mask, zero], it), mask
+
+    def _mask_rows(self, op: AtenOp, out: SSAValue, mask: SSAValue) -> SSAValue:
+        """The embedding rows of masked ids zeroed (MaskPartial._mask_tensor) before the partial sum."""
+        zero = self._masked_op(op, "aten.scalar_tensor.default", [], TensorType(out.type.element_type, []),
+                               s=IntegerAttr(0, i64))
+        return self._masked_op(op, "aten.index_put.default", [out, mask, zero], out.type)
 
     def _local_args(self, op: AtenOp, results: list[TensorType]) -> dict | None:
         if op.args is None:
@@ -743,6 +847,10 @@ class FunctionExpander:
         rows = tuple(x for x in self.demand.get(op.outputs[0], {}).get(0, ()) if x not in sg.partial + feat)
         # rows split over an axis that also splits the batch: gather the gradient on that axis first
         lead = tuple(tuple(x for x in ax if x not in rows) for ax in lead)
+        if self.tp_style == "dtensor":
+            # DTensor's vocabulary-parallel embedding (MaskPartial) has a replicated gradient: the dense
+            # backward covers the whole vocabulary, then each rank keeps its rows (Replicate -> Shard(0))
+            rows = tuple(x for x in rows if x not in self.eager_axes)
         partial = tuple(dict.fromkeys(sg.partial + tuple(x for ax in lead for x in ax)))
         return Rule([Sharding(lead + (feat,), sg.partial), Sharding(lead)], [Sharding((rows, feat), partial)])
 

@@ -13,8 +13,11 @@
 // DP:      dist.all_reduce %{{.*}} on @mesh grid_axes = [0] reduction = average : tensor<1024xf32>
 // DP-NOT:  {{= dist\.(all|reduce)}}
 
+// FSDP2's copy-in (cat of the shards) and copy-out (split_with_sizes_copy into the unsharded parameters)
 // FSDP:      func.func @block_fwd(%x: tensor<2x8x16xf32> {{.*}}, %w1: tensor<16x16xf32> {{.*}}, %w2: tensor<8x32xf32>
-// FSDP:      dist.all_gather %{{.*}} on @mesh grid_axes = [0] gather_dim = 0 : tensor<512xf32> -> !dist.future<tensor<1024xf32>>
+// FSDP:      aten.op "aten.cat.default"({{.*}} -> tensor<512xf32>
+// FSDP-NEXT: dist.all_gather %{{.*}} on @mesh grid_axes = [0] gather_dim = 0 : tensor<512xf32> -> !dist.future<tensor<1024xf32>>
+// FSDP:      aten.op "aten.split_with_sizes_copy.default"({{.*}}split_sizes = [256 : i64, 256 : i64], dim = 1 : i64} : (tensor<2x512xf32>) -> (tensor<2x256xf32>, tensor<2x256xf32>)
 // FSDP-NOT:  {{= dist\.(all|reduce)}}
 // FSDP:      func.func @block_bwd
 // FSDP:      dist.all_gather %{{.*}} gather_dim = 0 : tensor<512xf32> -> !dist.future<tensor<1024xf32>>
@@ -30,13 +33,19 @@
 // TP:      dist.all_reduce %{{.*}} : tensor<32x16xf32>
 // TP-NOT:  {{= dist\.(all|reduce)}}
 
+// The sequence (dim 1) gathered and scattered as PyTorch's functional collectives do it: NCCL works on
+// dim 0, a chunk-cat copies after the all-gather and before the reduce-scatter.
 // SP:      func.func @block_fwd(%x: tensor<4x4x16xf32>
-// SP:      dist.all_gather %x on @mesh grid_axes = [0] gather_dim = 1 : tensor<4x4x16xf32> -> !dist.future<tensor<4x8x16xf32>>
-// SP:      dist.reduce_scatter %{{.*}} scatter_dim = 1 : tensor<4x8x16xf32> -> !dist.future<tensor<4x4x16xf32>>
+// SP:      dist.all_gather %x on @mesh grid_axes = [0] gather_dim = 0 : tensor<4x4x16xf32> -> !dist.future<tensor<8x4x16xf32>>
+// SP:      aten.op "aten.split.Tensor"({{.*}} : (tensor<8x4x16xf32>) -> (tensor<4x4x16xf32>, tensor<4x4x16xf32>)
+// SP-NEXT: aten.op "aten.cat.default"({{.*}} args = {dim = 1 : i64} {{.*}} -> tensor<4x8x16xf32>
+// SP:      aten.op "aten.split.Tensor"({{.*}} args = {split_size = 4 : i64, dim = 1 : i64} : (tensor<4x8x16xf32>)
+// SP-NEXT: aten.op "aten.cat.default"({{.*}} args = {dim = 0 : i64} {{.*}} -> tensor<8x4x16xf32>
+// SP-NEXT: dist.reduce_scatter %{{.*}} scatter_dim = 0 : tensor<8x4x16xf32> -> !dist.future<tensor<4x4x16xf32>>
 // SP-NOT:  {{= dist\.(all|reduce)}}
 // SP:      func.func @block_bwd
-// SP:      dist.all_gather %g on @mesh grid_axes = [0] gather_dim = 1
-// SP:      dist.reduce_scatter %{{.*}} scatter_dim = 1
+// SP:      dist.all_gather %g on @mesh grid_axes = [0] gather_dim = 0
+// SP:      dist.reduce_scatter %{{.*}} scatter_dim = 0
 // SP-NOT:  {{= dist\.(all|reduce)}}
 
 // FSDPTP:      shard.grid @mesh(shape = 2x2) {flint.axis_names = ["dp_shard", "tp"]}
