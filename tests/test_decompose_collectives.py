@@ -17,6 +17,7 @@ from flint.ir import dist
 from flint.ir.parse import load_ir
 from flint.passes.decompose_collectives import DecomposeCollectivesPass, DecomposeError
 from flint.passes.lower_to_chakra import LowerToChakraPass
+from flint.passes.verify_dist import VerifyDistPass
 from flint.passes.verify_p2p import P2PError, VerifyP2PPass
 from flint.sim.engine import run as simulate
 from flint.trace import NodeKind
@@ -342,3 +343,57 @@ def test_prefetched_collective_is_refused(tmp_path):
         "gather_dim = 0 :", "gather_dim = 0 {flint.prefetch = 1 : i64} :"))
     with pytest.raises(DecomposeError, match="prefetched across iterations"):
         DecomposeCollectivesPass().apply(Context(), m)
+
+
+# -- the compact loop form (dist.steps) --------------------------------------------------------------
+
+def _lowered(tmp_path, text, loops: bool, **opts):
+    m = _load(tmp_path, text)
+    DecomposeCollectivesPass(loops=loops, **opts).apply(Context(), m)
+    m.verify()
+    VerifyDistPass().apply(Context(), m)
+    ops = sum(1 for _ in m.walk())
+    steps = sum(1 for o in m.walk() if isinstance(o, dist.StepsOp))
+    VerifyP2PPass().apply(Context(), m)
+    LowerToChakraPass().apply(Context(), m)
+    return trace_from_ir(m), ops, steps
+
+
+def _rows(p):
+    t = p.table
+    return [(t.names[i], int(t.kind[i]), int(p.peers()[i]) if t.kind[i] in (NodeKind.SEND, NodeKind.RECV) else -1,
+             int(t.comm_tag[i]), int(t.comm_bytes[i]), float(t.flops[i]), tuple(t.data_deps(i).tolist()),
+             tuple(t.ctrl_deps(i).tolist())) for i in range(len(t))]
+
+
+LOOP_CASES = [("ring", k, n, c) for k in ("all_reduce", "all_gather", "reduce_scatter") for n in (5, 8)
+              for c in (1, 2)] + \
+    [("ring", "broadcast", 5, 4), ("direct", "all_reduce", 6, 1), ("direct", "reduce_scatter", 5, 2),
+     ("direct", "all_gather", 5, 1)]
+
+
+@pytest.mark.parametrize("alg,kind,n,chunks", LOOP_CASES, ids=str)
+@pytest.mark.parametrize("sync", [False, True], ids=["async", "sync"])
+def test_steps_loop_lowers_to_the_unrolled_trace(tmp_path, alg, kind, n, chunks, sync):
+    """The dist.steps form and the unrolled form give every rank the same Chakra nodes and dependencies."""
+    text = _module(kind, (n,), [0], rows=8, cols=4)
+    if sync:
+        text = _synchronous(text)
+    loop, loop_ops, steps = _lowered(tmp_path, text, True, algorithm=alg, chunks=chunks)
+    flat, flat_ops, _ = _lowered(tmp_path, text, False, algorithm=alg, chunks=chunks)
+    assert steps >= 1 and loop_ops < flat_ops
+    for r in range(n):
+        assert _rows(loop.ranks[r]) == _rows(flat.ranks[r])
+
+
+def test_ring_ir_does_not_grow_with_the_group(tmp_path):
+    """A ring all-reduce is two one-step loops at any group size: the IR is the same size at 8 and 1,024 ranks."""
+    counts = []
+    for n in (8, 1024):
+        m = _load(tmp_path, _module("all_reduce", (n,), [0], rows=2, cols=4))
+        DecomposeCollectivesPass(algorithm="ring").apply(Context(), m)
+        m.verify()
+        loops = [o for o in m.walk() if isinstance(o, dist.StepsOp)]
+        assert [o.count.value.data for o in loops] == [n - 1, n - 1]
+        counts.append(sum(1 for _ in m.walk()))
+    assert counts[0] == counts[1] < 30
