@@ -124,6 +124,7 @@ class VerifyP2PPass(ModulePass):
         world = mesh.world_size
         coords = np.indices(mesh.shape).reshape(mesh.ndim, -1)
         g = nx.DiGraph()
+        ops: dict[tuple, Operation] = {}  # every node's op (matched pairs are contracted out of g)
         sends: dict[tuple, list] = {}
         recvs: dict[tuple, list] = {}
         for part, name in enumerate(order):
@@ -144,7 +145,8 @@ class VerifyP2PPass(ModulePass):
                     peer = mesh.peer(r, axis, k)
                     node = (part, r, len(inst))
                     inst[(o, step)] = node
-                    g.add_node(node, op=o, rank=r, tag=o.tag_at(step))
+                    g.add_node(node, op=o, rank=r)
+                    ops[node] = o
                     key = (type(o), dist.stream_of(o))
                     prev = last.get(key)
                     if prev is not None:
@@ -157,11 +159,11 @@ class VerifyP2PPass(ModulePass):
                         sends.setdefault((part, r, peer, o.tag_at(step)), []).append(node)
                     else:
                         recvs.setdefault((part, peer, r, o.tag_at(step)), []).append(node)
-        self._match(g, sends, recvs)
+        self._match(g, sends, recvs, ops)
         self._deadlock(g)
 
     @staticmethod
-    def _match(g: nx.DiGraph, sends: dict, recvs: dict) -> None:
+    def _match(g: nx.DiGraph, sends: dict, recvs: dict, ops: dict) -> None:
         for key in sorted(set(sends) | set(recvs)):
             part, a, b, tag = key
             ss, rr = sends.get(key, []), recvs.get(key, [])
@@ -174,13 +176,14 @@ class VerifyP2PPass(ModulePass):
                 nx.contracted_nodes(g, s, r, self_loops=False, copy=False)
             if len(ss) != len(rr):
                 extra = ss[len(rr):] or rr[len(ss):]
-                o = g.nodes[extra[0]]["op"]
-                other = _nearest(g, extra[0], sends if isinstance(o, dist.RecvOp) else recvs, a, b, tag, part)
+                o = ops[extra[0]]
+                near = _nearest(ops, sends if isinstance(o, dist.RecvOp) else recvs, a, b, tag, part)
+                other = near[0] if near is not None else None
                 what = (f"'dist.send' op on rank {a} to rank {b} with tag {tag} has no matching 'dist.recv' on rank {b}"
                         if isinstance(o, dist.SendOp) else
                         f"'dist.recv' op on rank {b} from rank {a} with tag {tag} has no matching 'dist.send' on rank {a}")
                 if other is not None:
-                    what += f"; the nearest candidate is '{other.name}' with tag {_tag(other)} (see note)"
+                    what += f"; the nearest candidate is '{other.name}' with tag {near[1]} (see note)"
                 raise P2PError(o, other, what)
 
     @staticmethod
@@ -197,13 +200,9 @@ class VerifyP2PPass(ModulePass):
                                          f"'{b['op'].name}' on rank {b['rank']} (see note), which waits on it")
 
 
-def _tag(op: Operation) -> int:
-    return op.tag.value.data
-
-
-def _nearest(g: nx.DiGraph, node, table: dict, a: int, b: int, tag: int, part: int) -> Operation | None:
-    """The partner-side op closest to an unmatched one: same ranks, any tag."""
+def _nearest(ops: dict, table: dict, a: int, b: int, tag: int, part: int) -> tuple[Operation, int] | None:
+    """The partner-side op closest to an unmatched one: same ranks, the nearest tag."""
     for (p, x, y, t), nodes in sorted(table.items(), key=lambda kv: abs(kv[0][3] - tag)):
         if p == part and x == a and y == b and nodes:
-            return g.nodes[nodes[0]]["op"]
+            return ops[nodes[0]], t
     return None
