@@ -85,6 +85,7 @@ class _Emitter:
                  asynchronous: bool = False, loops: bool = True):
         self.op, self.s, self.tag_base, self.channels = op, sched, tag_base, channels
         self.loops = loops
+        self.shapes: dict = {}  # id(action) -> (first slot, slots) (see _shape_of)
         self.asynchronous = asynchronous
         self.side: str | None = None  # the channel the current step's kernels run on (asynchronous only)
         self.tail = 0  # self.new[tail:] (the waits and the result) go where the collective's wait was
@@ -224,10 +225,12 @@ class _Emitter:
 
     def _shape_of(self, a) -> tuple[int, int] | None:
         """(first slot, slots) of an action's keys when they are one contiguous run, else None."""
+        if id(a) in self.shapes:
+            return self.shapes[id(a)]
         slots = [self.slot(k) for k in a.keys(self.rep)]
-        if not slots or slots != list(range(slots[0], slots[0] + len(slots))):
-            return None
-        return slots[0], len(slots)
+        ok = slots and slots == list(range(slots[0], slots[0] + len(slots)))
+        shape = self.shapes[id(a)] = (slots[0], len(slots)) if ok else None
+        return shape
 
     def _affine_run(self, acts, i: int, P: int) -> tuple[int, list] | None:
         """How many periods of ``P`` actions from ``i`` follow the first one affinely (and their strides)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 
 from xdsl.context import Context
@@ -151,7 +152,8 @@ class _FunctionLowering:
         self.producer: dict[SSAValue, tuple[SSAValue, ...]] = {}
         # A buffer written piecewise (`aten.slice_scatter` of a decomposed collective): its producers per
         # element range [lo, hi), so a slice depends on what wrote that range only, as the unrolled steps do.
-        self.pieces: dict[SSAValue, list[tuple[int, int, tuple[SSAValue, ...]]]] = {}
+        # (starts, ends, producers) of consecutive ranges, sorted
+        self.pieces: dict[SSAValue, tuple[list[int], list[int], list[tuple[SSAValue, ...]]]] = {}
         self.step = 0  # the step of the `dist.steps` being expanded (0 outside one)
         self.comm_nodes: set[SSAValue] = set()
         # Sends and recvs are ordered among themselves, not with each other or with
@@ -180,7 +182,7 @@ class _FunctionLowering:
         seen: dict[SSAValue, None] = {}
         for v in values:
             pieces = self.pieces.get(v)
-            for nodes in ([p[2] for p in pieces] if pieces is not None else [self.producer.get(v, ())]):
+            for nodes in (pieces[2] if pieces is not None else [self.producer.get(v, ())]):
                 for node in nodes:
                     seen[node] = None
         return list(seen)
@@ -209,27 +211,24 @@ class _FunctionLowering:
         if target == "aten.slice.Tensor":
             if pieces is None:
                 return False
+            starts, ends, nodes = pieces
             seen: dict[SSAValue, None] = {}
-            for a, b, nodes in pieces:
-                if a < hi and lo < b:
-                    seen.update(dict.fromkeys(nodes))
+            for k in range(bisect_right(ends, lo), bisect_left(starts, hi)):
+                seen.update(dict.fromkeys(nodes[k]))
             self.producer[op.outputs[0]] = tuple(seen)
             return True
         if pieces is None:
-            pieces = [(0, buf.type.get_shape()[0], tuple(self.deps_of([buf])))]
+            pieces = ([0], [buf.type.get_shape()[0]], [tuple(self.deps_of([buf]))])
+        starts, ends, nodes = pieces
         src = tuple(self.deps_of([op.inputs[1]]))
-        out = []
-        for a, b, nodes in pieces:
-            if b <= lo or a >= hi:
-                out.append((a, b, nodes))
-                continue
-            if a < lo:
-                out.append((a, lo, nodes))
-            if b > hi:
-                out.append((hi, b, nodes))
-        out.append((lo, hi, src))
-        out.sort(key=lambda p: p[0])
-        self.pieces[op.outputs[0]] = out
+        i, j = bisect_right(ends, lo), bisect_left(starts, hi)  # pieces i..j-1 overlap [lo, hi)
+        s_mid, e_mid, n_mid = [lo], [hi], [src]
+        if i < j and starts[i] < lo:
+            s_mid.insert(0, starts[i]), e_mid.insert(0, lo), n_mid.insert(0, nodes[i])
+        if i < j and ends[j - 1] > hi:
+            s_mid.append(hi), e_mid.append(ends[j - 1]), n_mid.append(nodes[j - 1])
+        self.pieces[op.outputs[0]] = (starts[:i] + s_mid + starts[j:], ends[:i] + e_mid + ends[j:],
+                                      nodes[:i] + n_mid + nodes[j:])
         return True
 
     def lower_steps(self, op: dist.StepsOp) -> None:
@@ -297,10 +296,10 @@ class _FunctionLowering:
         if cost is None:
             cost = self.costs[op] = aten_op_cost(op, self.device)
         flops, nbytes, duration = cost
+        if flops == 0 and nbytes == 0 and self._piecewise_view(op):  # a slice of a buffer written piecewise
+            return
         data = self.deps_of(op.inputs)
         if flops == 0 and nbytes == 0:  # a view: no kernel, results alias the inputs
-            if self._piecewise_view(op):
-                return
             for r in op.outputs:
                 self.producer[r] = tuple(data)
             return

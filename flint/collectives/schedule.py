@@ -66,6 +66,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Callable, Sequence
 
 from flint.errors import FlintError
@@ -100,7 +101,7 @@ class Action:
     chunk: int = 0                 # which of the ``chunks`` pieces it moves
     lane: int = 0                  # independent pipeline it belongs to (tree h of a double binary tree)
 
-    @property
+    @cached_property
     def uniform(self) -> int | None:
         """The offset every rank uses, or None."""
         first = self.offsets[0]
