@@ -649,6 +649,19 @@ Dist = Dialect(
 #                            iteration. lower-to-chakra and the memory model honour it.
 
 STREAM_ATTR = "stream"
+# ``flint.where = array<i64: axis, coord>`` on a `dist.send` / `dist.recv` / `aten.op` of a decomposed
+# collective: only ranks whose coordinate on grid axis ``axis`` is ``coord`` run it (a hierarchical
+# broadcast's phase in the root's column); elsewhere the op is skipped (an aten op's result is then its
+# first operand), as for a 0 entry of a ``peers`` table or ``flint.active``.
+WHERE_ATTR = "flint.where"
+
+
+def where_of(op: Operation) -> tuple[int, int] | None:
+    attr = op.attributes.get(WHERE_ATTR)
+    if attr is None:
+        return None
+    axis, coord = attr.get_values()
+    return int(axis), int(coord)
 PREFETCH_ATTR = "flint.prefetch"
 
 

@@ -180,6 +180,11 @@ class _Emitter:
             props["peers"] = DenseArrayBase.from_list(i64, list(a.offsets))
         return props
 
+    def _where(self, op: Operation, a) -> None:
+        """Mark an op of an action that only one coordinate of another grid axis runs (``flint.where``)."""
+        if a.where is not None:
+            op.attributes[dist.WHERE_ATTR] = DenseArrayBase.from_list(i64, [self.axes[a.where[0]], a.where[1]])
+
     def emit_action(self, a) -> None:
         keys = a.keys(self.rep)
         axis = self.axes[a.axis]
@@ -193,12 +198,14 @@ class _Emitter:
             send = dist.SendOp.build(operands=[v], result_types=[[dist.FutureType(NoneType())]], properties=props)
             if channel:
                 send.attributes[dist.STREAM_ATTR] = StringAttr(channel)
+            self._where(send, a)
             self.new.append(send)
             self.pending.append(send.token)
             return
         r = dist.RecvOp.build(result_types=[self.ttype(a.nblocks)], properties=props).result
         if channel:
             r.owner.attributes[dist.STREAM_ATTR] = StringAttr(channel)
+        self._where(r.owner, a)
         self.new.append(r.owner)
         # an asynchronous collective's reductions run in its channel (the communication kernel), not
         # in the compute stream's order
@@ -209,6 +216,7 @@ class _Emitter:
         elif mask is not None:  # where the recv is skipped the buffer keeps its value
             out = self.aten("aten.copy.default", [self.operand(keys), r], a.nblocks * self.unit, mask=mask,
                             stream=side)
+            self._where(out.owner, a)
         else:
             out = r
         for i, k in enumerate(keys):
@@ -251,7 +259,7 @@ class _Emitter:
             for t, u, (s0, nb) in zip(first, period, base):
                 sh = self._shape_of(u)
                 if ((u.uniform is None) != (t.uniform is None) or (t.uniform is None and u.offsets != t.offsets)
-                        or sh is None or u.send != t.send or u.axis != t.axis or u.nblocks != t.nblocks
+                        or sh is None or u.send != t.send or u.where != t.where or u.axis != t.axis or u.nblocks != t.nblocks
                         or u.reduce != t.reduce or u.lane != t.lane or sh[1] != nb
                         or self.channel(u) != self.channel(t)):
                     ok = False
@@ -333,6 +341,7 @@ class _Emitter:
                 op = dist.RecvOp.build(result_types=[self.ttype(a.nblocks)], properties=props)
             if channel:
                 op.attributes[dist.STREAM_ATTR] = StringAttr(channel)
+            self._where(op, a)
             self.new.append(op)
             if a.send:
                 continue
@@ -342,6 +351,7 @@ class _Emitter:
                 old = cur if whole else self._slice(cur, s0, nb, dslot)
                 out = self.aten("aten.add.Tensor" if a.reduce else "aten.copy.default", [old, out], nb * self.unit,
                                 stream=self.side, mask=mask)
+                self._where(out.owner, a)
             cur = out if whole else self._slice(cur, s0, nb, dslot, scatter=out)
         self.new.append(dist.YieldOp.build(operands=[[cur]]))
         block.add_ops(self.new)

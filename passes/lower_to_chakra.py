@@ -38,7 +38,7 @@ _COLL_KIND = {
 BARRIER_BYTES = 4
 # An aten op that runs on some coordinates only (decompose-collectives' tree steps); kept on its node
 # for the SPMD expansion, and never merged with other compute.
-ACTIVE_ATTRS = ("flint.active", "flint.active_axis")
+ACTIVE_ATTRS = ("flint.active", "flint.active_axis", dist.WHERE_ATTR)
 
 
 class LoweringError(VerifyException):
@@ -408,6 +408,8 @@ class _FunctionLowering:
                         **({"peers": op.peers} if op.peers is not None else {}),
                         **({"stream": StringAttr(stream)} if stream else {})},
         )
+        if dist.WHERE_ATTR in op.attributes:
+            node.attributes[dist.WHERE_ATTR] = op.attributes[dist.WHERE_ATTR]
         result = op.token if is_send else op.result
         # a recv on a channel is part of a decomposed asynchronous collective: what needs its data waits
         # through data deps, the compute stream does not

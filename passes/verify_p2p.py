@@ -140,7 +140,8 @@ class VerifyP2PPass(ModulePass):
                     n = mesh.shape[axis]
                     c = int(coords[axis, r])
                     k = _peer_offset(o, c, step)
-                    if k % n == 0:
+                    where = dist.where_of(o)
+                    if k % n == 0 or (where is not None and int(coords[where[0], r]) != where[1]):
                         continue  # this rank skips the op
                     peer = mesh.peer(r, axis, k)
                     node = (part, r, len(inst))

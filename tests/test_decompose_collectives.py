@@ -40,7 +40,7 @@ def _cases():
                 if kind == "all_to_all" and n > 16:  # O(n^2) blocks: keep the test fast
                     continue
                 yield alg, kind, (n,)
-    for kind in ("all_reduce", "reduce_scatter", "all_gather", "all_to_all"):
+    for kind in ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast"):
         for sizes in [(2, 2), (3, 4), (4, 8), (8, 8)]:
             if kind == "all_to_all" and sizes == (8, 8):  # O(n^2) blocks: keep the test fast
                 continue
@@ -123,7 +123,8 @@ IR_CASES = [("ring", k, (5,), [0]) for k in FLAT["ring"]] + \
     [("direct", "all_reduce", (2, 3), [1]), ("halving-doubling", "all_reduce", (8,), [0]),
      ("halving-doubling", "all_to_all", (4,), [0]), ("halving-doubling", "broadcast", (8,), [0]),
      ("tree", "all_reduce", (6,), [0]), ("tree", "broadcast", (7,), [0]),
-     ("hierarchical", "all_reduce", (2, 3), [0, 1]), ("hierarchical", "all_to_all", (2, 3), [0, 1])]
+     ("hierarchical", "all_reduce", (2, 3), [0, 1]), ("hierarchical", "all_to_all", (2, 3), [0, 1]),
+     ("hierarchical", "broadcast", (3, 2), [0, 1]), ("hierarchical", "broadcast", (2, 3, 2), [2, 1])]
 
 
 @pytest.mark.parametrize("alg,kind,shape,axes", IR_CASES, ids=str)
@@ -145,7 +146,7 @@ def test_emitted_ranks_follow_the_schedule(tmp_path, alg, kind, shape, axes):
         gc = tuple(c[a] for a in axes)
         want = []
         for a in s.actions:
-            if not a.active(gc[a.axis]):
+            if not a.runs(gc):
                 continue
             pc = list(c)
             ax = axes[a.axis]
@@ -396,3 +397,21 @@ def test_ring_ir_does_not_grow_with_the_group(tmp_path):
         assert [o.count.value.data for o in loops] == [n - 1, n - 1]
         counts.append(sum(1 for _ in m.walk()))
     assert counts[0] == counts[1] < 30
+
+
+@pytest.mark.parametrize("sizes,root", [((3, 4), 7), ((4, 2), 0), ((2, 5), 9)], ids=str)
+def test_hierarchical_broadcast_from_any_root(sizes, root):
+    """Outer chain in the root's column, inner chains in every row: every rank ends with the root's buffer,
+    every non-root rank receives it exactly once, and only the root's column takes part in the outer phase."""
+    s = build("broadcast", "hierarchical", sizes, chunks=2, root=root)
+    n = math.prod(sizes)
+    rng = np.random.default_rng(root)
+    inputs = [rng.integers(-50, 50, 8).astype(np.int64) for _ in range(n)]
+    out, sent = run(s, inputs)
+    for o in out:
+        np.testing.assert_array_equal(o.reshape(-1), inputs[root])
+    assert sum(sent) == (n - 1) * 8 * 8
+    r1 = root % sizes[1]
+    for g in range(n):
+        if s.coords(g)[1] != r1:
+            assert not any(a.runs(s.coords(g)) for a in s.actions if a.axis == 0)
