@@ -519,9 +519,11 @@ class YieldOp(IRDLOperation):
 
 
 # The step index of an op inside a `dist.steps` body shifts a slice of the carried buffer:
-# ``flint.step_shift = array<i64: shift, modulus>`` on an `aten.slice.Tensor` / `aten.slice_scatter.default`
-# (dim 0) means that at step i its ``start`` and ``end`` are ``(start + i * shift) mod modulus`` and that
-# plus ``end - start`` (a slice never wraps around: the emitting pass checks it for every step).
+# ``flint.step_shift = array<i64: shift, modulus[, base]>`` on an `aten.slice.Tensor` /
+# `aten.slice_scatter.default` (dim 0) means that at step i its ``start`` is
+# ``base + (start - base + i * shift) mod modulus`` (base 0 when absent: the slice cycles through
+# [base, base + modulus)) and its length stays ``end - start`` (a slice never wraps around: the emitting
+# pass checks it for every step).
 STEP_SHIFT_ATTR = "flint.step_shift"
 
 
@@ -530,8 +532,9 @@ def step_slice(op: Operation, start: int, end: int, i: int) -> tuple[int, int]:
     attr = op.attributes.get(STEP_SHIFT_ATTR)
     if attr is None or i == 0:
         return start, end
-    shift, modulus = attr.get_values()
-    lo = (start + i * shift) % modulus
+    shift, modulus, *base = attr.get_values()
+    b = base[0] if base else 0
+    lo = b + (start - b + i * shift) % modulus
     return lo, lo + end - start
 
 

@@ -85,7 +85,7 @@ class _Emitter:
                  asynchronous: bool = False, loops: bool = True):
         self.op, self.s, self.tag_base, self.channels = op, sched, tag_base, channels
         self.loops = loops
-        self.shapes: dict = {}  # id(action) -> (first slot, slots) (see _shape_of)
+        self.shapes: dict = {}  # id(action) -> its slot runs (see _shape_of)
         self.asynchronous = asynchronous
         self.side: str | None = None  # the channel the current step's kernels run on (asynchronous only)
         self.tail = 0  # self.new[tail:] (the waits and the result) go where the collective's wait was
@@ -138,8 +138,9 @@ class _Emitter:
         p = self.op.attributes.get("phase")
         return p.data if isinstance(p, StringAttr) else None
 
-    def operand(self, keys: list[tuple], free: bool = False) -> SSAValue:
-        """One tensor holding ``keys`` in order: a value, a free slice of one, or a concatenation."""
+    def operand(self, keys: list[tuple], free: bool = True) -> SSAValue:
+        """One tensor holding ``keys`` in order: a value, a free slice of one, or a free concatenation (the
+        send and the reduction kernel read the blocks where they are; the add's bytes count the reads)."""
         runs: list[tuple[SSAValue, int, int]] = []
         for k in keys:
             v, i = self.prod[k]
@@ -231,49 +232,76 @@ class _Emitter:
         """Position (in units) of a block key in the carried buffer: block-major, then chunk."""
         return key[0] * self.s.chunks + key[1]
 
-    def _shape_of(self, a) -> tuple[int, int] | None:
-        """(first slot, slots) of an action's keys when they are one contiguous run, else None."""
+    def _shape_of(self, a) -> tuple[tuple[int, int], ...]:
+        """An action's keys as runs of consecutive slots, in key order: ((first slot, slots), ...)."""
         if id(a) in self.shapes:
             return self.shapes[id(a)]
-        slots = [self.slot(k) for k in a.keys(self.rep)]
-        ok = slots and slots == list(range(slots[0], slots[0] + len(slots)))
-        shape = self.shapes[id(a)] = (slots[0], len(slots)) if ok else None
+        runs: list[list[int]] = []
+        for k in a.keys(self.rep):
+            sl = self.slot(k)
+            if runs and runs[-1][0] + runs[-1][1] == sl:
+                runs[-1][1] += 1
+            else:
+                runs.append([sl, 1])
+        shape = self.shapes[id(a)] = tuple((x, y) for x, y in runs)
         return shape
 
-    def _affine_run(self, acts, i: int, P: int) -> tuple[int, list] | None:
-        """How many periods of ``P`` actions from ``i`` follow the first one affinely (and their strides)."""
+    def _segments(self) -> list[int]:
+        """Ranges a slice may cycle in as the step advances: the whole buffer, or one outer row of blocks
+        (hierarchical: an inner-axis ring moves through the blocks of one row)."""
         M = self.s.blocks * self.s.chunks
+        segs = [M]
+        if len(self.s.sizes) == 2 and self.s.blocks == self.s.n:
+            segs.insert(0, M // self.s.sizes[0])  # the narrower first: a shift that fits both wraps there
+        return segs
+
+    def _run_stride(self, s0: int, ln: int, s1: int) -> tuple[int, int, int] | None:
+        """(shift, segment, base) taking a run at ``s0`` to ``s1`` in one step, within one segment."""
+        for seg in self._segments():
+            base = s0 // seg * seg
+            if base <= s1 and s1 + ln <= base + seg and s0 + ln <= base + seg:
+                d = (s1 - s0) % seg
+                return (d - seg if d > seg // 2 else d), seg, base
+        return None
+
+    def _affine_run(self, acts, i: int, P: int) -> tuple[int, list] | None:
+        """How many periods of ``P`` actions from ``i`` follow the first one affinely (and their strides).
+
+        Strides per action: (offset step, tag step, [(shift, segment, base) per slot run]).
+        """
         first = acts[i:i + P]
-        base = []
-        for a in first:
-            sh = self._shape_of(a)
-            if sh is None:
-                return None
-            base.append(sh)
+        base = [self._shape_of(a) for a in first]
+        if any(not b for b in base):
+            return None
         strides: list | None = None
         count = 1
         while i + (count + 1) * P <= len(acts):
             period = acts[i + count * P:i + (count + 1) * P]
             cur = []
             ok = True
-            for t, u, (s0, nb) in zip(first, period, base):
+            for t, u, runs in zip(first, period, base):
                 sh = self._shape_of(u)
                 if ((u.uniform is None) != (t.uniform is None) or (t.uniform is None and u.offsets != t.offsets)
-                        or sh is None or u.send != t.send or u.where != t.where or u.axis != t.axis or u.nblocks != t.nblocks
-                        or u.reduce != t.reduce or u.lane != t.lane or sh[1] != nb
-                        or self.channel(u) != self.channel(t)):
+                        or u.send != t.send or u.where != t.where or u.axis != t.axis or u.nblocks != t.nblocks
+                        or u.reduce != t.reduce or u.lane != t.lane or self.channel(u) != self.channel(t)
+                        or [ln for _, ln in sh] != [ln for _, ln in runs]):
                     ok = False
                     break
-                cur.append(((u.uniform - t.uniform) if t.uniform is not None else 0, u.tag - t.tag, sh[0]))
+                cur.append(((u.uniform - t.uniform) if t.uniform is not None else 0, u.tag - t.tag, sh))
             if not ok:
                 break
-            if strides is None:
-                # slot strides as the signed shift nearest zero (-1 block rather than n - 1)
-                strides = [(do, dt, (s1 - s0) % M - (M if (s1 - s0) % M > M // 2 else 0))
-                           for (do, dt, s1), (s0, _) in zip(cur, base)]
             k = count
-            if any(do != k * sd[0] or dt != k * sd[1] or s1 != (s0 + k * sd[2]) % M
-                   for (do, dt, s1), sd, (s0, _) in zip(cur, strides, base)):
+            if strides is None:
+                strides = []
+                for (do, dt, sh), runs in zip(cur, base):
+                    rs = [self._run_stride(s0, ln, s1) for (s0, ln), (s1, _) in zip(runs, sh)]
+                    if any(r is None for r in rs):
+                        return None
+                    strides.append((do, dt, rs))
+            if any(do != k * sd[0] or dt != k * sd[1] or any(
+                    s1 != b + (s0 - b + k * shift) % seg or s1 + ln > b + seg
+                    for (s0, ln), (s1, _), (shift, seg, b) in zip(runs, sh, sd[2]))
+                   for (do, dt, sh), sd, runs in zip(cur, strides, base)):
                 break
             count += 1
         if count < 3 or strides is None:
@@ -305,16 +333,31 @@ class _Emitter:
                                 free=True, args={"dim": 0, "start": idx * self.unit, "end": (idx + 1) * self.unit})
         return buf
 
-    def _slice(self, buf: SSAValue, s0: int, nb: int, shift: int, scatter: SSAValue | None = None) -> SSAValue:
+    def _slice(self, buf: SSAValue, s0: int, nb: int, stride: tuple[int, int, int],
+               scatter: SSAValue | None = None) -> SSAValue:
+        """A slice of the carried buffer (or, with ``scatter``, the buffer with it replaced) that moves by
+        ``stride`` = (shift, segment, base) slots per step (``flint.step_shift``)."""
         M = self.s.blocks * self.s.chunks
         args = {"dim": 0, "start": s0 * self.unit, "end": (s0 + nb) * self.unit}
         if scatter is None:
             out = self.aten("aten.slice.Tensor", [buf], nb * self.unit, free=True, args=args)
         else:
             out = self.aten("aten.slice_scatter.default", [buf, scatter], M * self.unit, free=True, args=args)
+        shift, seg, base = stride
         if shift:
-            out.owner.attributes[dist.STEP_SHIFT_ATTR] = DenseArrayBase.from_list(i64, [shift * self.unit, M * self.unit])
+            vals = [shift * self.unit, seg * self.unit] + ([base * self.unit] if base else [])
+            out.owner.attributes[dist.STEP_SHIFT_ATTR] = DenseArrayBase.from_list(i64, vals)
         return out
+
+    def _gather(self, cur: SSAValue, runs, strides) -> SSAValue:
+        """The payload of an action in the loop body: its slot runs of the carried buffer, concatenated."""
+        M = self.s.blocks * self.s.chunks
+        if len(runs) == 1 and runs[0] == (0, M):
+            return cur
+        pieces = [self._slice(cur, s0, ln, st) for (s0, ln), st in zip(runs, strides)]
+        if len(pieces) == 1:
+            return pieces[0]
+        return self.aten("aten.cat.default", pieces, sum(ln for _, ln in runs) * self.unit, free=True)
 
     def emit_run(self, acts, count: int, strides: list) -> None:
         s = self.s
@@ -324,8 +367,8 @@ class _Emitter:
         block = Block(arg_types=[buf.type])
         cur: SSAValue = block.args[0]
         M = s.blocks * s.chunks
-        for a, (doff, dtag, dslot) in zip(acts, strides):
-            s0, nb = self._shape_of(a)
+        for a, (doff, dtag, rstrides) in zip(acts, strides):
+            runs = self._shape_of(a)
             props = self._props(a, a.uniform)
             if doff:
                 props["offset_step"] = IntegerAttr(doff, i64)
@@ -333,10 +376,9 @@ class _Emitter:
                 props["tag_step"] = IntegerAttr(dtag, i64)
             channel = self.channel(a)
             self.side = channel if self.asynchronous else None
-            whole = s0 == 0 and nb == M
             if a.send:
-                v = cur if whole else self._slice(cur, s0, nb, dslot)
-                op = dist.SendOp.build(operands=[v], result_types=[[dist.FutureType(NoneType())]], properties=props)
+                op = dist.SendOp.build(operands=[self._gather(cur, runs, rstrides)],
+                                       result_types=[[dist.FutureType(NoneType())]], properties=props)
             else:
                 op = dist.RecvOp.build(result_types=[self.ttype(a.nblocks)], properties=props)
             if channel:
@@ -348,11 +390,20 @@ class _Emitter:
             out = op.result
             mask = None if a.uniform is not None else (self.axes[a.axis], a.offsets)
             if a.reduce or mask is not None:  # (where a masked recv is skipped the buffer keeps its value)
-                old = cur if whole else self._slice(cur, s0, nb, dslot)
-                out = self.aten("aten.add.Tensor" if a.reduce else "aten.copy.default", [old, out], nb * self.unit,
+                old = self._gather(cur, runs, rstrides)
+                out = self.aten("aten.add.Tensor" if a.reduce else "aten.copy.default", [old, out], a.nblocks * self.unit,
                                 stream=self.side, mask=mask)
                 self._where(out.owner, a)
-            cur = out if whole else self._slice(cur, s0, nb, dslot, scatter=out)
+            if len(runs) == 1 and runs[0] == (0, M):
+                cur = out
+                continue
+            at = 0
+            for (s0, ln), st in zip(runs, rstrides):
+                piece = out if len(runs) == 1 else self.aten(
+                    "aten.slice.Tensor", [out], ln * self.unit, free=True,
+                    args={"dim": 0, "start": at * self.unit, "end": (at + ln) * self.unit})
+                cur = self._slice(cur, s0, ln, st, scatter=piece)
+                at += ln
         self.new.append(dist.YieldOp.build(operands=[[cur]]))
         block.add_ops(self.new)
         self.new = outer

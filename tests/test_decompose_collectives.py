@@ -367,16 +367,19 @@ def _rows(p):
              tuple(t.ctrl_deps(i).tolist())) for i in range(len(t))]
 
 
-LOOP_CASES = [("ring", "all_reduce", 8, 1, False), ("ring", "all_reduce", 5, 2, True),
-              ("ring", "all_gather", 5, 2, False), ("ring", "reduce_scatter", 6, 1, False),
-              ("ring", "broadcast", 5, 4, False), ("direct", "all_reduce", 6, 1, False),
-              ("direct", "reduce_scatter", 5, 2, True), ("direct", "all_gather", 5, 1, False)]
+LOOP_CASES = [("ring", "all_reduce", (8,), 1, False), ("ring", "all_reduce", (5,), 2, True),
+              ("ring", "all_gather", (5,), 2, False), ("ring", "reduce_scatter", (6,), 1, False),
+              ("ring", "broadcast", (5,), 4, False), ("direct", "all_reduce", (6,), 1, False),
+              ("direct", "reduce_scatter", (5,), 2, True), ("direct", "all_gather", (5,), 1, False),
+              ("hierarchical", "all_reduce", (4, 5), 1, False), ("hierarchical", "all_gather", (3, 4), 2, False),
+              ("hierarchical", "reduce_scatter", (4, 4), 1, True), ("hierarchical", "broadcast", (4, 3), 4, False)]
 
 
-@pytest.mark.parametrize("alg,kind,n,chunks,sync", LOOP_CASES, ids=str)
-def test_steps_loop_lowers_to_the_unrolled_trace(tmp_path, alg, kind, n, chunks, sync):
+@pytest.mark.parametrize("alg,kind,shape,chunks,sync", LOOP_CASES, ids=str)
+def test_steps_loop_lowers_to_the_unrolled_trace(tmp_path, alg, kind, shape, chunks, sync):
     """The dist.steps form and the unrolled form give every rank the same Chakra nodes and dependencies."""
-    text = _module(kind, (n,), [0], rows=8, cols=4)
+    n = math.prod(shape)
+    text = _module(kind, shape, list(range(len(shape))), rows=8, cols=4)
     if sync:
         text = _synchronous(text)
     loop, loop_ops, steps = _lowered(tmp_path, text, True, algorithm=alg, chunks=chunks)
