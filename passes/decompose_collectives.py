@@ -283,7 +283,8 @@ class _Emitter:
                 sh = self._shape_of(u)
                 if ((u.uniform is None) != (t.uniform is None) or (t.uniform is None and u.offsets != t.offsets)
                         or u.send != t.send or u.where != t.where or u.axis != t.axis or u.nblocks != t.nblocks
-                        or u.reduce != t.reduce or u.lane != t.lane or self.channel(u) != self.channel(t)
+                        or u.reduce != t.reduce or u.lane != t.lane
+                        or u.chunk % self.channels != t.chunk % self.channels
                         or [ln for _, ln in sh] != [ln for _, ln in runs]):
                     ok = False
                     break

@@ -110,7 +110,7 @@ class Action:
     def uniform(self) -> int | None:
         """The offset every rank uses, or None."""
         first = self.offsets[0]
-        return first if first != 0 and all(o == first for o in self.offsets) else None
+        return first if first != 0 and self.offsets.count(first) == len(self.offsets) else None
 
     def active(self, c: int) -> bool:
         return self.offsets[c] != 0
