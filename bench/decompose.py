@@ -8,6 +8,7 @@ so the peak RSS is its own. Prints a table.
     .venv/bin/python bench/decompose.py                                   # llama3-8b, 1,024 ranks, halving-doubling
     .venv/bin/python bench/decompose.py --algorithms halving-doubling,ring --ranks 64
     .venv/bin/python bench/decompose.py --no-write                        # everything but the files
+    .venv/bin/python bench/decompose.py --algorithms ring --unrolled      # without dist.steps loops
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import tempfile
 import time
 
 
-def one(model: str, ranks: int, algorithm: str, chunks: int, seq: int, write: bool) -> dict:
+def one(model: str, ranks: int, algorithm: str, chunks: int, seq: int, write: bool, loops: bool = True) -> dict:
     from xdsl.context import Context
 
     from flint.capture import capture_step
@@ -35,7 +36,7 @@ def one(model: str, ranks: int, algorithm: str, chunks: int, seq: int, write: bo
     from flint.passes.lower_to_chakra import LowerToChakraPass
     from flint.trace import NodeKind
 
-    row: dict = {"model": model, "ranks": ranks, "algorithm": algorithm}
+    row: dict = {"model": model, "ranks": ranks, "algorithm": algorithm if loops else f"{algorithm} (loops=false)"}
     t = time.perf_counter()
     step = capture_step(factory(model), {"tokens": (ranks, seq), "labels": (ranks, seq)}, world_size=ranks,
                         plan="dp", dtype="bfloat16")
@@ -45,10 +46,12 @@ def one(model: str, ranks: int, algorithm: str, chunks: int, seq: int, write: bo
 
     row["all_reduces_in_ir"] = sum(1 for o in module.walk() if isinstance(o, dist.AllReduceOp))
     CanonicalizeDistPass().apply(Context(), module)
+    row["ir_ops_before"] = sum(1 for _ in module.walk())
     t = time.perf_counter()
-    DecomposeCollectivesPass(algorithm=algorithm, chunks=chunks).apply(Context(), module)
+    DecomposeCollectivesPass(algorithm=algorithm, chunks=chunks, loops=loops).apply(Context(), module)
     row["decompose_s"] = time.perf_counter() - t
     row["ir_ops"] = sum(1 for _ in module.walk())
+    row["steps_loops"] = sum(1 for o in module.walk() if isinstance(o, dist.StepsOp))
     t = time.perf_counter()
     LowerToChakraPass().apply(Context(), module)
     row["lower_s"] = time.perf_counter() - t
@@ -80,18 +83,21 @@ def main() -> None:
     ap.add_argument("--chunks", type=int, default=1)
     ap.add_argument("--seq", type=int, default=8192)
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--unrolled", action="store_true", help="decompose-collectives{loops=false}: every step in the IR")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
-        print(json.dumps(one(args.model, args.ranks, args.one, args.chunks, args.seq, not args.no_write)))
+        print(json.dumps(one(args.model, args.ranks, args.one, args.chunks, args.seq, not args.no_write,
+                             not args.unrolled)))
         return
-    cols = ["model", "ranks", "algorithm", "capture_import_s", "all_reduces_in_ir", "decompose_s", "ir_ops", "lower_s",
+    cols = ["model", "ranks", "algorithm", "capture_import_s", "all_reduces_in_ir", "ir_ops_before", "decompose_s",
+            "ir_ops", "steps_loops", "lower_s",
             "expand_s", "nodes_per_rank", "p2p_per_rank", "write_s", "gb_written", "peak_rss_mb"]
     print(" | ".join(cols))
     print(" | ".join("---" for _ in cols))
     for alg in args.algorithms.split(","):
         cmd = [sys.executable, __file__, "--one", alg, "--model", args.model, "--ranks", str(args.ranks),
-               "--chunks", str(args.chunks), "--seq", str(args.seq)] + (["--no-write"] if args.no_write else [])
+               "--chunks", str(args.chunks), "--seq", str(args.seq)] + (["--no-write"] if args.no_write else []) + (["--unrolled"] if args.unrolled else [])
         res = subprocess.run(cmd, capture_output=True, text=True)
         if res.returncode != 0:
             print(f"{args.model} | {args.ranks} | {alg} | failed: {res.stderr.strip().splitlines()[-1]}")

@@ -42,7 +42,7 @@ from xdsl.dialects.builtin import (
     i64,
 )
 from xdsl.dialects.shard import GridOp, ReductionKind, ReductionKindAttr, ShardAxesAttr
-from xdsl.ir import Attribute, Dialect, Operation, ParametrizedAttribute, SSAValue, TypeAttribute
+from xdsl.ir import Attribute, Block, Dialect, Region, Operation, ParametrizedAttribute, SSAValue, TypeAttribute
 from xdsl.irdl import (
     IRDLOperation,
     irdl_attr_definition,
@@ -53,10 +53,13 @@ from xdsl.irdl import (
     prop_def,
     result_def,
     traits_def,
+    region_def,
+    var_operand_def,
+    var_result_def,
 )
 from xdsl.parser import Parser
 from xdsl.printer import Printer
-from xdsl.traits import SymbolTable
+from xdsl.traits import IsTerminator, SymbolTable
 from xdsl.utils.exceptions import VerifyException
 
 from flint.limits import INT32_MAX, MAX_TENSOR_ELEMENTS
@@ -359,6 +362,19 @@ class PointToPointOp(DistCommOp, ABC):
     offset = prop_def(IntegerAttr[I64])
     tag = prop_def(IntegerAttr[I64])
     peers = opt_prop_def(DenseArrayBase)
+    # Inside a `dist.steps` body: at step i the op's offset is offset + i * offset_step and its tag
+    # tag + i * tag_step (absent: 0, the same every step).
+    offset_step = opt_prop_def(IntegerAttr[I64])
+    tag_step = opt_prop_def(IntegerAttr[I64])
+
+    def offset_at(self, i: int = 0) -> int:
+        """The uniform offset at step ``i`` of the enclosing `dist.steps` (0 outside one)."""
+        step = self.offset_step.value.data if self.offset_step is not None else 0
+        return self.offset.value.data + i * step
+
+    def tag_at(self, i: int = 0) -> int:
+        step = self.tag_step.value.data if self.tag_step is not None else 0
+        return self.tag.value.data + i * step
 
     def peer_offsets(self) -> tuple[int, ...] | None:
         """The per-coordinate offsets (0: the rank skips the op), or None when ``offset`` is uniform."""
@@ -382,6 +398,8 @@ class PointToPointOp(DistCommOp, ABC):
             raise VerifyException(
                 f"'{self.name}' op offset {k} names the rank itself on an axis of size {n}"
             )
+        if self.offset_step is not None and table is not None:
+            raise VerifyException(f"'{self.name}' op has a peers table and a per-step offset; give one")
         if not 0 <= self.tag.value.data <= INT32_MAX:
             raise VerifyException(f"'{self.name}' op tag {self.tag.value.data} out of range: Chakra's comm_tag is "
                                   f"an int32 (0..{INT32_MAX})")
@@ -402,7 +420,7 @@ class SendOp(PointToPointOp, _NoPayloadMixin):
 
     assembly_format = (
         "$input `to` $grid `grid_axes` `=` $grid_axes `offset` `=` $offset (`peers` `=` qualified($peers)^)? `tag` `=` $tag "
-        "attr-dict `:` type($input) (`->` type($token)^)?"
+        "(`offset_step` `=` $offset_step^)? (`tag_step` `=` $tag_step^)? attr-dict `:` type($input) (`->` type($token)^)?"
     )
 
     def verify_(self) -> None:
@@ -423,8 +441,8 @@ class RecvOp(PointToPointOp):
     result = result_def(TensorType | FutureType)
 
     assembly_format = (
-        "`from` $grid `grid_axes` `=` $grid_axes `offset` `=` $offset (`peers` `=` qualified($peers)^)? `tag` `=` $tag attr-dict "
-        "`:` type($result)"
+        "`from` $grid `grid_axes` `=` $grid_axes `offset` `=` $offset (`peers` `=` qualified($peers)^)? `tag` `=` $tag "
+        "(`offset_step` `=` $offset_step^)? (`tag_step` `=` $tag_step^)? attr-dict `:` type($result)"
     )
 
     @property
@@ -487,11 +505,131 @@ class WaitOp(IRDLOperation):
             printer.print_attribute(self.result.type)
 
 
+@irdl_op_definition
+class YieldOp(IRDLOperation):
+    """Ends a `dist.steps` body: the values the next step starts from."""
+
+    name = "dist.yield"
+
+    values = var_operand_def(TensorType)
+
+    traits = traits_def(IsTerminator())
+
+    assembly_format = "($values^ `:` type($values))? attr-dict"
+
+
+# The step index of an op inside a `dist.steps` body shifts a slice of the carried buffer:
+# ``flint.step_shift = array<i64: shift, modulus[, base]>`` on an `aten.slice.Tensor` /
+# `aten.slice_scatter.default` (dim 0) means that at step i its ``start`` is
+# ``base + (start - base + i * shift) mod modulus`` (base 0 when absent: the slice cycles through
+# [base, base + modulus)) and its length stays ``end - start`` (a slice never wraps around: the emitting
+# pass checks it for every step).
+STEP_SHIFT_ATTR = "flint.step_shift"
+
+
+def step_slice(op: Operation, start: int, end: int, i: int) -> tuple[int, int]:
+    """``(start, end)`` of a slice at step ``i`` (``flint.step_shift``; unchanged without it)."""
+    attr = op.attributes.get(STEP_SHIFT_ATTR)
+    if attr is None or i == 0:
+        return start, end
+    shift, modulus, *base = attr.get_values()
+    b = base[0] if base else 0
+    lo = b + (start - b + i * shift) % modulus
+    return lo, lo + end - start
+
+
+@irdl_op_definition
+class StepsOp(IRDLOperation):
+    """``count`` steps of a decomposed collective, one body: SPMD and compact however large the group.
+
+    ``%token, %outs = dist.steps N (%inits) : T { ^bb0(%carried: T): ... dist.yield %next : T }``
+    runs the body ``N`` times, step ``i`` (0-based) starting from what step ``i - 1`` yielded (step 0
+    from ``%inits``); ``%outs`` is what the last step yielded. What varies with the step index is
+    affine in it: a `dist.send` / `dist.recv` peer ``offset + i * offset_step`` and tag ``tag + i *
+    tag_step``, and a slice of the carried buffer at ``(start + i * shift) mod modulus``
+    (``flint.step_shift``). The body's sends are asynchronous: ``%token`` (a ``!dist.future<none>``)
+    completes when all of them have. Consumers that need concrete steps (lower-to-chakra, verify-p2p)
+    expand the body per step; the IR never does.
+    """
+
+    name = "dist.steps"
+
+    count = prop_def(IntegerAttr[I64])
+    inits = var_operand_def(TensorType)
+    token = result_def(FutureType)
+    outs = var_result_def(TensorType)
+    body = region_def("single_block")
+
+    def __init__(self, count: int, inits: Sequence[SSAValue], body: Region):
+        super().__init__(operands=[list(inits)], result_types=[FutureType(NoneType()), [v.type for v in inits]],
+                         properties={"count": IntegerAttr(count, i64)}, regions=[body])
+
+    @classmethod
+    def parse(cls, parser: Parser) -> "StepsOp":
+        count = parser.parse_integer(allow_boolean=False, allow_negative=False)
+        unresolved = parser.parse_comma_separated_list(parser.Delimiter.PAREN, parser.parse_unresolved_operand)
+        types = []
+        if parser.parse_optional_punctuation(":") is not None:
+            types = parser.parse_comma_separated_list(parser.Delimiter.NONE, parser.parse_type)
+        if len(types) != len(unresolved):
+            parser.raise_error(f"'dist.steps' expects {len(unresolved)} types after ':', got {len(types)}")
+        inits = [parser.resolve_operand(u, t) for u, t in zip(unresolved, types)]
+        attrs = parser.parse_optional_attr_dict_with_keyword()
+        op = cls(count, inits, parser.parse_region())
+        if attrs is not None:
+            op.attributes.update(attrs.data)
+        return op
+
+    def print(self, printer: Printer) -> None:
+        printer.print_string(f" {self.count.value.data} (")
+        printer.print_list(self.inits, printer.print_operand)
+        printer.print_string(")")
+        if self.inits:
+            printer.print_string(" : ")
+            printer.print_list([v.type for v in self.inits], printer.print_attribute)
+        printer.print_op_attributes(self.attributes, print_keyword=True)
+        printer.print_string(" ")
+        printer.print_region(self.body)
+
+    def verify_(self) -> None:
+        count = self.count.value.data
+        if count < 1:
+            raise VerifyException(f"'dist.steps' op count {count} must be >= 1")
+        block = self.body.block
+        types = [v.type for v in self.inits]
+        if [a.type for a in block.args] != types:
+            raise VerifyException(f"'dist.steps' op block arguments {[str(a.type) for a in block.args]} must match "
+                                  f"its initial values {[str(t) for t in types]}")
+        last = block.last_op
+        if not isinstance(last, YieldOp) or [v.type for v in last.values] != types:
+            raise VerifyException("'dist.steps' op body must end with a 'dist.yield' of the carried values' types")
+        for o in block.ops:
+            if isinstance(o, StepsOp | WaitOp | CollectiveOp | BarrierOp):
+                raise VerifyException(f"'dist.steps' op body may hold sends, recvs and aten ops, not '{o.name}'")
+            if isinstance(o, PointToPointOp):
+                if isinstance(o, RecvOp) and o.is_async:
+                    raise VerifyException("'dist.recv' op in a 'dist.steps' body must be synchronous")
+                n = o.group_size()
+                for i in (0, count - 1):
+                    if not 0 <= o.tag_at(i) <= INT32_MAX:
+                        raise VerifyException(f"'{o.name}' op tag at step {i} is {o.tag_at(i)}: out of range")
+                if o.offset_step is not None and any(o.offset_at(i) % n == 0 for i in range(count)):
+                    bad = next(i for i in range(count) if o.offset_at(i) % n == 0)
+                    raise VerifyException(f"'{o.name}' op offset at step {bad} is {o.offset_at(bad)}: the rank itself "
+                                          f"on an axis of size {n}")
+
+
+def steps_of(op: Operation) -> int:
+    """How many steps the `dist.steps` enclosing ``op`` runs (1 outside one)."""
+    parent = op.parent_op()
+    return parent.count.value.data if isinstance(parent, StepsOp) else 1
+
+
 COLLECTIVE_OPS: tuple[type[CollectiveOp], ...] = (AllReduceOp, AllGatherOp, ReduceScatterOp, AllToAllOp, BroadcastOp)
 
 Dist = Dialect(
     "dist",
-    [AllReduceOp, AllGatherOp, ReduceScatterOp, AllToAllOp, BroadcastOp, BarrierOp, SendOp, RecvOp, WaitOp],
+    [AllReduceOp, AllGatherOp, ReduceScatterOp, AllToAllOp, BroadcastOp, BarrierOp, SendOp, RecvOp, WaitOp, StepsOp, YieldOp],
     [FutureType],
 )
 
@@ -514,6 +652,19 @@ Dist = Dialect(
 #                            iteration. lower-to-chakra and the memory model honour it.
 
 STREAM_ATTR = "stream"
+# ``flint.where = array<i64: axis, coord>`` on a `dist.send` / `dist.recv` / `aten.op` of a decomposed
+# collective: only ranks whose coordinate on grid axis ``axis`` is ``coord`` run it (a hierarchical
+# broadcast's phase in the root's column); elsewhere the op is skipped (an aten op's result is then its
+# first operand), as for a 0 entry of a ``peers`` table or ``flint.active``.
+WHERE_ATTR = "flint.where"
+
+
+def where_of(op: Operation) -> tuple[int, int] | None:
+    attr = op.attributes.get(WHERE_ATTR)
+    if attr is None:
+        return None
+    axis, coord = attr.get_values()
+    return int(axis), int(coord)
 PREFETCH_ATTR = "flint.prefetch"
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 
 from xdsl.context import Context
@@ -37,7 +38,7 @@ _COLL_KIND = {
 BARRIER_BYTES = 4
 # An aten op that runs on some coordinates only (decompose-collectives' tree steps); kept on its node
 # for the SPMD expansion, and never merged with other compute.
-ACTIVE_ATTRS = ("flint.active", "flint.active_axis")
+ACTIVE_ATTRS = ("flint.active", "flint.active_axis", dist.WHERE_ATTR)
 
 
 class LoweringError(VerifyException):
@@ -149,6 +150,11 @@ class _FunctionLowering:
         self.costs = costs if costs is not None else {}
         self.issued: list[SSAValue] = []
         self.producer: dict[SSAValue, tuple[SSAValue, ...]] = {}
+        # A buffer written piecewise (`aten.slice_scatter` of a decomposed collective): its producers per
+        # element range [lo, hi), so a slice depends on what wrote that range only, as the unrolled steps do.
+        # (starts, ends, producers) of consecutive ranges, sorted
+        self.pieces: dict[SSAValue, tuple[list[int], list[int], list[tuple[SSAValue, ...]]]] = {}
+        self.step = 0  # the step of the `dist.steps` being expanded (0 outside one)
         self.comm_nodes: set[SSAValue] = set()
         # Sends and recvs are ordered among themselves, not with each other or with
         # collectives: "send to +1; recv from -1" on every rank must not deadlock.
@@ -175,9 +181,76 @@ class _FunctionLowering:
     def deps_of(self, values) -> list[SSAValue]:
         seen: dict[SSAValue, None] = {}
         for v in values:
-            for node in self.producer.get(v, ()):
-                seen[node] = None
+            pieces = self.pieces.get(v)
+            for nodes in (pieces[2] if pieces is not None else [self.producer.get(v, ())]):
+                for node in nodes:
+                    seen[node] = None
         return list(seen)
+
+    def _bind(self, dst: SSAValue, src: SSAValue) -> None:
+        """``dst`` holds what ``src`` holds (a `dist.steps` carried value)."""
+        if src in self.pieces:
+            self.pieces[dst] = self.pieces[src]
+        else:
+            self.pieces.pop(dst, None)
+            self.producer[dst] = tuple(self.producer.get(src, ()))
+
+    def _piecewise_view(self, op: AtenOp) -> bool:
+        """Track a dim-0 slice / slice_scatter of a 1-D buffer range by range; False if ``op`` is not one."""
+        target = op.overload
+        if target not in ("aten.slice.Tensor", "aten.slice_scatter.default") or op.args is None:
+            return False
+        args = op.args.data
+        if args.get("dim") is None or args["dim"].value.data != 0 or len(op.outputs) != 1:
+            return False
+        buf = op.inputs[0]
+        if not isinstance(buf.type, TensorType) or len(buf.type.get_shape()) != 1:
+            return False
+        lo, hi = dist.step_slice(op, args["start"].value.data, args["end"].value.data, self.step)
+        pieces = self.pieces.get(buf)
+        if target == "aten.slice.Tensor":
+            if pieces is None:
+                return False
+            starts, ends, nodes = pieces
+            seen: dict[SSAValue, None] = {}
+            for k in range(bisect_right(ends, lo), bisect_left(starts, hi)):
+                seen.update(dict.fromkeys(nodes[k]))
+            self.producer[op.outputs[0]] = tuple(seen)
+            return True
+        if pieces is None:
+            pieces = ([0], [buf.type.get_shape()[0]], [tuple(self.deps_of([buf]))])
+        starts, ends, nodes = pieces
+        src = tuple(self.deps_of([op.inputs[1]]))
+        i, j = bisect_right(ends, lo), bisect_left(starts, hi)  # pieces i..j-1 overlap [lo, hi)
+        s_mid, e_mid, n_mid = [lo], [hi], [src]
+        if i < j and starts[i] < lo:
+            s_mid.insert(0, starts[i]), e_mid.insert(0, lo), n_mid.insert(0, nodes[i])
+        if i < j and ends[j - 1] > hi:
+            s_mid.append(hi), e_mid.append(ends[j - 1]), n_mid.append(nodes[j - 1])
+        self.pieces[op.outputs[0]] = (starts[:i] + s_mid + starts[j:], ends[:i] + e_mid + ends[j:],
+                                      nodes[:i] + n_mid + nodes[j:])
+        return True
+
+    def lower_steps(self, op: dist.StepsOp) -> None:
+        """Expand a `dist.steps` step by step (Chakra nodes are concrete)."""
+        block = op.body.block
+        carried = list(op.inits)
+        sends: list[SSAValue] = []
+        for i in range(op.count.value.data):
+            self.step = i
+            for arg, v in zip(block.args, carried):
+                self._bind(arg, v)
+            for o in block.ops:
+                if isinstance(o, dist.YieldOp):
+                    carried = list(o.values)
+                    break
+                self.lower_op(o)
+                if isinstance(o, dist.SendOp) and o.token is not None:
+                    sends += self.producer.get(o.token, ())
+        self.step = 0
+        for out, v in zip(op.outs, carried):
+            self._bind(out, v)
+        self.producer[op.token] = tuple(sends)
 
     def _add(self, node: chakra.NodeOp) -> SSAValue:
         self.block.add_op(node)
@@ -207,6 +280,8 @@ class _FunctionLowering:
             return self.lower_barrier(op)
         if isinstance(op, dist.SendOp | dist.RecvOp):
             return self.lower_p2p(op)
+        if isinstance(op, dist.StepsOp):
+            return self.lower_steps(op)
         if isinstance(op, dist.WaitOp):
             deps = tuple(self.producer.get(op.future, ()))
             if op.result is not None:
@@ -221,6 +296,8 @@ class _FunctionLowering:
         if cost is None:
             cost = self.costs[op] = aten_op_cost(op, self.device)
         flops, nbytes, duration = cost
+        if flops == 0 and nbytes == 0 and self._piecewise_view(op):  # a slice of a buffer written piecewise
+            return
         data = self.deps_of(op.inputs)
         if flops == 0 and nbytes == 0:  # a view: no kernel, results alias the inputs
             for r in op.outputs:
@@ -326,11 +403,13 @@ class _FunctionLowering:
         node = cls.build(
             operands=[data, self._order(data, self.last_p2p.get((cls, stream)))], result_types=[chakra.NODE],
             properties={"node_name": StringAttr(op.name), "bytes": IntegerAttr(nbytes, i64),
-                        "tag": IntegerAttr(op.tag.value.data + self.tag_offset, op.tag.type) if self.tag_offset
-                        else op.tag, "offset": op.offset, **self._spmd(op),
+                        "tag": IntegerAttr(op.tag_at(self.step) + self.tag_offset, op.tag.type),
+                        "offset": IntegerAttr(op.offset_at(self.step), op.offset.type), **self._spmd(op),
                         **({"peers": op.peers} if op.peers is not None else {}),
                         **({"stream": StringAttr(stream)} if stream else {})},
         )
+        if dist.WHERE_ATTR in op.attributes:
+            node.attributes[dist.WHERE_ATTR] = op.attributes[dist.WHERE_ATTR]
         result = op.token if is_send else op.result
         # a recv on a channel is part of a decomposed asynchronous collective: what needs its data waits
         # through data deps, the compute stream does not

@@ -29,6 +29,9 @@ def _check_futures(op: Operation) -> None:
     if isinstance(op, dist.CollectiveOp | dist.RecvOp) and op.is_async:
         futures.append(op.result)
     if isinstance(op, dist.SendOp | dist.BarrierOp) and op.token is not None:
+        if not (isinstance(op, dist.SendOp) and isinstance(op.parent_op(), dist.StepsOp) and not op.token.uses):
+            futures.append(op.token)  # (a `dist.steps` body's sends complete with the steps' token)
+    if isinstance(op, dist.StepsOp):
         futures.append(op.token)
     for f in futures:
         waits = [u.operation for u in f.uses if isinstance(u.operation, dist.WaitOp)]
@@ -43,7 +46,7 @@ def _check_futures(op: Operation) -> None:
 
 def _check_wait(op: dist.WaitOp) -> None:
     owner = op.future.owner
-    if not isinstance(owner, dist.DistCommOp):
+    if not isinstance(owner, dist.DistCommOp | dist.StepsOp):
         raise DistVerifyError(op, "'dist.wait' op waits on a future that no 'dist' communication op started")
 
 
@@ -58,13 +61,14 @@ def _check_p2p(fn: Operation) -> None:
             axis = op.axes()[0]
             t = op.input.type if isinstance(op, dist.SendOp) else (
                 op.result.type.value_type if isinstance(op.result.type, dist.FutureType) else op.result.type)
-            if isinstance(op, dist.SendOp):
-                key = (op.grid.string_value(), axis, op.offset.value.data % n, op.tag.value.data, t)
-                sends[key] += 1
-            else:
-                key = (op.grid.string_value(), axis, (-op.offset.value.data) % n, op.tag.value.data, t)
-                recvs[key] += 1
-            first.setdefault(key, op)
+            for i in range(dist.steps_of(op)):
+                if isinstance(op, dist.SendOp):
+                    key = (op.grid.string_value(), axis, op.offset_at(i) % n, op.tag_at(i), t)
+                    sends[key] += 1
+                else:
+                    key = (op.grid.string_value(), axis, (-op.offset_at(i)) % n, op.tag_at(i), t)
+                    recvs[key] += 1
+                first.setdefault(key, op)
     for key in sorted(set(sends) | set(recvs), key=str):
         if sends[key] != recvs[key]:
             grid, axis, k, tag, t = key

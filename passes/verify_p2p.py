@@ -36,28 +36,55 @@ def _bytes(op: dist.SendOp | dist.RecvOp) -> int:
     return tensor_bytes(t.get_shape(), str(t.element_type))
 
 
-def _peer_offset(op: dist.PointToPointOp, coord: int) -> int:
+def _peer_offset(op: dist.PointToPointOp, coord: int, step: int = 0) -> int:
     table = op.peer_offsets()
-    return table[coord] if table is not None else op.offset.value.data
+    return table[coord] if table is not None else op.offset_at(step)
 
 
-def _p2p_sources(fn: func.FuncOp) -> dict[Operation, set[Operation]]:
-    """For each send: the recvs of the same function its operand depends on (through any ops)."""
+def _p2p_sources(fn: func.FuncOp) -> tuple[list[tuple[Operation, int]], dict[tuple, set[tuple]]]:
+    """The function's sends and recvs in program order as ``(op, step)`` (a `dist.steps` body once per
+    step), and for each send the recvs its operand depends on (through any ops).
+
+    A buffer a `dist.steps` carries counts as depending on every recv that wrote any part of it: more
+    wait-for edges than the exact slices give, which can only report a cycle that is not there, never
+    hide one.
+    """
     deps: dict[SSAValue, frozenset] = {}
-    out: dict[Operation, set[Operation]] = {}
-    for op in fn.body.block.ops:
-        ins: set = set()
+    out: dict[tuple, set[tuple]] = {}
+    order: list[tuple[Operation, int]] = []
+
+    def visit(op: Operation, step: int) -> None:
+        ins: frozenset = frozenset()
         for v in op.operands:
             ins |= deps.get(v, frozenset())
         if isinstance(op, dist.SendOp):
-            out[op] = set(ins)
+            out[(op, step)] = set(ins)
+            order.append((op, step))
         if isinstance(op, dist.RecvOp):
-            ins = ins | {op}
+            ins = ins | {(op, step)}
+            order.append((op, step))
         for r in op.results:
-            deps[r] = frozenset(ins)
+            deps[r] = ins
         if isinstance(op, dist.WaitOp) and op.result is not None:
             deps[op.result] = deps.get(op.future, frozenset())
-    return out
+
+    for op in fn.body.block.ops:
+        if not isinstance(op, dist.StepsOp):
+            visit(op, 0)
+            continue
+        carried = [deps.get(v, frozenset()) for v in op.inits]
+        block = op.body.block
+        for i in range(op.count.value.data):
+            for arg, d in zip(block.args, carried):
+                deps[arg] = d
+            for o in block.ops:
+                if isinstance(o, dist.YieldOp):
+                    carried = [deps.get(v, frozenset()) for v in o.values]
+                    break
+                visit(o, i)
+        for r, d in zip(op.outs, carried):
+            deps[r] = d
+    return order, out
 
 
 @dataclass(frozen=True)
@@ -97,45 +124,47 @@ class VerifyP2PPass(ModulePass):
         world = mesh.world_size
         coords = np.indices(mesh.shape).reshape(mesh.ndim, -1)
         g = nx.DiGraph()
+        ops: dict[tuple, Operation] = {}  # every node's op (matched pairs are contracted out of g)
         sends: dict[tuple, list] = {}
         recvs: dict[tuple, list] = {}
         for part, name in enumerate(order):
             fn = funcs[name]
-            p2p = [o for o in fn.walk() if isinstance(o, dist.SendOp | dist.RecvOp)]
+            p2p, sources = _p2p_sources(fn)
             if not p2p:
                 continue
-            sources = _p2p_sources(fn)
             for r in range(world):
                 last: dict[tuple[type, str], tuple] = {}
-                inst: dict[Operation, tuple] = {}
-                for o in p2p:
+                inst: dict[tuple, tuple] = {}
+                for o, step in p2p:
                     axis = o.axes()[0]
                     n = mesh.shape[axis]
                     c = int(coords[axis, r])
-                    k = _peer_offset(o, c)
-                    if k % n == 0:
+                    k = _peer_offset(o, c, step)
+                    where = dist.where_of(o)
+                    if k % n == 0 or (where is not None and int(coords[where[0], r]) != where[1]):
                         continue  # this rank skips the op
                     peer = mesh.peer(r, axis, k)
                     node = (part, r, len(inst))
-                    inst[o] = node
+                    inst[(o, step)] = node
                     g.add_node(node, op=o, rank=r)
+                    ops[node] = o
                     key = (type(o), dist.stream_of(o))
                     prev = last.get(key)
                     if prev is not None:
                         g.add_edge(prev, node)
                     last[key] = node
                     if isinstance(o, dist.SendOp):
-                        for src in sources.get(o, ()):
+                        for src in sources.get((o, step), ()):
                             if src in inst:
                                 g.add_edge(inst[src], node)
-                        sends.setdefault((part, r, peer, o.tag.value.data), []).append(node)
+                        sends.setdefault((part, r, peer, o.tag_at(step)), []).append(node)
                     else:
-                        recvs.setdefault((part, peer, r, o.tag.value.data), []).append(node)
-        self._match(g, sends, recvs)
+                        recvs.setdefault((part, peer, r, o.tag_at(step)), []).append(node)
+        self._match(g, sends, recvs, ops)
         self._deadlock(g)
 
     @staticmethod
-    def _match(g: nx.DiGraph, sends: dict, recvs: dict) -> None:
+    def _match(g: nx.DiGraph, sends: dict, recvs: dict, ops: dict) -> None:
         for key in sorted(set(sends) | set(recvs)):
             part, a, b, tag = key
             ss, rr = sends.get(key, []), recvs.get(key, [])
@@ -148,13 +177,14 @@ class VerifyP2PPass(ModulePass):
                 nx.contracted_nodes(g, s, r, self_loops=False, copy=False)
             if len(ss) != len(rr):
                 extra = ss[len(rr):] or rr[len(ss):]
-                o = g.nodes[extra[0]]["op"]
-                other = _nearest(g, extra[0], sends if isinstance(o, dist.RecvOp) else recvs, a, b, tag, part)
+                o = ops[extra[0]]
+                near = _nearest(ops, sends if isinstance(o, dist.RecvOp) else recvs, a, b, tag, part)
+                other = near[0] if near is not None else None
                 what = (f"'dist.send' op on rank {a} to rank {b} with tag {tag} has no matching 'dist.recv' on rank {b}"
                         if isinstance(o, dist.SendOp) else
                         f"'dist.recv' op on rank {b} from rank {a} with tag {tag} has no matching 'dist.send' on rank {a}")
                 if other is not None:
-                    what += f"; the nearest candidate is '{other.name}' with tag {_tag(other)} (see note)"
+                    what += f"; the nearest candidate is '{other.name}' with tag {near[1]} (see note)"
                 raise P2PError(o, other, what)
 
     @staticmethod
@@ -171,13 +201,9 @@ class VerifyP2PPass(ModulePass):
                                          f"'{b['op'].name}' on rank {b['rank']} (see note), which waits on it")
 
 
-def _tag(op: Operation) -> int:
-    return op.tag.value.data
-
-
-def _nearest(g: nx.DiGraph, node, table: dict, a: int, b: int, tag: int, part: int) -> Operation | None:
-    """The partner-side op closest to an unmatched one: same ranks, any tag."""
+def _nearest(ops: dict, table: dict, a: int, b: int, tag: int, part: int) -> tuple[Operation, int] | None:
+    """The partner-side op closest to an unmatched one: same ranks, the nearest tag."""
     for (p, x, y, t), nodes in sorted(table.items(), key=lambda kv: abs(kv[0][3] - tag)):
         if p == part and x == a and y == b and nodes:
-            return g.nodes[nodes[0]]["op"]
+            return ops[nodes[0]], t
     return None

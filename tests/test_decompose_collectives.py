@@ -17,6 +17,7 @@ from flint.ir import dist
 from flint.ir.parse import load_ir
 from flint.passes.decompose_collectives import DecomposeCollectivesPass, DecomposeError
 from flint.passes.lower_to_chakra import LowerToChakraPass
+from flint.passes.verify_dist import VerifyDistPass
 from flint.passes.verify_p2p import P2PError, VerifyP2PPass
 from flint.sim.engine import run as simulate
 from flint.trace import NodeKind
@@ -39,7 +40,7 @@ def _cases():
                 if kind == "all_to_all" and n > 16:  # O(n^2) blocks: keep the test fast
                     continue
                 yield alg, kind, (n,)
-    for kind in ("all_reduce", "reduce_scatter", "all_gather", "all_to_all"):
+    for kind in ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast"):
         for sizes in [(2, 2), (3, 4), (4, 8), (8, 8)]:
             if kind == "all_to_all" and sizes == (8, 8):  # O(n^2) blocks: keep the test fast
                 continue
@@ -122,7 +123,8 @@ IR_CASES = [("ring", k, (5,), [0]) for k in FLAT["ring"]] + \
     [("direct", "all_reduce", (2, 3), [1]), ("halving-doubling", "all_reduce", (8,), [0]),
      ("halving-doubling", "all_to_all", (4,), [0]), ("halving-doubling", "broadcast", (8,), [0]),
      ("tree", "all_reduce", (6,), [0]), ("tree", "broadcast", (7,), [0]),
-     ("hierarchical", "all_reduce", (2, 3), [0, 1]), ("hierarchical", "all_to_all", (2, 3), [0, 1])]
+     ("hierarchical", "all_reduce", (2, 3), [0, 1]), ("hierarchical", "all_to_all", (2, 3), [0, 1]),
+     ("hierarchical", "broadcast", (3, 2), [0, 1]), ("hierarchical", "broadcast", (2, 3, 2), [2, 1])]
 
 
 @pytest.mark.parametrize("alg,kind,shape,axes", IR_CASES, ids=str)
@@ -144,7 +146,7 @@ def test_emitted_ranks_follow_the_schedule(tmp_path, alg, kind, shape, axes):
         gc = tuple(c[a] for a in axes)
         want = []
         for a in s.actions:
-            if not a.active(gc[a.axis]):
+            if not a.runs(gc):
                 continue
             pc = list(c)
             ax = axes[a.axis]
@@ -342,3 +344,77 @@ def test_prefetched_collective_is_refused(tmp_path):
         "gather_dim = 0 :", "gather_dim = 0 {flint.prefetch = 1 : i64} :"))
     with pytest.raises(DecomposeError, match="prefetched across iterations"):
         DecomposeCollectivesPass().apply(Context(), m)
+
+
+# -- the compact loop form (dist.steps) --------------------------------------------------------------
+
+def _lowered(tmp_path, text, loops: bool, **opts):
+    m = _load(tmp_path, text)
+    DecomposeCollectivesPass(loops=loops, **opts).apply(Context(), m)
+    m.verify()
+    VerifyDistPass().apply(Context(), m)
+    ops = sum(1 for _ in m.walk())
+    steps = sum(1 for o in m.walk() if isinstance(o, dist.StepsOp))
+    VerifyP2PPass().apply(Context(), m)
+    LowerToChakraPass().apply(Context(), m)
+    return trace_from_ir(m), ops, steps
+
+
+def _rows(p):
+    t = p.table
+    return [(t.names[i], int(t.kind[i]), int(p.peers()[i]) if t.kind[i] in (NodeKind.SEND, NodeKind.RECV) else -1,
+             int(t.comm_tag[i]), int(t.comm_bytes[i]), float(t.flops[i]), tuple(t.data_deps(i).tolist()),
+             tuple(t.ctrl_deps(i).tolist())) for i in range(len(t))]
+
+
+LOOP_CASES = [("ring", "all_reduce", (8,), 1, False), ("ring", "all_reduce", (5,), 2, True),
+              ("ring", "all_gather", (5,), 2, False), ("ring", "reduce_scatter", (6,), 1, False),
+              ("ring", "broadcast", (5,), 4, False), ("direct", "all_reduce", (6,), 1, False),
+              ("direct", "reduce_scatter", (5,), 2, True), ("direct", "all_gather", (5,), 1, False),
+              ("hierarchical", "all_reduce", (4, 5), 1, False), ("hierarchical", "all_gather", (3, 4), 2, False),
+              ("hierarchical", "reduce_scatter", (4, 4), 1, True), ("hierarchical", "broadcast", (4, 3), 4, False)]
+
+
+@pytest.mark.parametrize("alg,kind,shape,chunks,sync", LOOP_CASES, ids=str)
+def test_steps_loop_lowers_to_the_unrolled_trace(tmp_path, alg, kind, shape, chunks, sync):
+    """The dist.steps form and the unrolled form give every rank the same Chakra nodes and dependencies."""
+    n = math.prod(shape)
+    text = _module(kind, shape, list(range(len(shape))), rows=8, cols=4)
+    if sync:
+        text = _synchronous(text)
+    loop, loop_ops, steps = _lowered(tmp_path, text, True, algorithm=alg, chunks=chunks)
+    flat, flat_ops, _ = _lowered(tmp_path, text, False, algorithm=alg, chunks=chunks)
+    assert steps >= 1 and loop_ops < flat_ops
+    for r in range(n):
+        assert _rows(loop.ranks[r]) == _rows(flat.ranks[r])
+
+
+def test_ring_ir_does_not_grow_with_the_group(tmp_path):
+    """A ring all-reduce is two one-step loops at any group size: the IR is the same size at 8 and 1,024 ranks."""
+    counts = []
+    for n in (8, 1024):
+        m = _load(tmp_path, _module("all_reduce", (n,), [0], rows=2, cols=4))
+        DecomposeCollectivesPass(algorithm="ring").apply(Context(), m)
+        m.verify()
+        loops = [o for o in m.walk() if isinstance(o, dist.StepsOp)]
+        assert [o.count.value.data for o in loops] == [n - 1, n - 1]
+        counts.append(sum(1 for _ in m.walk()))
+    assert counts[0] == counts[1] < 30
+
+
+@pytest.mark.parametrize("sizes,root", [((3, 4), 7), ((4, 2), 0), ((2, 5), 9)], ids=str)
+def test_hierarchical_broadcast_from_any_root(sizes, root):
+    """Outer chain in the root's column, inner chains in every row: every rank ends with the root's buffer,
+    every non-root rank receives it exactly once, and only the root's column takes part in the outer phase."""
+    s = build("broadcast", "hierarchical", sizes, chunks=2, root=root)
+    n = math.prod(sizes)
+    rng = np.random.default_rng(root)
+    inputs = [rng.integers(-50, 50, 8).astype(np.int64) for _ in range(n)]
+    out, sent = run(s, inputs)
+    for o in out:
+        np.testing.assert_array_equal(o.reshape(-1), inputs[root])
+    assert sum(sent) == (n - 1) * 8 * 8
+    r1 = root % sizes[1]
+    for g in range(n):
+        if s.coords(g)[1] != r1:
+            assert not any(a.runs(s.coords(g)) for a in s.actions if a.axis == 0)

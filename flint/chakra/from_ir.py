@@ -54,12 +54,18 @@ class _Unroller:
         self.b = NodeTableBuilder()
         self.group_slots: dict[tuple[int, ...], int] = {}
         self.peer_slots: dict[tuple[int, int, tuple[int, ...] | None], int] = {}
-        # Compute rows that run on some coordinates only: row -> slot in ``mask_slots`` (axis, mask).
-        self.row_mask: dict[int, int] = {}
-        self.mask_slots: dict[tuple[int, tuple[int, ...]], int] = {}
+        # Rows that run on some coordinates only: row -> slots in ``mask_slots`` (axis, mask), all of which
+        # must be 1 at the rank's coordinates (compute: ``flint.active``; any node: ``flint.where``).
+        self.row_mask: dict[int, list[int]] = {}
+        self.mask_slots: dict[tuple[int, tuple[int, ...] | int], int] = {}
         # Top-level repeats emitted up to their steady iteration m, to be replicated with numpy:
         # (first row of iteration 0, rows per iteration, count, m).
         self.loops: list[tuple[int, int, int, int]] = []
+
+    def _mask(self, row: int, axis: int, mask: tuple[int, ...] | int) -> None:
+        """``mask``: a 0/1 per coordinate of ``axis`` (``flint.active``), or the one coordinate that runs
+        (``flint.where``)."""
+        self.row_mask.setdefault(row, []).append(self.mask_slots.setdefault((axis, mask), len(self.mask_slots)))
 
     def rows(self, values, env: dict[SSAValue, int]) -> list[int]:
         return [env[v] for v in values]
@@ -101,8 +107,7 @@ class _Unroller:
                                       stream=op.attributes["stream"].data if "stream" in op.attributes else "")
                 mask = op.attributes.get("flint.active")
                 if mask is not None:
-                    key = (op.attributes["flint.active_axis"].value.data, tuple(mask.get_values()))
-                    self.row_mask[row] = self.mask_slots.setdefault(key, len(self.mask_slots))
+                    self._mask(row, op.attributes["flint.active_axis"].value.data, tuple(mask.get_values()))
             elif isinstance(op, chakra.CollOp):
                 if op.grid is None:
                     raise FlintError(f"chakra.coll '{name}' is concrete (group = ...); only SPMD graphs expand")
@@ -120,6 +125,10 @@ class _Unroller:
                           data_deps=data, ctrl_deps=ctrl, stream=op.stream.data if op.stream is not None else "")
             else:
                 raise FlintError(f"unexpected op '{op.name}' in a chakra.graph")
+            where = op.attributes.get("flint.where")
+            if where is not None:
+                axis, coord = where.get_values()
+                self._mask(row, int(axis), int(coord))
             env[op.node] = row
         return None
 
@@ -306,19 +315,21 @@ def trace_from_ir(module: ModuleOp, graph: str = "step", *, fast_repeat: bool = 
                 ranks[r] = RankProgram(table, gid[r], peers[r])
             continue
         # Nodes that run on some coordinates only: one table per distinct set of skipped rows.
-        mask_of_row = np.full(len(u.b), -1, np.int64)
-        for row, slot in u.row_mask.items():
-            mask_of_row[row] = slot
-        row_mask = mask_of_row[src]
         masks = list(u.mask_slots)
+        has = np.zeros((len(masks), len(u.b)), bool)
+        for row, slots in u.row_mask.items():
+            has[slots, row] = True
+        has = has[:, src]
         p2p = (table.kind == NodeKind.SEND) | (table.kind == NodeKind.RECV)
         tables: dict[bytes, NodeTable] = {}
         for r in members:
             drop = np.zeros(len(table), bool)
             drop[p2p] = peers[r][table.comm_peer[p2p]] < 0
             for slot, (axis, mask) in enumerate(masks):
-                if not mask[coords[axis, r]]:
-                    drop |= row_mask == slot
+                c = coords[axis, r]
+                runs = mask == c if isinstance(mask, int) else mask[c]
+                if not runs:
+                    drop |= has[slot]
             key = np.packbits(drop).tobytes()
             t = tables.get(key)
             if t is None:

@@ -83,7 +83,7 @@ def run(s: Schedule, inputs: list[np.ndarray]) -> tuple[list[np.ndarray], list[i
                 i = pc[g]
                 a = acts[i]
                 c = coords[g]
-                if not a.active(c[a.axis]):
+                if not a.runs(c):
                     pc[g] += 1
                     continue
                 keys = a.keys(c)

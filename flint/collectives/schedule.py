@@ -57,15 +57,18 @@ Algorithms (``n`` = group size along the axis; ``S`` the full buffer):
   reduce-scatter = inner then outer; all-gather = outer then inner;
   all-to-all = pairwise exchange along the inner axis (each message the
   n0 blocks for one inner coordinate), then along the outer axis (the n1
-  blocks for one rank). Broadcast is not built: its phases involve only
-  the root's row or column, and an action's participation depends on the
-  coordinate along its own axis only.
+  blocks for one rank); broadcast = a pipelined chain along the outer axis
+  in the root's column (``Action.where``: only the ranks at the root's inner
+  coordinate), then a chain along the inner axis in every row, chunk by
+  chunk (a rank of the root's column forwards chunk j along its row as
+  soon as it has it).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Callable, Sequence
 
 from flint.errors import FlintError
@@ -78,7 +81,7 @@ _SUPPORTS = {
     "direct": set(KINDS),
     "halving-doubling": set(KINDS),
     "tree": {"all_reduce", "broadcast"},
-    "hierarchical": {"all_reduce", "reduce_scatter", "all_gather", "all_to_all"},
+    "hierarchical": set(KINDS),
 }
 
 Key = tuple
@@ -99,15 +102,22 @@ class Action:
     tag: int = 0                   # a send with tag t on c matches the recv with tag t on its peer
     chunk: int = 0                 # which of the ``chunks`` pieces it moves
     lane: int = 0                  # independent pipeline it belongs to (tree h of a double binary tree)
+    # (group axis, coordinate): only ranks at that coordinate of that other axis take part (the root's
+    # column in a hierarchical broadcast); None: every rank along the other axes
+    where: tuple[int, int] | None = None
 
-    @property
+    @cached_property
     def uniform(self) -> int | None:
         """The offset every rank uses, or None."""
         first = self.offsets[0]
-        return first if first != 0 and all(o == first for o in self.offsets) else None
+        return first if first != 0 and self.offsets.count(first) == len(self.offsets) else None
 
     def active(self, c: int) -> bool:
         return self.offsets[c] != 0
+
+    def runs(self, coords: Coords) -> bool:
+        """Does the rank at group coordinates ``coords`` take part?"""
+        return self.offsets[coords[self.axis]] != 0 and (self.where is None or coords[self.where[0]] == self.where[1])
 
 
 @dataclass(frozen=True)
@@ -186,7 +196,7 @@ def build(kind: str, algorithm: str, sizes: Sequence[int], chunks: int = 1, root
     if chunks < 1:
         raise FlintError(f"chunks must be >= 1, got {chunks}")
     if algorithm == "hierarchical":
-        blocks, steps = _hierarchical(kind, sizes)
+        blocks, steps = _hierarchical(kind, sizes, root)
     else:
         n = sizes[0]
         blocks, steps = {"ring": _ring, "direct": _direct, "halving-doubling": _hd, "tree": _tree}[algorithm](
@@ -205,10 +215,10 @@ def _pipeline(steps: list[_Step], chunks: int) -> list[Action]:
     tags: dict = {}
     for si, step in enumerate(steps):
         for j in range(chunks):
-            for send, axis, offsets, nb, keys, reduce, pair, *lane in step:
+            for send, axis, offsets, nb, keys, reduce, pair, *rest in step:
                 tag = tags.setdefault((si, j, pair), len(tags))
                 out.append(Action(send, axis, tuple(offsets), nb, _with_chunk(keys, j), reduce, si, tag, j,
-                                  lane[0] if lane else 0))
+                                  rest[0] if rest else 0, rest[1] if len(rest) > 1 else None))
     return out
 
 
@@ -451,11 +461,27 @@ def _tree(kind: str, n: int, root: int):
     return 2, [up, down]
 
 
-def _hierarchical(kind: str, sizes: tuple[int, ...]):
+def _chain(axis: int, n: int, root: int, pair: str, where=None) -> list:
+    """A broadcast chain root -> root+1 -> ... -> root-1 along ``axis`` (recv, then forward)."""
+    send = tuple(0 if (c - root) % n == n - 1 else 1 for c in range(n))
+    recv = tuple(0 if c == root else -1 for c in range(n))
+    whole = lambda c: [(0,)]  # noqa: E731
+    return [(False, axis, recv, 1, whole, False, pair, 0, where), (True, axis, send, 1, whole, False, pair, 0, where)]
+
+
+def _hierarchical_broadcast(n0: int, n1: int, root: int) -> list:
+    """Chain along the outer axis in the root's column, then along the inner axis in every row."""
+    r0, r1 = divmod(root, n1)
+    return (_chain(0, n0, r0, "o", (1, r1)) if n0 > 1 else []) + (_chain(1, n1, r1, "i") if n1 > 1 else [])
+
+
+def _hierarchical(kind: str, sizes: tuple[int, ...], root: int = 0):
     n0, n1 = sizes  # outer, inner
     blocks = n0 * n1
     if kind == "all_to_all":
         return blocks, _hierarchical_a2a(n0, n1)
+    if kind == "broadcast":
+        return 1, [_hierarchical_broadcast(n0, n1, root)]
 
     # inner phase: position p on the inner axis owns blocks g with g % n1 == p (its "column")
     def col(c, p):
@@ -506,4 +532,4 @@ def _ring_ag_axis(axis, n, owned):
 
 def volume_blocks(s: Schedule, coords: Coords) -> int:
     """Units (block x chunk pieces) the rank at ``coords`` sends."""
-    return sum(a.nblocks for a in s.actions if a.send and a.active(coords[a.axis]))
+    return sum(a.nblocks for a in s.actions if a.send and a.runs(coords))

@@ -30,3 +30,35 @@ func.func @unmatched(%x: tensor<8xf32>) -> tensor<8xf32> {
   dist.send %x to @mesh grid_axes = [0] offset = 1 tag = 4 : tensor<8xf32>
   func.return %r : tensor<8xf32>
 }
+
+// -----
+// A `dist.steps` loop is checked step by step: here the ring's tags move on together and it verifies.
+// CHECK-LABEL: func.func @steps_ok
+// CHECK: dist.steps 3
+shard.grid @mesh(shape = 4)
+func.func @steps_ok(%x: tensor<8xf32>) -> tensor<8xf32> {
+  %t, %b = dist.steps 3 (%x) : tensor<8xf32> {
+  ^bb0(%c: tensor<8xf32>):
+    %s = dist.send %c to @mesh grid_axes = [0] offset = 1 tag = 3 tag_step = 1 : tensor<8xf32> -> !dist.future<none>
+    %r = dist.recv from @mesh grid_axes = [0] offset = -1 tag = 3 tag_step = 1 : tensor<8xf32>
+    dist.yield %r : tensor<8xf32>
+  }
+  dist.wait %t
+  func.return %b : tensor<8xf32>
+}
+
+// -----
+// The recv's tag moves on by 2 per step, the send's by 1: step 1 sends tag 4, which no recv takes.
+// CHECK: error: 'dist.send' op on rank 0 to rank 1 with tag 4 has no matching 'dist.recv' on rank 1
+// CHECK: note: the other op: 'dist.recv'
+shard.grid @mesh(shape = 4)
+func.func @steps_bad(%x: tensor<8xf32>) -> tensor<8xf32> {
+  %t, %b = dist.steps 3 (%x) : tensor<8xf32> {
+  ^bb0(%c: tensor<8xf32>):
+    %s = dist.send %c to @mesh grid_axes = [0] offset = 1 tag = 3 tag_step = 1 : tensor<8xf32> -> !dist.future<none>
+    %r = dist.recv from @mesh grid_axes = [0] offset = -1 tag = 3 tag_step = 2 : tensor<8xf32>
+    dist.yield %r : tensor<8xf32>
+  }
+  dist.wait %t
+  func.return %b : tensor<8xf32>
+}

@@ -52,5 +52,22 @@ func.func @sync_points(%x: tensor<4x8xbf16>) {
   %3 = dist.recv from @grid grid_axes = [1] offset = 1 tag = 3 : !dist.future<tensor<4x8xbf16>>
   // CHECK-NEXT: dist.wait %[[R]] : tensor<4x8xbf16>
   %4 = dist.wait %3 : tensor<4x8xbf16>
+  // A step loop: one body, the peer and the tag affine in the step index, the buffer carried.
+  // CHECK: %[[T:.*]], %[[O:.*]] = dist.steps 3 (%{{.*}}) : tensor<4x8xbf16> {
+  // CHECK-NEXT: ^bb0(%[[C:.*]]: tensor<4x8xbf16>):
+  // CHECK-NEXT: dist.send %[[C]] to @grid grid_axes = [1] offset = 1 tag = 5 offset_step = 1 tag_step = 1 : tensor<4x8xbf16> -> !dist.future<none>
+  // CHECK-NEXT: %[[V:.*]] = dist.recv from @grid grid_axes = [1] offset = -1 tag = 5 offset_step = -1 tag_step = 1 : tensor<4x8xbf16>
+  // CHECK-NEXT: dist.yield %[[V]] : tensor<4x8xbf16>
+  // CHECK-NEXT: }
+  // CHECK-NEXT: dist.wait %[[T]]
+  // GENERIC: "dist.steps"(%{{.*}}) <{count = 3 : i64}> ({
+  // GENERIC: "dist.send"(%{{.*}}) <{grid = @grid, grid_axes = array<i16: 1>, offset = 1 : i64, tag = 5 : i64, offset_step = 1 : i64, tag_step = 1 : i64}>
+  %5, %6 = dist.steps 3 (%2) : tensor<4x8xbf16> {
+  ^bb0(%c: tensor<4x8xbf16>):
+    %7 = dist.send %c to @grid grid_axes = [1] offset = 1 tag = 5 offset_step = 1 tag_step = 1 : tensor<4x8xbf16> -> !dist.future<none>
+    %8 = dist.recv from @grid grid_axes = [1] offset = -1 tag = 5 offset_step = -1 tag_step = 1 : tensor<4x8xbf16>
+    dist.yield %8 : tensor<4x8xbf16>
+  }
+  dist.wait %5
   func.return
 }

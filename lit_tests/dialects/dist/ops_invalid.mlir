@@ -159,3 +159,29 @@ func.func @f(%x: tensor<?x8xf32>) {
   func.return
 }
 // CHECK: error: 'dist.all_reduce' op input tensor<?x8xf32> has a dynamic dimension; Flint needs static shapes (capture with concrete sizes)
+
+// -----
+shard.grid @grid(shape = 2x4)
+func.func @f(%x: tensor<8xf32>) {
+  %t, %b = dist.steps 4 (%x) : tensor<8xf32> {
+  ^bb0(%c: tensor<8xf32>):
+    %s = dist.send %c to @grid grid_axes = [1] offset = 1 tag = 0 offset_step = 1 : tensor<8xf32> -> !dist.future<none>
+    dist.yield %c : tensor<8xf32>
+  }
+  dist.wait %t
+  func.return
+}
+// CHECK: error: 'dist.send' op offset at step 3 is 4: the rank itself on an axis of size 4
+
+// -----
+shard.grid @grid(shape = 2x4)
+func.func @f(%x: tensor<8xf32>) {
+  %t, %b = dist.steps 2 (%x) : tensor<8xf32> {
+  ^bb0(%c: tensor<8xf32>):
+    %y = aten.op "aten.view.default"(%c) : (tensor<8xf32>) -> tensor<2x4xf32>
+    dist.yield %y : tensor<2x4xf32>
+  }
+  dist.wait %t
+  func.return
+}
+// CHECK: error: 'dist.steps' op body must end with a 'dist.yield' of the carried values' types
