@@ -291,7 +291,7 @@ def _profile(fn: func.FuncOp, prefetch: int = 0, nosync: frozenset[int] = frozen
         p.result_of.append([])
         p.held.append(False)
 
-    copy_outs: list[list[int]] = []  # allocations of one FSDP copy-out (module docstring)
+    copy_outs: list[tuple[int, list[int]]] = []  # FSDP copy-outs: (all-gather allocation, its outputs)
     for at, op in enumerate(ops):
         if op in early:  # a local position in an earlier iteration (negative when K iterations back)
             at -= prefetch * p.n_pos
@@ -306,7 +306,8 @@ def _profile(fn: func.FuncOp, prefetch: int = 0, nosync: frozenset[int] = frozen
                 copy_out = _is_copy_out(op, base, p)
                 if copy_out:
                     cat = "comm"
-                    copy_outs.append(list(range(len(p.nbytes), len(p.nbytes) + len(op.outputs))))
+                    source = base[op.inputs[0]][1]
+                    copy_outs.append((source, list(range(len(p.nbytes), len(p.nbytes) + len(op.outputs)))))
                 for r in op.outputs:
                     alloc(r, at, cat)
         elif isinstance(op, dist.WaitOp):
@@ -326,10 +327,25 @@ def _profile(fn: func.FuncOp, prefetch: int = 0, nosync: frozenset[int] = frozen
                 p.param_gathers.append(len(p.nbytes))
             alloc(op.result, at, "comm")
         # dist.send / dist.barrier tokens hold no memory
-    for group in copy_outs:  # FSDP2 frees a group's unsharded parameters together, at its reshard
+    for source, group in copy_outs:
+        # FSDP2 copies out in the group's pre-forward / pre-backward hook (at the start of the
+        # iteration, or where the all-gather is issued if later), which frees the all-gather buffer
+        # then; it frees the unsharded parameters together at its reshard (after the last use of any).
+        start = max(p.pos[source], 0)
         end = max(p.last[i] for i in group)
         for i in group:
+            p.pos[i] = min(p.pos[i], start)
             p.last[i] = end
+        p.last[source] = start
+    # A parameter all-gather nothing copies out of (FSDP2's re-gather before a backward that does not read
+    # the weights, e.g. the embedding's) holds the unsharded parameters: FSDP2 frees them at its reshard,
+    # before it forms the reduce-scatter input, even when the wait was sunk past that.
+    sources = {s for s, _ in copy_outs}
+    held = [p.pos[i] for i in range(len(p.nbytes)) if p.held[i]]
+    if held:
+        for g in p.param_gathers:
+            if g not in sources and p.last[g] >= min(held):
+                p.last[g] = max(p.pos[g], min(held) - 1)
     term = fn.body.block.last_op
     returned = list(term.operands) if isinstance(term, func.ReturnOp) else []
     taken_over: dict[int, int] = {}  # argument index -> its allocation
