@@ -144,6 +144,7 @@ def tracker_peak(case: MemoryCase) -> tuple[Peak, str]:
     from torch.distributed.fsdp import FSDPModule
 
     from flint.capture.fake_dist import device_mesh, fake_world
+    from flint.capture.recipes import ac_layers, ac_wrap, data_parallel_mode
     from flint.models import build
     from flint.validate.worker import BETAS, EPS, LR, WEIGHT_DECAY, parallelize
 
@@ -158,7 +159,14 @@ def tracker_peak(case: MemoryCase) -> tuple[Peak, str]:
         # materialized as fake CPU tensors, as torchtitan's estimation script does (to_empty)
         with torch.device("meta"):
             model = build(case.model, **overrides)
-        parallelize(model, plan, mesh)
+        if data_parallel_mode(plan) == "dp" and plan.tp == 1:
+            # DDP does not run on fake tensors (its C++ reducer needs real storage), and FSDP2's
+            # replicate keeps an unsharded copy of every parameter that DDP does not. DDP's memory is
+            # the single-rank model's (module docstring): track that, with the recipe's AC.
+            for i in ac_layers(plan, len(model.layers)):
+                model.layers[i] = ac_wrap(model.layers[i], plan)
+        else:
+            parallelize(model, plan, mesh)
         with FakeTensorMode(allow_non_fake_inputs=True), torch.device("cpu"):
             model.to_empty(device="cpu")
             opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY,
