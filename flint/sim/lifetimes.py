@@ -165,8 +165,9 @@ def _is_copy_out(op: AtenOp, base: dict, p: "_Profile") -> bool:
     return kind == "alloc" and p.category[i] == "comm" and not p.held[i]
 
 
-def _gathers_parameters(v: SSAValue, args: list, roles: list[str | None]) -> bool:
-    """Whether ``v`` (an all-gather's input) is computed from ``parameter`` arguments only (FSDP's copy-in).
+def _gathers_parameters(v: SSAValue, args: list, roles: list[str | None]) -> list[AtenOp] | None:
+    """The ops computing ``v`` (an all-gather's input) if it is computed from ``parameter`` arguments
+    only (FSDP's copy-in), else None.
 
     The first operand of ``new_empty`` only gives the buffer's dtype and device (FSDP2's backward
     re-gather allocates from the incoming gradient), so it does not count.
@@ -175,6 +176,7 @@ def _gathers_parameters(v: SSAValue, args: list, roles: list[str | None]) -> boo
 
     index = {a: i for i, a in enumerate(args)}
     seen: set = set()
+    ops: list[AtenOp] = []
     todo, found = [v], False
     while todo:
         v = todo.pop()
@@ -183,17 +185,19 @@ def _gathers_parameters(v: SSAValue, args: list, roles: list[str | None]) -> boo
         seen.add(v)
         if v in index:
             if roles[index[v]] != "parameter":
-                return False
+                return None
             found = True
             continue
         owner = v.owner
         if not isinstance(owner, AtenOp):
-            return False
+            return None
+        if owner not in ops:
+            ops.append(owner)
         operands = list(owner.operands)
         if split_target(owner.overload)[1] == "new_empty":
             operands = operands[1:]
         todo.extend(operands)
-    return found
+    return ops if found else None
 
 
 def _roles(fn: func.FuncOp) -> list[str | None]:
@@ -323,9 +327,20 @@ def _profile(fn: func.FuncOp, prefetch: int = 0, nosync: frozenset[int] = frozen
                     if kind == "alloc":
                         p.held[i] = True
                         p.category[i] = "comm"
-            if isinstance(op, dist.AllGatherOp) and _gathers_parameters(op.input, args, roles):
-                p.param_gathers.append(len(p.nbytes))
+            copy_in = _gathers_parameters(op.input, args, roles) if isinstance(op, dist.AllGatherOp) else None
             alloc(op.result, at, "comm")
+            if copy_in is not None:
+                # FSDP2 copies the shards in straight into the all-gather output's own slice
+                # (all_gather_copy_in: the input is a view of the output), so the copy-in ops
+                # allocate nothing of their own and the output exists from the first of them.
+                gathered = len(p.nbytes) - 1
+                p.param_gathers.append(gathered)
+                for o in copy_in:
+                    for r in o.results:
+                        kind, i = base.get(r, ("none", -1))
+                        if kind == "alloc":
+                            p.nbytes[i] = 0
+                            p.pos[gathered] = min(p.pos[gathered], p.pos[i])
         # dist.send / dist.barrier tokens hold no memory
     for source, group in copy_outs:
         # FSDP2 copies out in the group's pre-forward / pre-backward hook (at the start of the
