@@ -38,6 +38,17 @@ def test_fsdp_tp_with_activation_checkpointing_within_five_percent(ac):
     assert r.flint.categories["comm"] >= tracker_comm, (r.flint, r.tracker)
 
 
+@pytest.mark.slow
+def test_dp_reference_is_the_single_rank_model():
+    # DDP does not run on fake tensors; FSDP2's replicate (the previous reference) keeps an unsharded copy
+    # of every parameter that DDP does not (-17% on llama-tiny). DDP's memory is the single-rank model's.
+    r = compare_in_subprocess(MemoryCase("llama-tiny", "dp", 2))
+    assert r.tracker_name == "MemTracker" and "Unsharded Param" not in r.tracker.raw
+    assert r.within(0.01), (r.flint, r.tracker)
+    assert r.flint.categories["params"] == r.tracker.raw["Parameter"]
+    assert r.flint.categories["grads"] == r.tracker.raw["Gradient"]
+
+
 def test_runtime_overheads_are_named_and_sourced():
     o = runtime_overheads("h100-sxm")
     assert o.cuda_context_bytes > 0 and o.nccl_bytes_per_communicator > 0 and 0 < o.fragmentation_fraction < 1

@@ -7,16 +7,27 @@ world size and an activation-checkpointing mode. Two sides:
   memory, no data) over a fake process group of the case's world size, as
   rank 0, parallelized with PyTorch's own APIs exactly as ``flint validate``
   runs it for real (:func:`flint.validate.worker.parallelize`: ``fully_shard``,
-  FSDP2-based ``replicate``, ``parallelize_module``, ``checkpoint_wrapper``
-  with the recipe's AC policy), AdamW (for-loop form, as Flint captures it).
+  ``parallelize_module``, ``checkpoint_wrapper`` with the recipe's AC policy),
+  AdamW (for-loop form, as Flint captures it).
   Two training steps (forward, backward, ``optimizer.step``,
   ``zero_grad``), so the second one runs with optimizer state, under
-  ``torch.distributed._tools.fsdp2_mem_tracker.FSDPMemTracker`` (FSDP and
-  FSDP2-``replicate`` roots) or ``torch.distributed._tools.mem_tracker.MemTracker``
-  (TP alone). This is how torchtitan's ``scripts/estimate/estimation.py``
+  ``torch.distributed._tools.fsdp2_mem_tracker.FSDPMemTracker`` (FSDP roots)
+  or ``torch.distributed._tools.mem_tracker.MemTracker`` (TP alone, DP).
+  This is how torchtitan's ``scripts/estimate/estimation.py``
   runs the tracker. The tracker's peak is the largest live tensor memory it
   saw (CPU fake tensors: exact bytes, no 512-byte rounding of the CUDA
   caching allocator; no allocator cache, no fragmentation).
+  DP (``dp`` without TP): DDP does not run on fake tensors (its C++ reducer
+  needs real storage) and FSDP2's ``replicate`` keeps an unsharded copy of
+  every parameter that DDP does not, so the reference is the single-rank
+  model (with the recipe's AC) under ``MemTracker``: DDP's memory with
+  ``gradient_as_bucket_view=True`` (buckets are the gradients). DDP's
+  default (``False``) holds one more gradient-sized set of bucket buffers
+  (DDP's documentation), which neither side counts.
+  DTensor's sharding propagation derives output metadata on global-shape
+  tensors in the active fake mode; entered under ours, the tracker would
+  count them (the whole embedding three times in Llama-3 8B's AdamW step),
+  so it runs with a fake mode of its own here, as in a real run.
 - **Flint**: :func:`flint.capture.capture_step` of the same model, plan and
   global batch, imported, the default pass pipeline ``flint estimate``
   applies (:func:`flint.schedule.pipelines.resolve`: FSDP2's prefetch, DDP
