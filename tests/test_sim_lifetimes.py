@@ -226,3 +226,72 @@ def test_microbatches_pair_each_backward_with_its_own_forward():
     assert live2[14:].tolist() == expected.tolist()
     assert two.report.category_peak_bytes["grads"] == 1024 + 512
     assert two.notes == ()
+
+
+COPY_OUT = """
+builtin.module {
+  shard.grid @mesh(shape = 2)
+  func.func @block(%x: tensor<8x8xf32> {flint.role = "input"}, %w: tensor<64xf32> {flint.role = "parameter"}) -> tensor<f32> {
+    %f = dist.all_gather %w on @mesh grid_axes = [0] gather_dim = 0 : tensor<64xf32> -> !dist.future<tensor<128xf32>>
+    %g = dist.wait %f : tensor<128xf32>
+    %v = aten.op "aten.view.default"(%g) phase = "fwd" args = {size = [2 : i64, 64 : i64]} : (tensor<128xf32>) -> tensor<2x64xf32>
+    %a, %b = aten.op "aten.split_with_sizes_copy.default"(%v) phase = "fwd" args = {split_sizes = [32 : i64, 32 : i64], dim = 1 : i64} : (tensor<2x64xf32>) -> (tensor<2x32xf32>, tensor<2x32xf32>)
+    %av = aten.op "aten.view.default"(%a) phase = "fwd" args = {size = [8 : i64, 8 : i64]} : (tensor<2x32xf32>) -> tensor<8x8xf32>
+    %y1 = aten.op "aten.mm.default"(%x, %av) phase = "fwd" : (tensor<8x8xf32>, tensor<8x8xf32>) -> tensor<8x8xf32>
+    %bv = aten.op "aten.view.default"(%b) phase = "fwd" args = {size = [8 : i64, 8 : i64]} : (tensor<2x32xf32>) -> tensor<8x8xf32>
+    %y2 = aten.op "aten.mm.default"(%y1, %bv) phase = "fwd" : (tensor<8x8xf32>, tensor<8x8xf32>) -> tensor<8x8xf32>
+    %s = aten.op "aten.sum.default"(%y2) phase = "fwd" : (tensor<8x8xf32>) -> tensor<f32>
+    func.return %s : tensor<f32>
+  }
+}
+"""
+
+
+def test_fsdp_copy_out_parameters_are_freed_together_as_comm():
+    # FSDP2 copies the all-gather output into the group's unsharded parameters in its pre-forward hook,
+    # freeing the gathered buffer there, and frees the parameters together at the reshard, not each one
+    # after its last use. Resident: x 256 (input) + w 256 (params) = 512.
+    # gathered flat buffer 512 B (comm) at 0 only (the copy-out runs where the all-gather is issued, not at
+    # op 3); copy-out a, b 256 B each (comm) from 0 until b's last use at 7 (a's own last use is 5: freed
+    # with b, not after 5); y1 256 at 5..7; y2 256 at 7..8; s 4 B.
+    mem = step_memory(parse(COPY_OUT))
+    assert (mem.report.live_bytes - 512).tolist() == [1024, 512, 512, 512, 512, 768, 768, 1024, 260]
+    assert mem.report.at_peak_bytes["comm"] == 1024 and mem.report.peak_position == 0
+
+
+def backward_prefetch(prefetch: int) -> str:
+    attr = f" {{flint.prefetch = {prefetch} : i64}}" if prefetch else ""
+    return f"""
+builtin.module attributes {{flint.schedule = [["block_bwd", 2], ["embed_bwd", 1]]}} {{
+  shard.grid @mesh(shape = 2)
+  func.func @block_bwd(%w: tensor<64xf32> {{flint.role = "parameter"}}, %g: tensor<8x8xf32> {{flint.role = "tangent"}}) -> (tensor<8x8xf32>, tensor<64xf32>) {{
+    %f = dist.all_gather %w on @mesh grid_axes = [0] gather_dim = 0{attr} : tensor<64xf32> -> !dist.future<tensor<128xf32>>
+    %n = aten.op "aten.neg.default"(%g) phase = "bwd" : (tensor<8x8xf32>) -> tensor<8x8xf32>
+    %wf = dist.wait %f : tensor<128xf32>
+    %v = aten.op "aten.view.default"(%wf) phase = "bwd" args = {{size = [2 : i64, 8 : i64, 8 : i64]}} : (tensor<128xf32>) -> tensor<2x8x8xf32>
+    %s = aten.op "aten.select.int"(%v) phase = "bwd" args = {{dim = 0 : i64, index = 0 : i64}} : (tensor<2x8x8xf32>) -> tensor<8x8xf32>
+    %h = aten.op "aten.mm.default"(%n, %s) phase = "bwd" : (tensor<8x8xf32>, tensor<8x8xf32>) -> tensor<8x8xf32>
+    %gw = aten.op "aten.neg.default"(%w) phase = "bwd" : (tensor<64xf32>) -> tensor<64xf32>
+    func.return %h, %gw : tensor<8x8xf32>, tensor<64xf32>
+  }}
+  func.func @embed_bwd(%e: tensor<64xf32> {{flint.role = "parameter"}}, %g: tensor<8x8xf32> {{flint.role = "tangent"}}) -> tensor<64xf32> {{
+    %buf = aten.op "aten.new_empty.default"(%g) phase = "bwd" args = {{size = [64 : i64]}} : (tensor<8x8xf32>) -> tensor<64xf32>
+    %cp = aten.op "aten.copy.default"(%buf, %e) phase = "bwd" : (tensor<64xf32>, tensor<64xf32>) -> tensor<64xf32>
+    %f = dist.all_gather %cp on @mesh grid_axes = [0] gather_dim = 0 : tensor<64xf32> -> !dist.future<tensor<128xf32>>
+    %ge = aten.op "aten.neg.default"(%e) phase = "bwd" : (tensor<64xf32>) -> tensor<64xf32>
+    %wf = dist.wait %f : tensor<128xf32>
+    func.return %ge : tensor<64xf32>
+  }}
+}}
+"""
+
+
+def test_backward_prefetch_gathers_the_next_part_during_the_last_layer():
+    # block_bwd iterations at 0-6 and 7-13, embed_bwd at 14-18 (its copy-in at 14-15, all-gather at 16).
+    # With prefetch K=1: layer 1's gather (512 B) is issued with layer 0's at position 0 (+512 at 0-6),
+    # and FSDP2's pre-backward of the last layer already all-gathers the embedding (+512 from 7 until
+    # embed_bwd's own copy-in at 14). Without prefetch, each gather is allocated where its copy-in starts.
+    # The copy-in (new_empty + copy, 256 B) writes into the gathered buffer: no memory of its own.
+    pre = step_memory(parse(backward_prefetch(1))).report.live_bytes
+    none = step_memory(parse(backward_prefetch(0))).report.live_bytes
+    assert (pre - none).tolist() == [512] * 14 + [0] * 5

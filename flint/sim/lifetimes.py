@@ -155,6 +155,51 @@ def _is_view(op: AtenOp) -> bool:
     return classify_target(op.overload) == VIEW
 
 
+def _is_copy_out(op: AtenOp, base: dict, p: "_Profile") -> bool:
+    """FSDP2's copy-out: ``split_with_sizes_copy`` of an all-gather's output into the unsharded parameters."""
+    from flint.cost.opclass import split_target
+
+    if split_target(op.overload)[1] != "split_with_sizes_copy" or not op.inputs:
+        return False
+    kind, i = base.get(op.inputs[0], ("none", -1))
+    return kind == "alloc" and p.category[i] == "comm" and not p.held[i]
+
+
+def _gathers_parameters(v: SSAValue, args: list, roles: list[str | None]) -> list[AtenOp] | None:
+    """The ops computing ``v`` (an all-gather's input) if it is computed from ``parameter`` arguments
+    only (FSDP's copy-in), else None.
+
+    The first operand of ``new_empty`` only gives the buffer's dtype and device (FSDP2's backward
+    re-gather allocates from the incoming gradient), so it does not count.
+    """
+    from flint.cost.opclass import split_target
+
+    index = {a: i for i, a in enumerate(args)}
+    seen: set = set()
+    ops: list[AtenOp] = []
+    todo, found = [v], False
+    while todo:
+        v = todo.pop()
+        if v in seen:
+            continue
+        seen.add(v)
+        if v in index:
+            if roles[index[v]] != "parameter":
+                return None
+            found = True
+            continue
+        owner = v.owner
+        if not isinstance(owner, AtenOp):
+            return None
+        if owner not in ops:
+            ops.append(owner)
+        operands = list(owner.operands)
+        if split_target(owner.overload)[1] == "new_empty":
+            operands = operands[1:]
+        todo.extend(operands)
+    return ops if found else None
+
+
 def _roles(fn: func.FuncOp) -> list[str | None]:
     attrs = fn.arg_attrs.data if fn.arg_attrs is not None else ()
     out: list[str | None] = []
@@ -192,6 +237,7 @@ class _Profile:
     category: list[str] = field(default_factory=list)
     result_of: list[list[int]] = field(default_factory=list)  # the function results it leaves as (if any)
     held: list[bool] = field(default_factory=list)  # a reduce-scatter input, held like a hand-off (docstring)
+    param_gathers: list[int] = field(default_factory=list)  # allocations of FSDP parameter all-gathers
     # arguments
     arg_last_use: list[int] = field(default_factory=list)
     arg_returned: list[bool] = field(default_factory=list)
@@ -249,6 +295,7 @@ def _profile(fn: func.FuncOp, prefetch: int = 0, nosync: frozenset[int] = frozen
         p.result_of.append([])
         p.held.append(False)
 
+    copy_outs: list[tuple[int, list[int]]] = []  # FSDP copy-outs: (all-gather allocation, its outputs)
     for at, op in enumerate(ops):
         if op in early:  # a local position in an earlier iteration (negative when K iterations back)
             at -= prefetch * p.n_pos
@@ -260,6 +307,11 @@ def _profile(fn: func.FuncOp, prefetch: int = 0, nosync: frozenset[int] = frozen
                     base[r] = base.get(op.inputs[0], ("none", -1))
             else:
                 cat = "other" if op.phase is not None and op.phase.data == "optim" else "activations"
+                copy_out = _is_copy_out(op, base, p)
+                if copy_out:
+                    cat = "comm"
+                    source = base[op.inputs[0]][1]
+                    copy_outs.append((source, list(range(len(p.nbytes), len(p.nbytes) + len(op.outputs)))))
                 for r in op.outputs:
                     alloc(r, at, cat)
         elif isinstance(op, dist.WaitOp):
@@ -275,8 +327,40 @@ def _profile(fn: func.FuncOp, prefetch: int = 0, nosync: frozenset[int] = frozen
                     if kind == "alloc":
                         p.held[i] = True
                         p.category[i] = "comm"
+            copy_in = _gathers_parameters(op.input, args, roles) if isinstance(op, dist.AllGatherOp) else None
             alloc(op.result, at, "comm")
+            if copy_in is not None:
+                # FSDP2 copies the shards in straight into the all-gather output's own slice
+                # (all_gather_copy_in: the input is a view of the output), so the copy-in ops
+                # allocate nothing of their own and the output exists from the first of them.
+                gathered = len(p.nbytes) - 1
+                p.param_gathers.append(gathered)
+                for o in copy_in:
+                    for r in o.results:
+                        kind, i = base.get(r, ("none", -1))
+                        if kind == "alloc":
+                            p.nbytes[i] = 0
+                            p.pos[gathered] = min(p.pos[gathered], p.pos[i])
         # dist.send / dist.barrier tokens hold no memory
+    for source, group in copy_outs:
+        # FSDP2 copies out in the group's pre-forward / pre-backward hook (at the start of the
+        # iteration, or where the all-gather is issued if later), which frees the all-gather buffer
+        # then; it frees the unsharded parameters together at its reshard (after the last use of any).
+        start = max(p.pos[source], 0)
+        end = max(p.last[i] for i in group)
+        for i in group:
+            p.pos[i] = min(p.pos[i], start)
+            p.last[i] = end
+        p.last[source] = start
+    # A parameter all-gather nothing copies out of (FSDP2's re-gather before a backward that does not read
+    # the weights, e.g. the embedding's) holds the unsharded parameters: FSDP2 frees them at its reshard,
+    # before it forms the reduce-scatter input, even when the wait was sunk past that.
+    sources = {s for s, _ in copy_outs}
+    held = [p.pos[i] for i in range(len(p.nbytes)) if p.held[i]]
+    if held:
+        for g in p.param_gathers:
+            if g not in sources and p.last[g] >= min(held):
+                p.last[g] = max(p.pos[g], min(held) - 1)
     term = fn.body.block.last_op
     returned = list(term.operands) if isinstance(term, func.ReturnOp) else []
     taken_over: dict[int, int] = {}  # argument index -> its allocation
@@ -553,6 +637,13 @@ def step_memory(module: ModuleOp, capacity_bytes: int | None = None, role: int =
         # start of the preceding part when it runs once, else where this entry starts.
         prologue = offsets[e - 1] if e > 0 and schedule[e - 1][1] == 1 else offsets[e]
         alloc = np.maximum(start[:, None] + lp[None, :], prologue)       # [c, a]
+        if (p.param_gathers and c == 1 and e > 0 and is_bwd(p)
+                and (k_prev := prefetch_depth(funcs[schedule[e - 1][0]], schedule[e - 1][1])) > 0):
+            # FSDP2's backward prefetch: the pre-backward of the preceding part's last K iterations
+            # (layers) already issues this part's all-gather (e.g. the embedding's after layer 0).
+            c_prev = schedule[e - 1][1]
+            issued = offsets[e - 1] + (c_prev - k_prev) * profiles[schedule[e - 1][0]].n_pos
+            alloc[:, p.param_gathers] = issued
         free = np.maximum(start[:, None] + ll[None, :], prologue)
         # outputs leaving the function
         own_pair = pairs.get(e)

@@ -7,16 +7,27 @@ world size and an activation-checkpointing mode. Two sides:
   memory, no data) over a fake process group of the case's world size, as
   rank 0, parallelized with PyTorch's own APIs exactly as ``flint validate``
   runs it for real (:func:`flint.validate.worker.parallelize`: ``fully_shard``,
-  FSDP2-based ``replicate``, ``parallelize_module``, ``checkpoint_wrapper``
-  with the recipe's AC policy), AdamW (for-loop form, as Flint captures it).
+  ``parallelize_module``, ``checkpoint_wrapper`` with the recipe's AC policy),
+  AdamW (for-loop form, as Flint captures it).
   Two training steps (forward, backward, ``optimizer.step``,
   ``zero_grad``), so the second one runs with optimizer state, under
-  ``torch.distributed._tools.fsdp2_mem_tracker.FSDPMemTracker`` (FSDP and
-  FSDP2-``replicate`` roots) or ``torch.distributed._tools.mem_tracker.MemTracker``
-  (TP alone). This is how torchtitan's ``scripts/estimate/estimation.py``
+  ``torch.distributed._tools.fsdp2_mem_tracker.FSDPMemTracker`` (FSDP roots)
+  or ``torch.distributed._tools.mem_tracker.MemTracker`` (TP alone, DP).
+  This is how torchtitan's ``scripts/estimate/estimation.py``
   runs the tracker. The tracker's peak is the largest live tensor memory it
   saw (CPU fake tensors: exact bytes, no 512-byte rounding of the CUDA
   caching allocator; no allocator cache, no fragmentation).
+  DP (``dp`` without TP): DDP does not run on fake tensors (its C++ reducer
+  needs real storage) and FSDP2's ``replicate`` keeps an unsharded copy of
+  every parameter that DDP does not, so the reference is the single-rank
+  model (with the recipe's AC) under ``MemTracker``: DDP's memory with
+  ``gradient_as_bucket_view=True`` (buckets are the gradients). DDP's
+  default (``False``) holds one more gradient-sized set of bucket buffers
+  (DDP's documentation), which neither side counts.
+  DTensor's sharding propagation derives output metadata on global-shape
+  tensors in the active fake mode; entered under ours, the tracker would
+  count them (the whole embedding three times in Llama-3 8B's AdamW step),
+  so it runs with a fake mode of its own here, as in a real run.
 - **Flint**: :func:`flint.capture.capture_step` of the same model, plan and
   global batch, imported, the default pass pipeline ``flint estimate``
   applies (:func:`flint.schedule.pipelines.resolve`: FSDP2's prefetch, DDP
@@ -134,13 +145,17 @@ def flint_peak(case: MemoryCase) -> Peak:
 
 def tracker_peak(case: MemoryCase) -> tuple[Peak, str]:
     """The tracker's peak per rank for ``case`` and the tracker's name (module docstring)."""
+    from unittest import mock
+
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed._tools.mem_tracker import MemTracker
+    from torch.distributed.tensor import _sharding_prop
     from torch.distributed.fsdp import FSDPModule
 
     from flint.capture.fake_dist import device_mesh, fake_world
+    from flint.capture.recipes import ac_layers, ac_wrap, data_parallel_mode
     from flint.models import build
     from flint.validate.worker import BETAS, EPS, LR, WEIGHT_DECAY, parallelize
 
@@ -155,7 +170,14 @@ def tracker_peak(case: MemoryCase) -> tuple[Peak, str]:
         # materialized as fake CPU tensors, as torchtitan's estimation script does (to_empty)
         with torch.device("meta"):
             model = build(case.model, **overrides)
-        parallelize(model, plan, mesh)
+        if data_parallel_mode(plan) == "dp" and plan.tp == 1:
+            # DDP does not run on fake tensors (its C++ reducer needs real storage), and FSDP2's
+            # replicate keeps an unsharded copy of every parameter that DDP does not. DDP's memory is
+            # the single-rank model's (module docstring): track that, with the recipe's AC.
+            for i in ac_layers(plan, len(model.layers)):
+                model.layers[i] = ac_wrap(model.layers[i], plan)
+        else:
+            parallelize(model, plan, mesh)
         with FakeTensorMode(allow_non_fake_inputs=True), torch.device("cpu"):
             model.to_empty(device="cpu")
             opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY,
@@ -169,7 +191,11 @@ def tracker_peak(case: MemoryCase) -> tuple[Peak, str]:
             else:
                 tracker, name = MemTracker(), "MemTracker"
                 tracker.track_external(model, opt, tokens, labels)
-            with tracker:
+            # DTensor's sharding propagation builds global-shape tensors to derive output metadata,
+            # in the active fake mode if there is one: here ours, so the tracker would count them as
+            # memory (e.g. three full 2 GB embedding-shaped tensors in Llama-3 8B's AdamW step). In
+            # a real run it uses a FakeTensorMode of its own, which the tracker skips; so here too.
+            with tracker, mock.patch.object(_sharding_prop, "detect_fake_mode", lambda *a, **k: None):
                 for it in range(2):  # the first step creates the optimizer state
                     loss = model(tokens, labels)
                     loss.backward()
