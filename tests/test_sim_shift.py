@@ -25,6 +25,7 @@ from flint.passes.shard_annotate import ShardAnnotatePass
 from flint.passes.shard_expand import ShardExpandPass
 from flint.sim import simulate
 from flint.trace import CollKind, NodeKind, NodeTableBuilder, RankProgram, Trace
+from tests.test_pipeline import _module as pipeline_module  # the uniform-stage step the pipeline tests use
 
 # nodes of 4 ranks on NVLink, InfiniBand between nodes
 NODES_OF_4 = Network("two", (NetworkDim("nv", 4, Link(450.0, 1.0)), NetworkDim("ib", 0, Link(50.0, 3.0))))
@@ -176,53 +177,10 @@ def test_context_parallel_step_is_one_representative(fields, classes):
     _same(fast, full)
 
 
-def _pipeline_module(pp: int, dp: int, layers: int) -> str:
-    """A step of uniform stages (tests/test_pipeline.py's shape) on a (pp, dp_shard) grid."""
-    a, t = "tensor<512x512xbf16>", "tensor<4x4xbf16>"
-    act, par = '{flint.role = "activation"}', '{flint.role = "parameter"}'
-    relu = 'aten.op "aten.relu.default"'
-    sched = ", ".join(f'["{n}", {c}]' for n, c in (("embed_fwd", 1), ("block_fwd", layers), ("head_fwd", 1),
-                                                   ("head_bwd", 1), ("block_bwd", layers), ("embed_bwd", 1),
-                                                   ("block_optim", layers)))
-    return f"""builtin.module attributes {{flint.schedule = [{sched}]}} {{
-  shard.grid @mesh(shape = {pp}x{dp}) {{flint.axis_names = ["pp", "dp_shard"]}}
-  func.func @embed_fwd(%t: {t} {{flint.role = "input"}}) -> {t} {{
-    %y = {relu}(%t) : ({t}) -> {t}
-    func.return %y : {t}
-  }}
-  func.func @block_fwd(%x: {t} {act}, %w: {a} {par}) -> ({t}, {a}, {a}) {{
-    %y = aten.op "aten.mm.default"(%w, %w) : ({a}, {a}) -> {a}
-    %o = {relu}(%x) : ({t}) -> {t}
-    func.return %o, %w, %y : {t}, {a}, {a}
-  }}
-  func.func @head_fwd(%x: {t} {act}, %l: {t} {{flint.role = "input"}}) -> {t} {{
-    %y = {relu}(%x) : ({t}) -> {t}
-    func.return %y : {t}
-  }}
-  func.func @head_bwd(%g: {t} {{flint.role = "tangent"}}) -> {t} {{
-    %y = {relu}(%g) : ({t}) -> {t}
-    func.return %y : {t}
-  }}
-  func.func @block_bwd(%w: {a} {par}, %y: {a} {{flint.role = "saved"}}, %g: {t} {{flint.role = "tangent"}}) -> ({t}, {a}) {{
-    %p = aten.op "aten.mm.default"(%y, %w) : ({a}, {a}) -> {a}
-    %dw = aten.op "aten.mm.default"(%w, %p) : ({a}, {a}) -> {a}
-    %dx = {relu}(%g) : ({t}) -> {t}
-    func.return %dx, %dw : {t}, {a}
-  }}
-  func.func @embed_bwd(%g: {t} {{flint.role = "tangent"}}) {{
-    %y = {relu}(%g) : ({t}) -> {t}
-    func.return
-  }}
-  func.func @block_optim(%w: {a} {par}, %g: {a} {{flint.role = "gradient"}}) {{
-    func.return
-  }}
-}}"""
-
-
 @pytest.mark.parametrize("schedule,virtual", [("1f1b", 1), ("interleaved-1f1b", 2), ("zbv-zero-bubble", 2)], ids=str)
 def test_pipeline_schedule_is_one_representative_per_stage(schedule, virtual):
     pp, dp = 4, 2
-    m = Parser(flint_context(), _pipeline_module(pp, dp, 2 * pp * virtual)).parse_module()
+    m = Parser(flint_context(), pipeline_module(pp, 2 * pp * virtual, dp)).parse_module()
     PipelineSplitPass(stages=pp, schedule=schedule, microbatches=2 * pp, virtual=virtual).apply(Context(), m)
     m.verify()
     trace = _lowered(m)

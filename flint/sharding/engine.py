@@ -299,11 +299,7 @@ class FunctionExpander:
         t = self._local_t(v, gshape, dst)
         args = dict(op.args.data)
         args["size"] = ArrayAttr([IntegerAttr(x, i64) for x in t.get_shape()])
-        new = AtenOp(op.overload, list(op.inputs), [t], args=args,
-                     phase=op.phase.data if op.phase else None, module=op.module.data if op.module else None)
-        new.location = op.location
-        self.emit(new)
-        return new.outputs[0]
+        return self._emit_like(op, op.overload, op.inputs, t, **args)
 
     # ---------------------------------------------------------------- values
 
@@ -504,7 +500,8 @@ class FunctionExpander:
             for nr in new.outputs:
                 self.hints[nr] = hint
 
-    def _masked_op(self, op: AtenOp, target: str, inputs, t: TensorType, **args) -> SSAValue:
+    def _emit_like(self, op: AtenOp, target: str, inputs, t: TensorType, **args) -> SSAValue:
+        """Emit ``target`` on ``inputs`` with result type ``t``, carrying ``op``'s phase, module and location."""
         new = AtenOp(target, list(inputs), [t], args=args or None, phase=op.phase.data if op.phase else None,
                      module=op.module.data if op.module else None)
         new.location = op.location
@@ -518,20 +515,20 @@ class FunctionExpander:
         local = self.env[op.inputs[0]][0].type.get_shape()[0]
         it = idx.type
         bt = TensorType(IntegerType(1), it.get_shape())
-        lo = self._masked_op(op, "aten.lt.Scalar", [idx], bt, other=IntegerAttr(0, i64))
-        hi = self._masked_op(op, "aten.ge.Scalar", [idx], bt, other=IntegerAttr(min(local, rows), i64))
-        mask = self._masked_op(op, "aten.bitwise_or.Tensor", [lo, hi], bt)
-        shifted = self._masked_op(op, "aten.sub.Tensor", [self._masked_op(op, "aten.clone.default", [idx], it)], it,
+        lo = self._emit_like(op, "aten.lt.Scalar", [idx], bt, other=IntegerAttr(0, i64))
+        hi = self._emit_like(op, "aten.ge.Scalar", [idx], bt, other=IntegerAttr(min(local, rows), i64))
+        mask = self._emit_like(op, "aten.bitwise_or.Tensor", [lo, hi], bt)
+        shifted = self._emit_like(op, "aten.sub.Tensor", [self._emit_like(op, "aten.clone.default", [idx], it)], it,
                                   other=IntegerAttr(0, i64))
-        zero = self._masked_op(op, "aten.scalar_tensor.default", [], TensorType(it.element_type, []),
+        zero = self._emit_like(op, "aten.scalar_tensor.default", [], TensorType(it.element_type, []),
                                s=IntegerAttr(0, i64))
-        return self._masked_op(op, "aten.index_put.default", [shifted, mask, zero], it), mask
+        return self._emit_like(op, "aten.index_put.default", [shifted, mask, zero], it), mask
 
     def _mask_rows(self, op: AtenOp, out: SSAValue, mask: SSAValue) -> SSAValue:
         """The embedding rows of masked ids zeroed (MaskPartial._mask_tensor) before the partial sum."""
-        zero = self._masked_op(op, "aten.scalar_tensor.default", [], TensorType(out.type.element_type, []),
+        zero = self._emit_like(op, "aten.scalar_tensor.default", [], TensorType(out.type.element_type, []),
                                s=IntegerAttr(0, i64))
-        return self._masked_op(op, "aten.index_put.default", [out, mask, zero], out.type)
+        return self._emit_like(op, "aten.index_put.default", [out, mask, zero], out.type)
 
     def _local_args(self, op: AtenOp, results: list[TensorType]) -> dict | None:
         if op.args is None:

@@ -424,8 +424,7 @@ def _cost_ids(network: Network, src: np.ndarray, dst: np.ndarray, ids: dict) -> 
     Without per-NIC bandwidths a transfer's cost and port depend only on how far apart the two ranks are
     along each network dimension, so one transfer per distinct distance vector is priced."""
     cs, cd = network.coords(src), network.coords(dst)
-    diff = cs != cd
-    dim = np.where(diff.any(axis=1), diff.shape[1] - 1 - np.argmax(diff[:, ::-1], axis=1), -1)
+    dim = _port_dims(cs, cd)
     if network.nics:
         first, inv = np.arange(src.size), np.arange(src.size)
     else:
@@ -879,14 +878,20 @@ class _Ports:
         return out
 
 
+def _port_dims(cs: np.ndarray, cd: np.ndarray) -> np.ndarray:
+    """Per transfer (rows of source / destination coordinates, innermost first), the network dimension whose
+    port it occupies: the outermost one the two ranks differ in (-1: the same rank)."""
+    diff = cs != cd
+    return np.where(diff.any(axis=1), diff.shape[1] - 1 - np.argmax(diff[:, ::-1], axis=1), -1)
+
+
 def _port(net: Network, src: int, dst: int, cache: dict[tuple, int]) -> int:
-    """The network dimension whose port a ``src`` -> ``dst`` transfer occupies: the outermost one they differ in."""
+    """The network dimension whose port a ``src`` -> ``dst`` transfer occupies (``_port_dims``), cached."""
     key = (src, dst)
     dim = cache.get(key)
     if dim is None:
         c = net.coords([src, dst])
-        diff = np.nonzero(c[0] != c[1])[0]  # coordinates are innermost first
-        dim = cache[key] = int(diff[-1]) if diff.size else -1
+        dim = cache[key] = int(_port_dims(c[:1], c[1:])[0])
     return dim
 
 
