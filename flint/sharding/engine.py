@@ -452,9 +452,7 @@ class FunctionExpander:
             raise ExpandError(f"no sharding rule for '{op.overload}'{where(op)}; add it to a kind in "
                               f"{self.rules.source}")
         rule: Rule = handler(op)
-        carries = kind in ("reshape", "transpose") or (
-            (self.tp_style == "megatron" or self.sequence_parallel) and kind == "pointwise" and len(op.inputs) >= 2
-            and op.overload.split(".")[1] in ("add", "add_", "sub", "sub_"))
+        carries = self.carries_partial(op, kind)
         if self.eager_axes and not carries:
             # TP partial sums are reduced at the module boundary: views carry them (and, Megatron-style,
             # the sum of the column-parallel input gradients); any other consumer reduces them first
@@ -499,6 +497,14 @@ class FunctionExpander:
         if hint:
             for nr in new.outputs:
                 self.hints[nr] = hint
+
+    def carries_partial(self, op: AtenOp, kind: str) -> bool:
+        """Whether ``op`` passes TP partial sums on unreduced (its rule decides which): views and
+        transposes, and (Megatron-style or with sequence parallelism) the sum of the column-parallel input
+        gradients; any other op reduces them first (the module boundary)."""
+        return kind in ("reshape", "transpose") or (
+            (self.tp_style == "megatron" or self.sequence_parallel) and kind == "pointwise" and len(op.inputs) >= 2
+            and op.overload.split(".")[1] in ("add", "add_", "sub", "sub_"))
 
     def _emit_like(self, op: AtenOp, target: str, inputs, t: TensorType, **args) -> SSAValue:
         """Emit ``target`` on ``inputs`` with result type ``t``, carrying ``op``'s phase, module and location."""

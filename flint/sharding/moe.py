@@ -42,7 +42,7 @@ Not built: expert tensor parallelism (``etp > 1``), MoE under ``tp`` and
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 from xdsl.dialects import func
@@ -60,9 +60,19 @@ from flint.sharding.spec import Sharding
 # ----------------------------------------------------------------- parameters
 
 
-def expert_compute_sharding(plan: Plan, rank: int) -> Sharding:
-    """An expert weight in compute: dim 0 (the experts) split over the ``ep`` axes."""
-    return Sharding.split(rank, {0: plan.axes("ep")})
+def _expert_tp(plan: Plan, tp_dim: int | None, rank: int) -> dict:
+    """The tensor-parallel split of an expert weight: ``tp_dim`` over ``tp`` when the experts are
+    tensor-parallel (``ep = 1`` under ``tp``: torchtitan's ``TensorParallel``; ``etp = tp``: its
+    ``ExpertTensorParallel``), none when ``ep`` borrows the tp ranks (``etp = 1``)."""
+    if tp_dim is None or plan.tp == 1 or tp_dim >= rank or (plan.ep > 1 and plan.etp == 1):
+        return {}
+    return {tp_dim: plan.axes("tp")}
+
+
+def expert_compute_sharding(plan: Plan, rank: int, tp_dim: int | None = None) -> Sharding:
+    """An expert weight in compute: dim 0 (the experts) split over the ``ep`` axes, and ``tp_dim``
+    over ``tp`` with expert tensor parallelism."""
+    return Sharding.split(rank, {**({0: plan.axes("ep")} if plan.ep > 1 else {}), **_expert_tp(plan, tp_dim, rank)})
 
 
 def _efsdp_size(plan: Plan) -> int:
@@ -76,13 +86,15 @@ def expert_fsdp_dim(plan: Plan, n_experts: int | None) -> int:
     return 1 if n_experts is not None and _efsdp_size(plan) * plan.ep > n_experts else 0
 
 
-def expert_storage_sharding(plan: Plan, rank: int, shape=None) -> Sharding:
+def expert_storage_sharding(plan: Plan, rank: int, shape=None, tp_dim: int | None = None) -> Sharding:
     """An expert weight, its gradient and optimizer state: dim 0 over ``expert_fsdp`` then ``ep``, or
-    dim 0 over ``ep`` and dim 1 over ``expert_fsdp`` (see :func:`expert_fsdp_dim`)."""
+    dim 0 over ``ep`` and dim 1 over ``expert_fsdp`` (see :func:`expert_fsdp_dim`); with expert tensor
+    parallelism ``tp_dim`` over ``tp`` as in compute."""
     efsdp, ep = tuple(plan.axes("expert_fsdp")), tuple(plan.axes("ep"))
+    tp = _expert_tp(plan, tp_dim, rank)
     if efsdp and rank >= 2 and expert_fsdp_dim(plan, shape[0] if shape else None) == 1:
-        return Sharding.split(rank, {0: ep, 1: efsdp})
-    return Sharding.split(rank, {0: efsdp + ep})
+        return Sharding.split(rank, {0: ep, 1: efsdp, **tp})
+    return Sharding.split(rank, {0: efsdp + ep, **tp})
 
 
 def n_experts_of(module: ModuleOp, rules: Rules) -> int | None:
@@ -117,7 +129,7 @@ def check_plan(plan: Plan, n_experts: int | None) -> None:
     if plan.etp > 1:
         raise PlanError("etp", f"expert tensor parallelism (etp = {plan.etp}) is not built in shard-expand; "
                         "use etp = 1 (experts whole on each ep rank)", src)
-    if n_experts is not None and plan.tp > 1:
+    if False and n_experts is not None and plan.tp > 1:
         raise PlanError("tp", "a mixture-of-experts model under tensor parallelism is not built in shard-expand "
                         "(MoE expands under dp_replicate, dp_shard and ep)", src)
     if plan.ep > 1 and plan.cp > 1:
@@ -131,6 +143,14 @@ def check_plan(plan: Plan, n_experts: int | None) -> None:
 # Marks (in FunctionExpander.hints, which the forward hands to the backward for saved values) a value laid
 # out per expert: [experts over ep, rows, ...] (an expert bmm's result and what is computed from it).
 EXPERT_LAYOUT = "flint.moe.expert_layout"
+# Marks a value that holds the MoE's tensor-parallel partial sums (a row-parallel expert output, or what the
+# routing computes from it): linear ops inside the MoE pass these on unreduced, so the tp reduction happens
+# once at the MoE boundary (torchtitan: the MoE's output Partial -> sp_layout, and in backward the router's
+# and experts' input gradients Partial up to the MoE input).
+MOE_PARTIAL = "flint.moe.tp_partial"
+
+# scatters that build a tensor from its zero fill (linear in the values scattered)
+_SCATTERS = ("index_add", "index_put", "scatter")
 
 
 def _is_bmm(op) -> bool:
@@ -149,14 +169,82 @@ class MoEExpander(FunctionExpander):
     phase: str | None = None
     expert_ids: SSAValue | None = None  # new value: the flattened selected experts (sort's input)
     counts_sent: bool = False
+    tp_axes: tuple = ()  # the plan's tp axes (MoE under tensor parallelism)
+    # tp axes that ep borrows (etp = 1): every tp rank dispatches its 1/tp slice of the (gathered) tokens,
+    # as torchtitan's token dispatcher with sp_size = tp
+    slice_axes: tuple = ()
+    tainted: set = field(default_factory=set)  # old values holding MoE tp partial sums (see MOE_PARTIAL)
+
+    def _mark(self, old: SSAValue, key: str) -> None:
+        new = self.env[old][0]
+        self.hints[new] = {**(self.hints.get(new) or {}), key: True}
+
+    def _moe_partial(self, v: SSAValue) -> bool:
+        if v in self.tainted:
+            return True
+        if v not in self.env or not set(self.sharding(v).partial) & set(self.tp_axes):
+            return False
+        return bool((self.hints.get(self.env[v][0]) or {}).get(MOE_PARTIAL))  # saved by the forward
 
     def expand_op(self, op: AtenOp) -> None:
         self.phase = op.phase.data if op.phase is not None else None
         super().expand_op(op)
         ep = set(self.ep_axes)
         if ep and _is_bmm(op) and set(self.sharding(op.outputs[0]).dims[0]) == ep:
-            new = self.env[op.outputs[0]][0]
-            self.hints[new] = {**(self.hints.get(new) or {}), EXPERT_LAYOUT: True}
+            self._mark(op.outputs[0], EXPERT_LAYOUT)
+        tp = set(self.tp_axes)
+        if tp and self.n_experts is not None and not self._moe_exit(op) and (
+                self._expert_bmm(op) or self.rules.op_kind(op.overload) == "token_local"
+                or any(self._moe_partial(v) for v in op.inputs)):
+            for r in op.outputs:
+                if isinstance(r.type, TensorType) and set(self.sharding(r).partial) & tp:
+                    self.tainted.add(r)
+                    self._mark(r, MOE_PARTIAL)
+
+    def _expert_bmm(self, op) -> bool:
+        return _is_bmm(op) and shape_of(op.outputs[0])[0] == self.n_experts
+
+    def carries_partial(self, op: AtenOp, kind: str) -> bool:
+        """Inside the MoE, tp partial sums pass through every op whose rule is linear in them (views, the
+        routing-score product, sums, scatters, the router's backward): one reduction at the boundary."""
+        return super().carries_partial(op, kind) or any(self._moe_partial(v) for v in op.inputs)
+
+    # ------------------------------------------------------- linear MoE ops
+
+    def rule_pointwise(self, op: AtenOp) -> Rule:
+        """``mul`` is linear in either operand: a partial second operand (the saved expert output in the
+        routing score's gradient) stays partial when the first is not."""
+        ins = list(op.inputs)
+        if op.overload.split(".")[1] in ("mul", "mul_") and len(ins) == 2 and \
+                all(isinstance(v.type, TensorType) for v in ins):
+            p0, p1 = self.sharding(ins[0]).partial, self.sharding(ins[1]).partial
+            if p1 and not p0 and self._moe_partial(ins[1]):
+                dims, _ = self._merge(op, shape_of(op.outputs[0]), ins)
+                return Rule([self._align(ins[0], dims), self._align(ins[1], dims, p1)],
+                            [self._align(op.outputs[0], dims, p1)])
+        return super().rule_pointwise(op)
+
+    def _from_fill(self, v: SSAValue) -> bool:
+        from flint.sharding.engine import FILL_OPS
+
+        o = v.owner
+        return isinstance(o, AtenOp) and o.overload.split(".")[1] in FILL_OPS | {"zeros_like", "new_zeros"}
+
+    def rule_dim_local(self, op: AtenOp) -> Rule:
+        """The router's backward is linear in the gradient: ``scatter`` of it into a zero fill (topk's
+        backward) and ``_softmax_backward_data`` keep its tp partial sums."""
+        name = op.overload.split(".")[1]
+        ins = list(op.inputs)
+        if self.tp_axes and ins:
+            grad = ins[-1] if name == "scatter" else ins[0]
+            p = self.sharding(grad).partial
+            if p and self._moe_partial(grad) and (
+                    (name == "scatter" and self._from_fill(ins[0])) or name == "_softmax_backward_data"):
+                base = super().rule_dim_local(op)
+                keep = [Sharding(s.dims, p) if v is grad or (name == "scatter" and v is ins[0]) else s
+                        for v, s in zip(ins, base.operands)]
+                return Rule(keep, [Sharding(s.dims, p) for s in base.results])
+        return super().rule_dim_local(op)
 
     # --------------------------------------------------------------- token-local
 
@@ -179,13 +267,32 @@ class MoEExpander(FunctionExpander):
             if s.dims and s.dims[0]:
                 axes = s.dims[0]
                 break
-        axes = self._order(a for a in axes if a not in self.ep_axes or a in self.token_axes)
+        # the data-parallel token split, plus the tp slice when ep borrows tp (etp = 1); a sequence-parallel
+        # tp split of the tokens is gathered (torchtitan's MoE input Shard(1) -> Replicate)
+        axes = self._order(tuple(a for a in axes if a in self.token_axes) + tuple(self.slice_axes))
         if name == "sort":
             self.expert_ids = self.env[ins[0]][0]
 
-        def lay(v) -> Sharding:
+        def lay(v, drop=(), partial=()) -> Sharding:
             r = len(shape_of(v))
-            return Sharding((axes,) + ((),) * (r - 1)) if r else Sharding(())
+            return Sharding((tuple(a for a in axes if a not in drop),) + ((),) * (r - 1), partial) if r \
+                else Sharding(())
+        if name in _SCATTERS and self.tp_axes and self._from_fill(op.inputs[0]):
+            # a scatter into a zero fill: each rank scatters its tokens into the whole (data-parallel)
+            # token range, zeros elsewhere: a partial sum over the tp slice (torchtitan's combine
+            # scatter_add into zeros_like(x) with offset indices) carrying the values' tp partial sums
+            vals = op.inputs[-1]
+            carried = tuple(a for a in self.sharding(vals).partial if a in self.tp_axes) \
+                if self._moe_partial(vals) else ()
+            created = tuple(self.slice_axes)
+            partial = tuple(dict.fromkeys(carried + created))
+            operands = [lay(op.inputs[0], drop=self.slice_axes, partial=carried)] + \
+                [lay(v, partial=carried if v is vals else ()) for v in op.inputs[1:]]
+            return Rule(operands, [lay(r, drop=self.slice_axes, partial=partial) for r in op.outputs], created)
+        if name in ("index", "index_select") and self.tp_axes and self._moe_partial(op.inputs[0]):
+            p = self.sharding(op.inputs[0]).partial  # a gather is linear in what it gathers
+            return Rule([lay(op.inputs[0], partial=p)] + [lay(v) for v in op.inputs[1:]],
+                        [lay(r, partial=p) for r in op.outputs])
         return Rule([lay(v) for v in op.inputs], [lay(r) for r in op.outputs])
 
     # ----------------------------------------------------------- dispatch views
@@ -213,13 +320,38 @@ class MoEExpander(FunctionExpander):
     def rule_reshape(self, op: AtenOp) -> Rule:
         kind = self._expert_view(op)
         if kind is None:
-            return super().rule_reshape(op)
+            rule = super().rule_reshape(op)
+            tp = set(self.tp_axes)
+            if tp and self._moe_entry(op) and set(rule.operands[0].dims[1]) & tp:
+                # the MoE input under sequence parallelism: all-gathered over tp first (torchtitan's
+                # PrepareModuleInputOutput Shard(1) -> Replicate; in backward the output gradient's)
+                s = rule.operands[0]
+                need = Sharding((s.dims[0], tuple(a for a in s.dims[1] if a not in tp)) + s.dims[2:], s.partial)
+                out = self.reshape_sharding(need, shape_of(op.inputs[0]), shape_of(op.outputs[0]))[1]
+                self._next_hint = None
+                return Rule([need], [out])
+            return rule
         s = self.sharding(op.inputs[0])
         if kind == "dispatch":
             tokens = self._order(s.dims[0])
             return Rule([Sharding((tokens, ()), s.partial)], [Sharding(((), tokens, ()), s.partial)])
         tokens = self._order(tuple(s.dims[0]) + tuple(s.dims[1]))
         return Rule([Sharding(((), tokens, ()), s.partial)], [Sharding((tokens, ()), s.partial)])
+
+    def _moe_exit(self, op: AtenOp) -> bool:
+        """A ``[tokens, hidden] -> [batch, seq, hidden]`` view: the MoE output (or input gradient) leaving it."""
+        if self.rules.op_kind(op.overload) != "reshape" or not op.outputs:
+            return False
+        a, b = shape_of(op.inputs[0]), shape_of(op.outputs[0])
+        return len(a) == 2 and len(b) == 3 and b[0] * b[1] == a[0] and a[1] == b[2]
+
+    def _moe_entry(self, op: AtenOp) -> bool:
+        """A ``[batch, seq, hidden] -> [tokens, hidden]`` view whose tokens the routing sorts or gathers."""
+        a, b = shape_of(op.inputs[0]), shape_of(op.outputs[0])
+        if len(a) != 3 or len(b) != 2 or a[0] * a[1] != b[0] or a[2] != b[1]:
+            return False
+        return any(isinstance(u.operation, AtenOp) and self.rules.op_kind(u.operation.overload) == "token_local"
+                   for u in op.outputs[0].uses)
 
     def rule_transpose(self, op: AtenOp) -> Rule:
         """A transpose of dispatched rows that the experts consumed uses the expert layout (the forward
@@ -240,7 +372,7 @@ class MoEExpander(FunctionExpander):
         ep = set(self.ep_axes)
         if ep and s.rank == 3 and set(s.dims[0]) == ep:
             for (v, want), out in self.cache.items():
-                if v is new and want.rank == 3 and not want.partial and not set(want.dims[0]) & ep:
+                if v is new and want.rank == 3 and want.partial == s.partial and not set(want.dims[0]) & ep:
                     return out, want
         return new, s
 
@@ -282,7 +414,8 @@ class MoEExpander(FunctionExpander):
 
     def _ep_move(self, src: Sharding, dst: Sharding) -> str | None:
         ep = set(self.ep_axes)
-        if src.partial or dst.partial or src.dims[2] or dst.dims[2]:
+        # tp partial sums (etp = tp: a row-parallel expert output and its input gradient) travel as they are
+        if src.partial != dst.partial or set(src.partial) & ep or src.dims[2] or dst.dims[2]:
             return None
         if not set(src.dims[0]) & ep and set(dst.dims[0]) == ep and \
                 set(src.dims[0]) | set(src.dims[1]) == ep | set(dst.dims[1]) and not set(dst.dims[1]) & ep:
@@ -349,8 +482,10 @@ class MoEExpander(FunctionExpander):
 
 def make_expander(plan: Plan, rules: Rules, n_experts: int | None, assignments: int | None, **kwargs) -> MoEExpander:
     """The engine for one function of a plan (MoE rules active when the model has experts)."""
+    tp = tuple(plan.axes("tp")) if n_experts is not None else ()
     return MoEExpander(rules=rules, n_experts=n_experts, assignments=assignments, ep_axes=tuple(plan.axes("ep")) if plan.ep > 1 else (),
-                       token_axes=tuple(plan.axes("dp")), capacity_factor=plan.capacity_factor, **kwargs)
+                       token_axes=tuple(plan.axes("dp")), capacity_factor=plan.capacity_factor, tp_axes=tp,
+                       slice_axes=tp if plan.ep > 1 and plan.etp == 1 else (), **kwargs)
 
 
 # ------------------------------------------------- expert units (gather / reduce)

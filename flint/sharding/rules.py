@@ -31,6 +31,7 @@ class Rules:
     linear_first: frozenset
     source: str
     expert_params: tuple[str, ...] = ()  # fnmatch patterns of stacked MoE expert weights (dim 0: experts)
+    expert_tp: tuple[tuple[str, int], ...] = ()  # (pattern, dim tp splits under expert tensor parallelism)
 
     def op_kind(self, target: str) -> str | None:
         """The rule kind of an ATen overload name (``aten.mm.default`` -> ``matmul``), None if unknown."""
@@ -46,6 +47,13 @@ class Rules:
     def is_expert(self, param: str | None) -> bool:
         """Whether ``param`` is a stacked expert weight (``[[experts]]`` in the rules)."""
         return param is not None and any(fnmatch.fnmatchcase(param, p) for p in self.expert_params)
+
+    def expert_tp_dim(self, param: str) -> int | None:
+        """The dim of expert weight ``param`` that ``tp`` splits (``tp_dim`` of its ``[[experts]]`` entry)."""
+        for pattern, dim in self.expert_tp:
+            if fnmatch.fnmatchcase(param, pattern):
+                return dim
+        return None
 
     def tp_dim(self, param: str) -> int | None:
         """The dim ``tp`` splits in parameter ``param`` (None: replicated over tp)."""
@@ -76,14 +84,16 @@ def load_rules(path: str | None = None) -> Rules:
             if n in kinds:
                 raise RulesError(f"{p}: op '{n}' is listed under both '{kinds[n]}' and '{kind}'")
             kinds[n] = kind
-    experts = []
+    experts, expert_tp = [], []
     for i, entry in enumerate(data.get("experts", [])):
-        if not isinstance(entry.get("pattern"), str):
-            raise RulesError(f"{p}: [[experts]] entry {i} needs pattern (string)")
+        if not isinstance(entry.get("pattern"), str) or not isinstance(entry.get("tp_dim", 0), int):
+            raise RulesError(f"{p}: [[experts]] entry {i} needs pattern (string) and optionally tp_dim (integer)")
         experts.append(entry["pattern"])
+        if "tp_dim" in entry:
+            expert_tp.append((entry["pattern"], entry["tp_dim"]))
     lin = data.get("linear", {})
     return Rules(tuple(tp), kinds, frozenset(lin.get("all", ())), frozenset(lin.get("first", ())), str(p),
-                 tuple(experts))
+                 tuple(experts), tuple(expert_tp))
 
 
 # ------------------------------------------------------------- plan -> shardings
@@ -106,10 +116,10 @@ def activation_sharding(plan: Plan, rank: int) -> Sharding:
 
 def param_compute_sharding(plan: Plan, rules: Rules, param: str, rank: int) -> Sharding:
     """How a parameter is used in compute: split on ``tp`` by the rules (replicated otherwise)."""
-    if plan.ep > 1 and rules.is_expert(param):
+    if rules.is_expert(param) and (plan.ep > 1 or plan.tp > 1):
         from flint.sharding.moe import expert_compute_sharding
 
-        return expert_compute_sharding(plan, rank)
+        return expert_compute_sharding(plan, rank, rules.expert_tp_dim(param))
     dim = rules.tp_dim(param) if plan.tp > 1 else None
     if dim is None or dim >= rank:
         return Sharding.replicated(rank)
@@ -123,7 +133,7 @@ def param_storage_sharding(plan: Plan, rules: Rules, param: str, rank: int, shap
     if plan.ep > 1 and rules.is_expert(param):
         from flint.sharding.moe import expert_storage_sharding
 
-        return expert_storage_sharding(plan, rank, shape)
+        return expert_storage_sharding(plan, rank, shape, rules.expert_tp_dim(param))
     fsdp = fsdp_axes(plan)
     if fsdp and rank >= 1:
         s = s.with_dim(0, tuple(fsdp) + s.dims[0])
