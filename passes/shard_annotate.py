@@ -144,7 +144,7 @@ def check_model(module: ModuleOp, plan: Plan) -> None:
     experts = n_experts_of(module, rules)
     plan.check_model(n_heads=heads, n_kv_heads=kv, hidden=hidden, seq_len=seq, n_experts=experts,
                      local_batch=batch // plan.dp if batch and batch % plan.dp == 0 else None)
-    check_plan(plan, experts)
+    check_plan(plan, experts, module)
     if plan.zero != 3 and not fsdp_axes(plan):
         raise PlanError("zero", f"ZeRO-{plan.zero} shards over dp_shard (and cp); this plan has dp_shard = 1 and "
                         "cp = 1, so there is nothing to shard", plan.source)

@@ -53,7 +53,7 @@ from flint.ir import dist
 from flint.ir.aten import AtenOp
 from flint.plan import Plan, PlanError
 from flint.sharding.engine import ExpandError, FunctionExpander, Rule, _arg, _norm, shape_of
-from flint.sharding.rules import Rules
+from flint.sharding.rules import Rules, load_rules
 from flint.sharding.spec import Sharding
 
 
@@ -123,15 +123,37 @@ def assignments_of(module: ModuleOp, rules: Rules) -> int | None:
     return None
 
 
-def check_plan(plan: Plan, n_experts: int | None) -> None:
-    """What expansion does not build for MoE, refused by the plan field before any work."""
+def expert_tp_sizes(module: ModuleOp, rules: Rules) -> list[tuple[str, int, int]]:
+    """(parameter, tp_dim, its size) of every expert weight whose ``[[experts]]`` entry names a ``tp_dim``."""
+    from flint.passes.shard_annotate import _role
+
+    out = []
+    for fn in module.ops:
+        if not isinstance(fn, func.FuncOp):
+            continue
+        for i, a in enumerate(fn.body.block.args):
+            role, param = _role(fn, i)
+            if role == "parameter" and rules.is_expert(param) and isinstance(a.type, TensorType):
+                d = rules.expert_tp_dim(param)
+                if d is not None and d < len(a.type.get_shape()):
+                    out.append((param, d, a.type.get_shape()[d]))
+    return out
+
+
+def check_plan(plan: Plan, n_experts: int | None, module: ModuleOp | None = None) -> None:
+    """What expansion does not build for MoE, and the expert shapes against ``tp`` / ``etp``, refused by
+    the plan field before any work."""
     src = plan.source
-    if plan.etp > 1:
-        raise PlanError("etp", f"expert tensor parallelism (etp = {plan.etp}) is not built in shard-expand; "
-                        "use etp = 1 (experts whole on each ep rank)", src)
-    if False and n_experts is not None and plan.tp > 1:
-        raise PlanError("tp", "a mixture-of-experts model under tensor parallelism is not built in shard-expand "
-                        "(MoE expands under dp_replicate, dp_shard and ep)", src)
+    if n_experts is not None and module is not None and plan.tp > 1 and (plan.ep == 1 or plan.etp == plan.tp):
+        field_ = "etp" if plan.ep > 1 else "tp"
+        for param, d, size in expert_tp_sizes(module, load_rules()):
+            if size % plan.tp:
+                raise PlanError(field_, f"{plan.tp} does not divide dim {d} (the expert hidden size {size}) of "
+                                f"'{param}', which tensor-parallel experts split", src)
+    if plan.etp > 1 and n_experts is not None and expert_fsdp_dim(plan, n_experts) == 1:
+        raise PlanError("etp", f"expert tensor parallelism with more expert shards than experts "
+                        f"(dp_shard_mod_ep x ep = {_efsdp_size(plan) * plan.ep} > {n_experts}, where FSDP "
+                        "shards experts on dim 1) is not built in shard-expand", src)
     if plan.ep > 1 and plan.cp > 1:
         raise PlanError("ep", "expert parallelism borrowing context-parallel ranks (ep with cp > 1) is not built "
                         "in shard-expand", src)
@@ -143,11 +165,6 @@ def check_plan(plan: Plan, n_experts: int | None) -> None:
 # Marks (in FunctionExpander.hints, which the forward hands to the backward for saved values) a value laid
 # out per expert: [experts over ep, rows, ...] (an expert bmm's result and what is computed from it).
 EXPERT_LAYOUT = "flint.moe.expert_layout"
-# Marks a value that holds the MoE's tensor-parallel partial sums (a row-parallel expert output, or what the
-# routing computes from it): linear ops inside the MoE pass these on unreduced, so the tp reduction happens
-# once at the MoE boundary (torchtitan: the MoE's output Partial -> sp_layout, and in backward the router's
-# and experts' input gradients Partial up to the MoE input).
-MOE_PARTIAL = "flint.moe.tp_partial"
 
 # scatters that build a tensor from its zero fill (linear in the values scattered)
 _SCATTERS = ("index_add", "index_put", "scatter")
@@ -173,7 +190,11 @@ class MoEExpander(FunctionExpander):
     # tp axes that ep borrows (etp = 1): every tp rank dispatches its 1/tp slice of the (gathered) tokens,
     # as torchtitan's token dispatcher with sp_size = tp
     slice_axes: tuple = ()
-    tainted: set = field(default_factory=set)  # old values holding MoE tp partial sums (see MOE_PARTIAL)
+    # old values holding the MoE's tp partial sums (a row-parallel expert output, a scatter of a tp token slice,
+    # and what the routing computes from them): linear ops inside the MoE pass them on unreduced, so the tp
+    # reduction happens once at the MoE boundary (torchtitan: the MoE output Partial -> sp_layout; in backward
+    # the router's and experts' input gradients stay Partial up to the MoE input)
+    tainted: set = field(default_factory=set)
 
     def _mark(self, old: SSAValue, key: str) -> None:
         new = self.env[old][0]
@@ -184,7 +205,9 @@ class MoEExpander(FunctionExpander):
             return True
         if v not in self.env or not set(self.sharding(v).partial) & set(self.tp_axes):
             return False
-        return bool((self.hints.get(self.env[v][0]) or {}).get(MOE_PARTIAL))  # saved by the forward
+        # saved by the forward: the only values saved with tp partial sums are the MoE's (the dense path
+        # saves reduced values, see FunctionExpander.saved_value)
+        return not isinstance(v.owner, AtenOp)
 
     def expand_op(self, op: AtenOp) -> None:
         self.phase = op.phase.data if op.phase is not None else None
@@ -199,7 +222,6 @@ class MoEExpander(FunctionExpander):
             for r in op.outputs:
                 if isinstance(r.type, TensorType) and set(self.sharding(r).partial) & tp:
                     self.tainted.add(r)
-                    self._mark(r, MOE_PARTIAL)
 
     def _expert_bmm(self, op) -> bool:
         return _is_bmm(op) and shape_of(op.outputs[0])[0] == self.n_experts
