@@ -246,6 +246,16 @@ class MoEExpander(FunctionExpander):
                             [self._align(op.outputs[0], dims, p1)])
         return super().rule_pointwise(op)
 
+    def rule_like(self, op: AtenOp) -> Rule:
+        """The zero fill a scatter builds the whole token range in is not split over the tp slice."""
+        rule = super().rule_like(op)
+        if self.slice_axes and any(isinstance(u.operation, AtenOp) and u.index == 0 and
+                                   u.operation.overload.split(".")[1] in _SCATTERS for u in op.outputs[0].uses):
+            drop = set(self.slice_axes)
+            rule.results = [Sharding(tuple(tuple(a for a in ax if a not in drop) for ax in r.dims), r.partial)
+                            for r in rule.results]
+        return rule
+
     def _from_fill(self, v: SSAValue) -> bool:
         from flint.sharding.engine import FILL_OPS
 
@@ -359,6 +369,14 @@ class MoEExpander(FunctionExpander):
             return Rule([Sharding((tokens, ()), s.partial)], [Sharding(((), tokens, ()), s.partial)])
         tokens = self._order(tuple(s.dims[0]) + tuple(s.dims[1]))
         return Rule([Sharding(((), tokens, ()), s.partial)], [Sharding((tokens, ()), s.partial)])
+
+    def _from_upstream(self, old: SSAValue, want: Sharding, depth: int) -> SSAValue | None:
+        """The MoE input is gathered once at its entry view; its token slices come from that (local)."""
+        op = old.owner
+        if self.tp_axes and isinstance(op, AtenOp) and self.rules.op_kind(op.overload) == "reshape" and \
+                self._moe_entry(op):
+            return None
+        return super()._from_upstream(old, want, depth)
 
     def _moe_exit(self, op: AtenOp) -> bool:
         """A ``[tokens, hidden] -> [batch, seq, hidden]`` view: the MoE output (or input gradient) leaving it."""
