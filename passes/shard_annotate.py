@@ -38,6 +38,7 @@ GRID = "mesh"
 EXPAND_FIELDS = ("dp_replicate", "dp_shard", "tp", "sp", "tp_style", "ep", "capacity_factor")
 EXPAND_FIELDS += ("cp",)  # context parallelism (flint/sharding/cp.py)
 EXPAND_FIELDS += ("zero",)  # ZeRO-1/2/3 of the FSDP axes (flint.sharding.rules.zero_storage_sharding)
+EXPAND_FIELDS += ("etp",)  # expert tensor parallelism (flint/sharding/moe.py)
 
 
 def sharding_op(s: Sharding, axis_index: dict[str, int], grid: str = GRID) -> ShardingOp:
@@ -66,6 +67,7 @@ def plan_from_options(p: "ShardAnnotatePass") -> Plan:
               "ep": p.ep, "capacity_factor": p.capacity_factor}
     fields["cp"] = p.cp
     fields["zero"] = p.zero
+    fields["etp"] = p.etp
     return Plan.from_dict(fields)
 
 
@@ -180,8 +182,8 @@ class ShardAnnotatePass(ModulePass):
 
     Options: ``plan`` (a plan TOML file; wins over the inline fields),
     ``dp_replicate``, ``dp_shard``, ``tp``, ``sp``, ``tp_style``, ``ep``, ``capacity_factor``, ``cp``,
-    ``zero``, ``rules`` (a rules TOML; default the built-in rules). Plan
-    fields shard-expand does not implement (etp, pp, ...) are refused before
+    ``zero``, ``etp``, ``rules`` (a rules TOML; default the built-in rules). Plan
+    fields shard-expand does not implement (pp, ...) are refused before
     any change.
     """
 
@@ -198,6 +200,7 @@ class ShardAnnotatePass(ModulePass):
     rules: str = ""
     cp: int = 1
     zero: int = 3
+    etp: int = 1
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         plan = plan_from_options(self)

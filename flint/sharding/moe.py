@@ -212,6 +212,8 @@ class MoEExpander(FunctionExpander):
     def expand_op(self, op: AtenOp) -> None:
         self.phase = op.phase.data if op.phase is not None else None
         super().expand_op(op)
+        if self.rules.op_kind(op.overload) == "token_local" and op.overload.split(".")[1] == "sort":
+            self.expert_ids = self.env[op.outputs[0]][0].owner.operands[0]  # this rank's (sliced) selections
         ep = set(self.ep_axes)
         if ep and _is_bmm(op) and set(self.sharding(op.outputs[0]).dims[0]) == ep:
             self._mark(op.outputs[0], EXPERT_LAYOUT)
@@ -302,8 +304,6 @@ class MoEExpander(FunctionExpander):
         # the data-parallel token split, plus the tp slice when ep borrows tp (etp = 1); a sequence-parallel
         # tp split of the tokens is gathered (torchtitan's MoE input Shard(1) -> Replicate)
         axes = self._order(tuple(a for a in axes if a in self.token_axes) + tuple(self.slice_axes))
-        if name == "sort":
-            self.expert_ids = self.env[ins[0]][0]
 
         def lay(v, drop=(), partial=()) -> Sharding:
             r = len(shape_of(v))
