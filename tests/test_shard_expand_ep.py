@@ -128,8 +128,7 @@ def test_dense_path_is_unchanged_by_moe_rules():
 
 @pytest.mark.parametrize("fields,field,match", [
     ({"dp_shard": 16, "ep": 16}, "ep", "16 does not divide the model's 8 experts"),
-    ({"dp_shard": 2, "tp": 2, "ep": 2, "etp": 2}, "etp", "expert tensor parallelism"),
-    ({"dp_shard": 2, "tp": 2}, "tp", "mixture-of-experts model under tensor parallelism"),
+    ({"dp_shard": 2, "cp": 2, "ep": 2}, "ep", "borrowing context-parallel ranks"),
 ])
 def test_bad_moe_plans_are_refused_before_any_work(fields, field, match):
     m = single().clone()
