@@ -35,8 +35,24 @@ axes outside ``ep``: one flat reduce-scatter over ``expert_fsdp`` per unit
 (a separate FSDP unit, as torchtitan shards experts with their own
 ``fully_shard``), then an all-reduce over ``dp_replicate``.
 
-Not built: expert tensor parallelism (``etp > 1``), MoE under ``tp`` and
-``ep`` together with ``cp``; :func:`check_plan` refuses them by name.
+Under tensor parallelism (torchtitan's ``apply_moe_ep_tp``, before its ETP
+deprecation) the MoE input is gathered over ``tp`` (with sequence
+parallelism), the router runs replicated on every token, and the tp partial
+sums the experts produce pass unreduced through the combine to one
+reduction at the MoE output (and one of its input gradient in backward):
+
+- ``ep = 1``: the experts are tensor-parallel (``TensorParallel``: ``w1``,
+  ``w3`` column-, ``w2`` row-parallel over the expert hidden dim, ``tp_dim``
+  in ``[[experts]]``).
+- ``etp = tp`` (``ExpertTensorParallel``): split over ``ep`` and over
+  ``tp``; every tp rank dispatches the same tokens and the combine
+  all_to_all carries the tp partial sums.
+- ``etp = 1``: ``ep`` borrows the tp ranks; each tp rank routes its 1/tp
+  slice of the tokens (torchtitan's dispatcher with ``sp_size = tp``) and
+  scatters the result into zeros, which is the tp partial sum.
+
+Not built: ``ep`` together with ``cp``, and ``etp > 1`` where FSDP shards
+the experts on dim 1; :func:`check_plan` refuses them by name.
 """
 
 from __future__ import annotations
