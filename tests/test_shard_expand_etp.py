@@ -229,3 +229,22 @@ def test_cli_expand_etp_plan(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "ep=4 etp=2" in text and "all_to_all" in text
     assert "dist.all_to_all" in out.read_text()
+
+
+def test_etp_lowers_and_simulates():
+    """The etp = tp program lowers to Chakra and simulates on every rank role; all FLOPs accounted for."""
+    from xdsl.context import Context
+
+    from flint.chakra.from_ir import mesh_of, trace_from_ir
+    from flint.cost import load_device, load_network
+    from flint.passes.lower_to_chakra import LowerToChakraPass
+    from flint.sim import simulate
+
+    plan = Plan.from_dict(ETP)
+    m = run(ETP)[0].clone()
+    LowerToChakraPass(device="h100-sxm").apply(Context(), m)
+    res = simulate(trace_from_ir(m), load_device("h100-sxm"), load_network("dgx-h100"), mesh_of(m))
+    assert res.world_size == plan.world_size and res.iteration_time_us > 0
+    router = 3 * 2 * BATCH * SEQ * HIDDEN * EXPERTS * LAYERS
+    assert res.model_flops == summarize_program(single()).flops + (plan.tp - 1) * router
+    assert (res.comm_time_us > 0).all()
