@@ -137,6 +137,7 @@ class FunctionExpander:
     _next_hint: dict | None = None
     reduced: dict = field(default_factory=dict)  # old SSAValue -> (new value, sharding) once its partial was reduced
     cp_axes: tuple = ()  # context-parallel axes: attention over a sequence split on them is ring attention (cp.py)
+    view_slices: bool = False  # local slices are views (no DTensor Replicate -> Shard clone), set per op by moe.py
     _p2p_tag: int = 0
 
     def next_p2p_tag(self, count: int) -> int:
@@ -232,7 +233,7 @@ class FunctionExpander:
                                   "end": IntegerAttr(t.get_shape()[d], i64)})
                 self.emit(op)
                 out = op.outputs[0]
-                if self.tp_style == "dtensor" and set(new) <= set(self.eager_axes):
+                if self.tp_style == "dtensor" and set(new) <= set(self.eager_axes) and not self.view_slices:
                     # DTensor's Replicate -> Shard(d) keeps a clone of its chunk (Shard._replicate_to_shard)
                     op = AtenOp("aten.clone.default", [out], [t])
                     self.emit(op)

@@ -227,7 +227,12 @@ class MoEExpander(FunctionExpander):
 
     def expand_op(self, op: AtenOp) -> None:
         self.phase = op.phase.data if op.phase is not None else None
-        super().expand_op(op)
+        # the tp token slice is torchtitan's t[offset:offset + local], a view, not DTensor's cloned shard
+        self.view_slices = bool(self.slice_axes) and self.rules.op_kind(op.overload) == "token_local"
+        try:
+            super().expand_op(op)
+        finally:
+            self.view_slices = False
         if self.rules.op_kind(op.overload) == "token_local" and op.overload.split(".")[1] == "sort":
             self.expert_ids = self.env[op.outputs[0]][0].owner.operands[0]  # this rank's (sliced) selections
         ep = set(self.ep_axes)
