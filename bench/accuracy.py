@@ -31,16 +31,28 @@ states wins), and what Flint does not model:
   with one gradient all-reduce per block, on its own communication stream (Megatron reduces
   gradients on the data-parallel communicator, concurrently with TP collectives, overlapped with
   backward: ``--overlap-grad-reduce``, stated by the M rows' source) and waited for before the
-  optimizer. Pipeline rows: 1F1B (M rows: virtual stages unstated, so none) or the row's
-  interleaving, micro-batch 1 (the row's micro-batch where given), gradients reduced once per step.
-  Without pipelining, the local batch runs as one pass.
+  optimizer. Micro-batch: the row's (S rows); the M rows leave it unstated, so Megatron-LM's own
+  example (``examples/gpt3/train_gpt3_175b_distributed.sh``: ``--micro-batch-size 1``): the local
+  batch runs as micro-batches of one sequence with gradient accumulation, gradients reduced once
+  per step (after the last micro-batch), also without pipelining.
+  Pipeline rows: the row's interleaving (S rows). The M rows' source states that pipeline
+  communication was overlapped with computation, which Megatron-LM supports only under its
+  interleaved schedule (``megatron/training/arguments.py``: without virtual stages it sets
+  ``overlap_p2p_comm = False``, "non-interleaved schedule does not support overlapping p2p
+  communication"), so the M rows run interleaved 1F1B. The virtual-stage count is unstated;
+  Megatron-Core 0.8 needs the layers per pipeline rank to be a multiple of
+  ``--num-layers-per-virtual-pipeline-stage``, and M6 (23 layers per rank) and M9 (7) admit only
+  1, so every M row uses one layer per virtual stage (virtual stages = layers / PP). Flint runs
+  PyTorch's ``Interleaved1F1B`` order, whose send/recv are not overlapped with compute as
+  Megatron's ``overlap_p2p_comm`` does.
 - Not modelled: Megatron's ``--tp-comm-overlap`` (TP all-gather / reduce-scatter pipelined with
   the GEMMs; stated by the M rows' source): Flint exposes TP collectives (the report's
   ``if comm hidden`` column is the sensitivity to it); gradients reduced in fp32 (Megatron's
   default for bf16: ``accumulate_allreduce_grads_in_fp32``) and the distributed optimizer's
-  reduce-scatter + all-gather (1.5x the bytes of Flint's bf16 all-reduce); micro-batch 1 with
-  gradient accumulation without pipelining (the same FLOPs; only the last micro-batch's backward
-  can hide the gradient reduction).
+  reduce-scatter + all-gather (1.5x the bytes of Flint's bf16 all-reduce; ``--overlap-param-gather``
+  needs ``--use-distributed-optimizer``, arguments.py): capture has no ZeRO-1 / fp32-reduction
+  option yet (``zero`` is a planned-path field); compute slowed by communication kernels sharing
+  the SMs.
 
 Capture cost does not grow with depth: every row is captured with two blocks and the repeated
 block's count set to the row's depth (``capture_row``), which gives the same estimate as a
@@ -119,7 +131,7 @@ def plan_of(row: dict):
     dp = row["gpus"] // (tp * pp)
     local = row["global_batch"] // dp
     fields = {"tp": tp, "sp": bool(row.get("sequence_parallel", tp > 1)), "pp": pp, "dp_replicate": dp}
-    if pp > 1:
+    if pp > 1 or "microbatch" in row:  # without pipelining: gradient accumulation over the micro-batches
         fields["microbatches"] = local // row.get("microbatch", 1)
         if row.get("interleave", 1) > 1:
             fields.update(pp_schedule="interleaved-1f1b", pp_virtual_stages=row["interleave"])

@@ -37,3 +37,31 @@ def test_two_captured_blocks_repeated_equal_a_full_depth_capture(monkeypatch):
     it = dict(ROW, iteration_s=2 * short.iteration_s)
     del it["tflops_per_gpu"]
     assert acc.Result(it, "estimated", iteration_s=short.iteration_s).error == pytest.approx(1.0)
+
+
+def _rows():
+    import tomllib
+
+    with open(BENCH.with_name("accuracy_rows.toml"), "rb") as f:
+        return {r["id"]: r for r in tomllib.load(f)["rows"]}
+
+
+def test_megatron_rows_run_micro_batch_one_with_gradient_accumulation():
+    """M rows: micro-batch 1 (Megatron-LM's example), so without pipelining the local batch is
+    accumulated over micro-batches; the S rows keep their stated micro-batch."""
+    acc, rows = _bench(), _rows()
+    m1 = acc.plan_of(rows["M1"])  # 192 sequences over dp 48: 4 micro-batches of 1
+    assert (m1.pp, m1.dp_replicate, m1.microbatches) == (1, 48, 4)
+    assert acc.plan_of(rows["S1-full"]).microbatches == 1  # global batch 4 = one micro-batch of 4
+
+
+def test_megatron_pipelined_rows_run_interleaved_one_layer_per_virtual_stage():
+    """Megatron overlaps pipeline send/recv only under its interleaved schedule; the layers per
+    pipeline rank of M6 (23) and M9 (7) admit only one layer per virtual stage."""
+    acc, rows = _bench(), _rows()
+    for rid in ("M5", "M6", "M7", "M8", "M9"):
+        row = rows[rid]
+        plan = acc.plan_of(row)
+        assert plan.pp_schedule == "interleaved-1f1b", rid
+        assert plan.pp_virtual_stages * row["pp"] == row["layers"], rid
+        assert plan.microbatches == row["global_batch"] // (row["gpus"] // (row["tp"] * row["pp"])), rid
