@@ -118,6 +118,15 @@ class Result:
         return (1 + self.error) * self.iteration_s / (self.iteration_s - self.exposed_s) - 1
 
 
+def ideal_bubble(row: dict) -> float:
+    """The schedule's textbook bubble fraction (p - 1) / (v m + p - 1) (0 without pipelining)."""
+    p = row["pp"]
+    if p == 1:
+        return 0.0
+    m = row["global_batch"] // (row["gpus"] // (row["tp"] * p)) // row.get("microbatch", 1)
+    return (p - 1) / (row.get("interleave", 1) * m + p - 1)
+
+
 def megatron_flops(row: dict) -> float:
     """Model FLOPs of one iteration (Megatron's formula, no recompute)."""
     b, s, L, h, v = row["global_batch"], row["seq"], row["layers"], row["hidden"], row["vocab"]
@@ -285,12 +294,13 @@ def write_report(results: list[Result], out: Path, command: str = ".venv/bin/pyt
                   f"max {100 * max(errs):.1f}%** (target: mean <= 5%, max <= 10%).", ""]
     lines += ["Error is on throughput (for the iteration-time rows: published time / Flint's time - 1). "
               "`compute` is the compute stream's busy time and `exposed comm` the communication no compute hides "
-              "(means over ranks); the rest of the iteration is pipeline bubble and waiting. `if comm hidden` is "
+              "(means over ranks); `rest` = iteration - compute - exposed comm is pipeline bubble and waiting (beside it, "
+              "the schedule's textbook bubble (p-1)/(v m+p-1) as a share of the iteration). `if comm hidden` is "
               "the error Flint would have with every exposed transfer hidden: a sensitivity to Megatron's "
               "`--tp-comm-overlap`, which Flint does not model, not an estimate.", "",
               "| row | source | GPUs | TP | PP | published | Flint | error | Flint MFU (Megatron FLOPs) | "
-              "iteration s | compute s | exposed comm s | if comm hidden | status |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "iteration s | compute s | exposed comm s | rest s (ideal bubble) | if comm hidden | status |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         row = r.row
         unit = "TFLOP/s/GPU" if "tflops_per_gpu" in row else "s/iteration"
@@ -299,11 +309,12 @@ def write_report(results: list[Result], out: Path, command: str = ".venv/bin/pyt
         if r.status == "estimated":
             lines.append(head + f"{r.estimate:.4g} | {100 * r.error:+.1f}% | {100 * r.mfu:.1f}% | "
                          f"{r.iteration_s:.3f} | {r.compute_s:.3f} | {r.exposed_s:.3f} | "
+                         f"{r.iteration_s - r.compute_s - r.exposed_s:.3f} ({100 * ideal_bubble(row):.1f}%) | "
                          f"{100 * r.error_comm_hidden:+.1f}% | estimated |")
         else:
             reason = r.reason.replace("|", "/")
             what = {"failed": "Flint fails", "skipped": "not run (time budget)"}.get(r.status, "not expressible yet")
-            lines.append(head + f"n/a | n/a | n/a | n/a | n/a | n/a | n/a | {what}: {reason} |")
+            lines.append(head + f"n/a | n/a | n/a | n/a | n/a | n/a | n/a | n/a | {what}: {reason} |")
     lines += ["", "![throughput error per row](accuracy.png)", ""]
     out.mkdir(parents=True, exist_ok=True)
     fig, ax = plt.subplots(figsize=(8, 3.5))

@@ -65,3 +65,11 @@ def test_megatron_pipelined_rows_run_interleaved_one_layer_per_virtual_stage():
         assert plan.pp_schedule == "interleaved-1f1b", rid
         assert plan.pp_virtual_stages * row["pp"] == row["layers"], rid
         assert plan.microbatches == row["global_batch"] // (row["gpus"] // (row["tp"] * row["pp"])), rid
+
+
+def test_ideal_bubble_is_the_schedules_textbook_fraction():
+    acc, rows = _bench(), _rows()
+    assert acc.ideal_bubble(rows["M1"]) == 0.0
+    # M5: pp 2, 8 micro-batches, 42 virtual stages: 1 / (42 * 8 + 1)
+    assert acc.ideal_bubble(rows["M5"]) == 1 / 337
+    assert acc.ideal_bubble(rows["S2-full"]) == 7 / (3 * 64 + 7)
