@@ -30,6 +30,7 @@ with ``fully_shard``: the embedding, each transformer block, and the head
 from __future__ import annotations
 
 import functools
+import operator
 from dataclasses import dataclass, field
 
 import torch
@@ -47,6 +48,7 @@ from torch.distributed.tensor.parallel import (
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
+from flint.capture import opclass
 from flint.capture.errors import CaptureError
 from flint.plan import Plan, PlanError
 
@@ -277,18 +279,118 @@ class _BackwardUnshard(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, out: torch.Tensor, flat_shard: torch.Tensor, group_size: int, group_name: str):  # noqa: ANN001
-        ctx.save_for_backward(flat_shard)
+    def forward(ctx, out: torch.Tensor, group_size: int, group_name: str, dtype: torch.dtype,  # noqa: ANN001
+                *shards: torch.Tensor):
+        ctx.save_for_backward(*shards)
         ctx.group = (group_size, group_name)
+        ctx.dtype = dtype
         return out.view_as(out)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):  # noqa: ANN001
-        (flat_shard,) = ctx.saved_tensors
-        # FSDP2's all-gather copy-in; allocating from ``grad`` keeps it in the backward graph.
-        buffer = grad.new_empty(flat_shard.shape, dtype=flat_shard.dtype).copy_(flat_shard)
+        shards = ctx.saved_tensors
+        # FSDP2's all-gather copy-in: ONE copy of the shards into the flat input (all_gather_copy_in);
+        # an empty view of ``grad`` in it keeps it in the backward graph
+        flat = [s.to(ctx.dtype).reshape(-1) for s in shards]
+        empty = grad.as_strided((0,), (1,)) if grad.dtype == ctx.dtype else grad.new_empty(0, dtype=ctx.dtype)
+        buffer = torch.cat([empty, *flat])
         funcol.wait_tensor(torch.ops._c10d_functional.all_gather_into_tensor(buffer, *ctx.group))
-        return grad, None, None, None
+        return (grad, None, None, None, *(None for _ in shards))
+
+
+def _is_tangent(node: torch.fx.Node) -> bool:
+    return node.op == "placeholder" and "tangents" in str(node.target)
+
+
+def _module_path(node: torch.fx.Node) -> list[str]:
+    """The module paths a node was traced in, outermost first (Dynamo's ``nn_module_stack``)."""
+    stack = node.meta.get("nn_module_stack") or {}
+    return [v[0] if isinstance(v, tuple) else str(v) for v in stack.values()]
+
+
+# ops of FSDP2's copy-out after the all-gather (unshard's wait, split into the unsharded parameters, views)
+_COPY_OUT = {opclass.WAIT, opclass.VIEW}
+
+
+def pre_backward_unshard(bwd: torch.fx.GraphModule, groups: set[str]) -> int:
+    """Move each FSDP unit's backward all-gather to where FSDP2's pre-backward hook runs it.
+
+    FSDP2 (``torch/distributed/fsdp/_fully_shard/_fsdp_state.py``) registers
+    ``FSDPState._pre_backward`` as a hook on the gradient of every output of
+    the wrapped module; ``FSDPParamGroup.pre_backward`` then ``unshard()``s
+    and ``wait_for_unshard()``s (all-gather, wait, copy-out) before autograd
+    runs any backward op of the module. The SimpleFSDP-style recompute of
+    :class:`ParamGroup` leaves the re-gather where AOTAutograd's partitioner
+    puts recomputed ops (``reordering_to_mimic_autograd_engine``): just
+    before the first op that reads a gathered weight, after backward ops
+    that need none (a block's w2 weight-gradient ``mm``).
+
+    Here the gather of a group on ``groups`` (process-group names), with its
+    copy-in before and its wait and copy-out after, moves to just before the
+    first gradient-dependent op of the module the group wraps: the deepest
+    module enclosing every backward op that reads the gathered weights (a
+    block, or the head with its loss), from ``nn_module_stack``. Gathers that
+    already depend on the gradient (:class:`_BackwardUnshard`'s) stay. Only
+    the order changes; returns the number of gathers moved.
+    """
+    graph = bwd.graph
+    nodes = list(graph.nodes)
+    tangent = set()
+    for n in nodes:
+        if _is_tangent(n) or any(a in tangent for a in n.all_input_nodes):
+            tangent.add(n)
+    moved = 0
+    for g in nodes:
+        if g.op != "call_function" or g in tangent or opclass.classify_aten(g.target) != opclass.ALL_GATHER \
+                or opclass.collective_group(g) not in groups:
+            continue
+        order = {n: i for i, n in enumerate(graph.nodes)}
+        # copy-in and everything else the gather needs (none of it reads the gradient)
+        chain, todo = set(), [g]
+        while todo:
+            n = todo.pop()
+            if n in chain or n.op == "placeholder":
+                continue
+            chain.add(n)
+            todo.extend(n.all_input_nodes)
+        # wait and copy-out: the gradient-free views, getitems and split copies of the gathered buffer
+        reach, consumers, todo = {g}, set(), [g]
+        while todo:
+            for u in todo.pop().users:
+                if u in tangent:
+                    consumers.add(u)
+                elif u.op == "call_function" and u not in reach:
+                    reach.add(u)
+                    todo.append(u)
+        for n in sorted(reach, key=order.__getitem__):
+            kind = opclass.classify_aten(n.target)
+            if n not in chain and all(a in chain or a.op == "placeholder" for a in n.all_input_nodes) and \
+                    (kind in _COPY_OUT or n.target is operator.getitem
+                     or n.target is torch.ops.aten.split_with_sizes_copy.default):
+                chain.add(n)
+        # the wrapped module: the deepest module every backward reader of the gathered weights runs in
+        paths = [_module_path(c) for c in consumers]
+        scope = None
+        if paths and all(paths):
+            common = paths[0]
+            for p in paths[1:]:
+                k = 0
+                while k < min(len(common), len(p)) and common[k] == p[k]:
+                    k += 1
+                common = common[:k]
+            scope = common[-1] if common else None
+        first = next((n for n in graph.nodes if n in tangent and n.op == "call_function"
+                      and (scope is None or scope in _module_path(n))), None)
+        if first is None or order[first] > order[g]:
+            continue
+        for n in sorted(chain, key=order.__getitem__):
+            if order[n] > order[first]:
+                first.prepend(n)
+        moved += 1
+    if moved:
+        graph.lint()
+        bwd.recompile()
+    return moved
 
 
 class ParamGroup(nn.Module):
@@ -389,8 +491,9 @@ class ParamGroup(nn.Module):
                 params[alias] = value
         out = torch.func.functional_call(self.module, params, args, kwargs)
         if self.mode == "fsdp" and self.backward_unshard:
-            flat = torch.cat([leaf.detach().reshape(-1) for leaf in leaves])
-            out = _BackwardUnshard.apply(out, flat, self.dp_size, self.group_name)
+            dtype = self.param_dtype or leaves[0].dtype
+            out = _BackwardUnshard.apply(out, self.dp_size, self.group_name, dtype,
+                                         *(leaf.detach() for leaf in leaves))
         return out
 
 

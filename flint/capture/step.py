@@ -39,7 +39,7 @@ from flint.capture.errors import CaptureError
 from flint.capture.float8 import apply_float8
 from flint.capture.fake_dist import device_mesh, fake_world, group_axes
 from flint.capture.recipes import (CAPTURE_FIELDS, RECIPES, ParamGroup, ParamInfo, ac_layers, apply, check_ac,
-                                   data_parallel_mode)
+                                   data_parallel_mode, pre_backward_unshard)
 from flint.mesh import Mesh
 from flint.plan import Plan, from_recipe
 
@@ -449,6 +449,9 @@ def _capture_part(name: str, module: nn.Module, args: Sequence[torch.Tensor], in
         for p in module.parameters():
             p.grad = None
         cap, out = _compile_part(module, args, name)
+    fsdp_groups = {g.group_name for g in module.modules() if isinstance(g, ParamGroup) and g.mode == "fsdp"}
+    if cap.bwd is not None and fsdp_groups:
+        pre_backward_unshard(cap.bwd, fsdp_groups)  # FSDP2 gathers before the unit's backward ops
     fwd_roles = _fwd_roles(cap, infos, buffers, input_kinds)
     fwd = CapturedGraph("fwd", cap.fwd, fwd_roles)
     bwd = CapturedGraph("bwd", cap.bwd, _bwd_roles(cap.bwd, fwd_roles)) if cap.bwd is not None else None
