@@ -17,7 +17,7 @@ from flint.errors import FlintError
 from flint.capture.fake_dist import device_mesh, fake_world
 from flint.capture.recipes import apply_tp
 from flint.models import build, config, factory
-from captures import SEQ, captured
+from captures import SEQ, captured, imported
 
 
 
@@ -206,6 +206,97 @@ def test_fsdp_matches_eager_fully_shard():
     step = captured("llama-tiny", "fsdp", 8)
     assert Counter({k: n for (k, _), n in phase_colls(step, "fwd").items()}) == fwd
     assert Counter({k: n for (k, _), n in phase_colls(step, "bwd").items()}) == bwd
+
+
+class OrderRecorder(TorchDispatchMode):
+    """The all-gathers, reduce-scatters and matmuls a real eager run issues, in order."""
+
+    def __enter__(self):
+        self.seq = []
+        return super().__enter__()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.__name__.split(".")[0]
+        kind = {"_allgather_base_": "all_gather", "all_gather_into_tensor": "all_gather",
+                "allgather_into_tensor_coalesced": "all_gather", "_reduce_scatter_base_": "reduce_scatter",
+                "reduce_scatter_tensor": "reduce_scatter", "reduce_scatter_tensor_coalesced": "reduce_scatter",
+                "mm": "mm"}.get(name)
+        if kind is not None and (kind == "mm") == (func.namespace == "aten"):
+            self.seq.append(kind)
+        return func(*args, **(kwargs or {}))
+
+
+def _captured_order(step, phase: str) -> list[str]:
+    """The same sequence in the captured graphs: forward embed, blocks, head; backward the reverse."""
+    parts = [(p, p.repeat) for p in step.parts]
+    if phase == "bwd":
+        parts.reverse()
+    seq = []
+    for part, repeat in parts:
+        gm = getattr(part, phase).gm
+        one = []
+        for n in gm.graph.nodes:
+            if n.op != "call_function":
+                continue
+            kind = classify_aten(n.target)
+            if kind in ("all_gather", "reduce_scatter"):
+                one.append(kind)
+            elif n.target is torch.ops.aten.mm.default:
+                one.append("mm")
+        seq += one * repeat
+    return seq
+
+
+@pytest.mark.slow
+def test_fsdp_order_matches_eager_fully_shard():
+    """The captured FSDP step issues its all-gathers and reduce-scatters where FSDP2 does, relative to the
+    matmuls: each unit's backward all-gather before ANY of its backward ops (FSDP2's pre-backward hook on
+    the unit's output gradient), its reduce-scatter after all of them (the post-backward hook on its
+    inputs). Eager FSDP2's implicit backward prefetch is switched off: Flint's captured order is the
+    unprefetched one, prefetching is the reorder-all-gather pass. Regression: the captured block backward
+    ran w2's weight-gradient mm (it reads no gathered weight) before the block's all-gather."""
+    from unittest import mock
+
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+
+    with fake_world(8), mock.patch.object(FSDPParamGroup, "_backward_prefetch", lambda self: None):
+        mesh = device_mesh((8,), ("dp_shard",))
+        m = build("llama-tiny")
+        fully_shard(m.embed, mesh=mesh)
+        for layer in m.layers:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(m.head, mesh=mesh)
+        fully_shard(m, mesh=mesh)
+        tokens = torch.zeros(2, SEQ, dtype=torch.long)
+        with OrderRecorder() as rec:
+            loss = m(tokens, tokens)
+            fwd = list(rec.seq)
+            loss.backward()
+        bwd = rec.seq[len(fwd):]
+    step = captured("llama-tiny", "fsdp", 8)
+    assert _captured_order(step, "fwd") == fwd
+    assert _captured_order(step, "bwd") == bwd
+    assert bwd[:5] == ["all_gather", "mm", "mm", "reduce_scatter", "all_gather"]  # head, then the last block
+
+
+def test_fsdp_backward_gathers_before_the_units_backward_ops():
+    """In the captured IR each FSDP unit's backward starts with its all-gather and wait (FSDP2's
+    pre-backward unshard): no compute op of the unit runs before them, in the block, the head (whose unit
+    holds the loss, as fully_shard(model.head) does) and the embedding."""
+    from flint.cost.opclass import classify_target
+    from flint.ir.aten import AtenOp
+
+    _, module = imported("llama-tiny", "fsdp", 4)
+    fns = {f.sym_name.data: f for f in module.ops if hasattr(f, "sym_name")}
+    for name in ("embed_bwd", "block_bwd", "head_bwd"):
+        ops = list(fns[name].body.block.ops)
+        gather = next(i for i, o in enumerate(ops) if o.name == "dist.all_gather")
+        wait = next(i for i, o in enumerate(ops) if o.name == "dist.wait" and o.operands[0] is ops[gather].results[0])
+        # every op but views and FSDP2's copy-in (cat) and copy-out (split_with_sizes_copy)
+        compute = [i for i, o in enumerate(ops) if isinstance(o, AtenOp) and classify_target(o.overload) != "view"
+                   and o.overload not in ("aten.cat.default", "aten.split_with_sizes_copy.default")]
+        assert compute and wait < compute[0], name
 
 
 @pytest.mark.slow
