@@ -11,7 +11,9 @@ plan                    what it does
 ``dp_shard``            ZeRO-3 / FSDP2 semantics, SimpleFSDP-style: parameters are
                         dim-0 shards; per group one all-gather before use in
                         forward, one again in backward (selective-checkpoint
-                        MUST_RECOMPUTE), one gradient reduce-scatter, on ``dp_shard``
+                        MUST_RECOMPUTE, moved to FSDP2's pre-backward point by
+                        :func:`pre_backward_unshard`), one gradient
+                        reduce-scatter, on ``dp_shard``
 both                    HSDP: shards on ``dp_shard``, and the gradient shard is
                         all-reduced over ``dp_replicate`` (as FSDP2's HSDP does)
 ``tp`` (``sp``)         Megatron tensor parallel with ``parallelize_module``:
