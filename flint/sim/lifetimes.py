@@ -169,8 +169,9 @@ def _gathers_parameters(v: SSAValue, args: list, roles: list[str | None]) -> lis
     """The ops computing ``v`` (an all-gather's input) if it is computed from ``parameter`` arguments
     only (FSDP's copy-in), else None.
 
-    The first operand of ``new_empty`` only gives the buffer's dtype and device (FSDP2's backward
-    re-gather allocates from the incoming gradient), so it does not count.
+    The first operand of ``new_empty`` only gives the buffer's dtype and device, and an empty view
+    (``as_strided`` to no elements) carries no data: both tie FSDP2's backward re-gather to the incoming
+    gradient (:class:`flint.capture.recipes._BackwardUnshard`), so they do not count.
     """
     from flint.cost.opclass import split_target
 
@@ -196,6 +197,8 @@ def _gathers_parameters(v: SSAValue, args: list, roles: list[str | None]) -> lis
         operands = list(owner.operands)
         if split_target(owner.overload)[1] == "new_empty":
             operands = operands[1:]
+        elif split_target(owner.overload)[1] == "as_strided" and 0 in owner.outputs[0].type.get_shape():
+            operands = []
         todo.extend(operands)
     return ops if found else None
 
