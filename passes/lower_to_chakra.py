@@ -564,21 +564,27 @@ class LowerToChakraPass(ModulePass):
         nodes it starts from (the streams' chain ends, the boundary, the nodes it is blocked on): the
         lowering reads nothing else, and decides only by which of those nodes are the same. So with
         ``cache``, a run whose starting nodes have the same pattern of equalities as an earlier run's
-        clones the earlier run's nodes with the starting nodes substituted, instead of lowering the
-        function's ops again: the same nodes, dependencies and end state, op for op.
+        clones the earlier run's nodes with the starting nodes substituted (and its sends' and recvs' tags
+        moved by the difference of the entries' tag offsets), instead of lowering the function's ops again:
+        the same nodes, dependencies and end state, op for op.
         """
         names = (tuple(sorted(s.comm)), tuple(sorted(s.group, key=str)))
         ext = [s.compute, *(s.comm[k] for k in names[0]), *(s.group[k] for k in names[1]), s.boundary, *s.blocking]
         first: dict[SSAValue, int] = {}
         pattern = tuple(-1 if v is None else first.setdefault(v, i) for i, v in enumerate(ext))
-        key = (fn.sym_name.data, extra.get("tag_offset", 0), extra.get("nosync_axes", frozenset()), merge, tagged,
-               names, len(s.blocking), pattern)
+        # the entry's tag offset only adds to the tags of the run's sends and recvs
+        offset = extra.get("tag_offset", 0)
+        key = (fn.sym_name.data, extra.get("nosync_axes", frozenset()), merge, tagged, names, len(s.blocking), pattern)
         hit = cache.get(key) if cache is not None and self.reuse_flat_runs else None
         if hit is not None:
-            t_ext, ops, end = hit
+            t_ext, ops, end, t_offset = hit
             mapper = {a: b for a, b in zip(t_ext, ext) if a is not None}
             for o in ops:
-                block.add_op(o.clone(mapper, clone_name_hints=False))
+                new = o.clone(mapper, clone_name_hints=False)
+                if offset != t_offset and isinstance(new, chakra.SendOp | chakra.RecvOp):
+                    tag = new.tag
+                    new.properties["tag"] = IntegerAttr(tag.value.data - t_offset + offset, tag.type)
+                block.add_op(new)
             compute, comm, group, blocking, recv = end
             s.compute = None if compute is None else mapper.get(compute, compute)
             s.comm = {k: mapper.get(v, v) for k, v in comm.items()}
@@ -602,7 +608,7 @@ class LowerToChakraPass(ModulePass):
             # only the starting nodes come from outside the run (else: no template, lower every time)
             inside = {r for o in ops for r in o.results} | {v for v in ext if v is not None}
             if all(v in inside for o in ops for v in o.operands):
-                cache[key] = (ext, ops, (s.compute, dict(s.comm), dict(s.group), list(s.blocking), recv))
+                cache[key] = (ext, ops, (s.compute, dict(s.comm), dict(s.group), list(s.blocking), recv), offset)
         return recv
 
     @staticmethod
