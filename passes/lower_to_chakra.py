@@ -579,11 +579,15 @@ class LowerToChakraPass(ModulePass):
         if hit is not None:
             t_ext, ops, end, t_offset = hit
             mapper = {a: b for a, b in zip(t_ext, ext) if a is not None}
-            for o in ops:
-                new = o.clone(mapper, clone_name_hints=False)
-                if offset != t_offset and isinstance(new, chakra.SendOp | chakra.RecvOp):
-                    tag = new.tag
-                    new.properties["tag"] = IntegerAttr(tag.value.data - t_offset + offset, tag.type)
+            get = mapper.get
+            for o in ops:  # node ops (no regions, one result): Operation.clone without its second operand pass
+                props = o.properties.copy()
+                if offset != t_offset and isinstance(o, chakra.SendOp | chakra.RecvOp):
+                    tag = o.tag
+                    props["tag"] = IntegerAttr(tag.value.data - t_offset + offset, tag.type)
+                new = o.create(operands=[get(v, v) for v in o.operands], result_types=o.result_types,
+                               properties=props, attributes=o.attributes.copy())
+                mapper[o.results[0]] = new.results[0]
                 block.add_op(new)
             compute, comm, group, blocking, recv = end
             s.compute = None if compute is None else mapper.get(compute, compute)
@@ -607,7 +611,8 @@ class LowerToChakraPass(ModulePass):
                 o = o.next_op
             # only the starting nodes come from outside the run (else: no template, lower every time)
             inside = {r for o in ops for r in o.results} | {v for v in ext if v is not None}
-            if all(v in inside for o in ops for v in o.operands):
+            if all(v in inside for o in ops for v in o.operands) and all(
+                    isinstance(o, chakra.NodeOp) and len(o.results) == 1 and not o.regions for o in ops):
                 cache[key] = (ext, ops, (s.compute, dict(s.comm), dict(s.group), list(s.blocking), recv), offset)
         return recv
 
