@@ -418,6 +418,23 @@ class _FunctionLowering:
         self.last_p2p[(cls, stream)] = node.node
 
 
+def _clone_body(region: Region) -> Region:
+    """``region.clone()`` for a repeat body of node ops (operands defined before use): one pass, each op
+    created with its mapped operands (xDSL's clone creates every op, then sets its operands again)."""
+    old = region.block
+    if any(o.regions for o in old.ops):
+        return region.clone()
+    body = Block(arg_types=old.arg_types)
+    mapper = dict(zip(old.args, body.args))
+    get = mapper.get
+    for o in old.ops:
+        new = o.create(operands=[get(v, v) for v in o.operands], result_types=o.result_types,
+                       properties=o.properties.copy(), attributes=o.attributes.copy())
+        mapper.update(zip(o.results, new.results))
+        body.add_op(new)
+    return Region(body)
+
+
 @dataclass(frozen=True)
 class LowerToChakraPass(ModulePass):
     """Lower the step's `aten` + `dist` functions to one `chakra.graph @step`.
@@ -648,7 +665,7 @@ class LowerToChakraPass(ModulePass):
                tuple(k for k, _ in chains), len(pending), mode, width, len(slots))
         if bodies is not None and key in bodies:
             cached, ends_blocked = bodies[key]
-            region = cached.clone()
+            region = _clone_body(cached) if LowerToChakraPass.reuse_flat_runs else cached.clone()
         else:
             body = Block(arg_types=[chakra.NODE] * len(operands))
             args = list(body.args)

@@ -88,12 +88,11 @@ def _lower(pp: int, layers: int, reuse: bool, **options):
     return module
 
 
-CASES = [("gpipe", 4, 1, 6), ("1f1b", 4, 1, 8), ("1f1b", 2, 1, 3), ("interleaved-1f1b", 2, 3, 4),
-         ("interleaved-1f1b", 4, 2, 8), ("zbv-zero-bubble", 2, 2, 4)]
+CASES = [("gpipe", 4, 1, 6, 1), ("1f1b", 4, 1, 8, 1), ("1f1b", 2, 1, 3, 2), ("interleaved-1f1b", 2, 3, 4, 1),
+         ("interleaved-1f1b", 4, 2, 8, 2), ("zbv-zero-bubble", 2, 2, 4, 1)]
 
 
-@pytest.mark.parametrize("schedule,pp,virtual,m", CASES, ids=str)
-@pytest.mark.parametrize("per_stage", [1, 2])
+@pytest.mark.parametrize("schedule,pp,virtual,m,per_stage", CASES, ids=str)
 def test_reused_runs_give_the_same_ir_and_times(schedule, pp, virtual, m, per_stage):
     layers = pp * virtual * per_stage
     opts = dict(schedule=schedule, microbatches=m, virtual=virtual)
