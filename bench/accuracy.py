@@ -337,8 +337,8 @@ def main(argv: list[str] | None = None) -> int:
         if row["pp"] > 1 and args.max_stage_passes and work > args.max_stage_passes:
             r = Result(row, "skipped", f"pp {row['pp']} x {row.get('interleave', 1)} virtual x "
                        f"{work // (row['pp'] * row.get('interleave', 1))} microbatches = {work} stage passes "
-                       f"> --max-stage-passes {args.max_stage_passes} (S3's 29400 take about 3 minutes on a "
-                       "2-core machine; run with --max-stage-passes 0 to include it)")
+                       f"> --max-stage-passes {args.max_stage_passes} (S3's 29400 and S4's 32768 take 1.5-2.5 "
+                       "CPU minutes each; run with --max-stage-passes 0 to include it)")
             results.append(r)
             print(f"{row['id']:<10} {r.published:>10.4g} {'n/a':>10} {'n/a':>7}% {0.0:>7.1f}  skipped", flush=True)
             continue
