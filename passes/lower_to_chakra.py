@@ -418,6 +418,23 @@ class _FunctionLowering:
         self.last_p2p[(cls, stream)] = node.node
 
 
+def _clone_body(region: Region) -> Region:
+    """``region.clone()`` for a repeat body of node ops (operands defined before use): one pass, each op
+    created with its mapped operands (xDSL's clone creates every op, then sets its operands again)."""
+    old = region.block
+    if any(o.regions for o in old.ops):
+        return region.clone()
+    body = Block(arg_types=old.arg_types)
+    mapper = dict(zip(old.args, body.args))
+    get = mapper.get
+    for o in old.ops:
+        new = o.create(operands=[get(v, v) for v in o.operands], result_types=o.result_types,
+                       properties=o.properties.copy(), attributes=o.attributes.copy())
+        mapper.update(zip(o.results, new.results))
+        body.add_op(new)
+    return Region(body)
+
+
 @dataclass(frozen=True)
 class LowerToChakraPass(ModulePass):
     """Lower the step's `aten` + `dist` functions to one `chakra.graph @step`.
@@ -479,8 +496,9 @@ class LowerToChakraPass(ModulePass):
         # A function repeated from many schedule entries (a pipeline's microbatches) lowers to the
         # same body each time: build it once, clone it after.
         bodies: dict | None = {} if pipelined else None
+        flats: dict = {}  # a pipeline's flat runs already lowered, to clone (_flat)
         graphs = [self._lower_schedule(funcs, get_schedule_entries(op, role), device, axis_index, costs, bodies,
-                                       pipelined) for role in range(roles)]
+                                       pipelined, flats) for role in range(roles)]
         for f in funcs.values():
             op.body.block.erase_op(f)
         op.attributes.pop("flint.schedule", None)
@@ -492,7 +510,8 @@ class LowerToChakraPass(ModulePass):
                                                        regions=[Region(graph_block)]))
 
     def _lower_schedule(self, funcs: dict[str, func.FuncOp], entries: list[tuple[str, int, dict]], device: Device,
-                        axis_index: dict[str, int], costs: dict, bodies: dict | None, pipelined: bool) -> Block:
+                        axis_index: dict[str, int], costs: dict, bodies: dict | None, pipelined: bool,
+                        flats: dict | None = None) -> Block:
         """One rank role's schedule (``[(function, count, options)]``) as one graph body."""
         graph_block = Block()
         s = _Streams(compute=None, comm={}, boundary=None)
@@ -538,17 +557,81 @@ class LowerToChakraPass(ModulePass):
                 continue
             if s.compute is None and not s.comm or pipelined and count == 1:
                 # Nothing to carry yet (or a pipeline's single run): one iteration flat, the rest as a repeat.
-                low = _FunctionLowering(fn, graph_block, device, s, merge, **extra)
-                low.lower()
-                for r in fn.body.block.ops:
-                    if isinstance(r, dist.RecvOp) and r.is_async and "tag" in options:
-                        posted[options["tag"]] = low.producer[r.result][0]
+                recv = self._flat(fn, graph_block, device, s, merge, extra, "tag" in options,
+                                  flats if pipelined else None)
+                if recv is not None:
+                    posted[options["tag"]] = recv
                 s.boundary = s.compute
                 count -= 1
                 if count == 0:
                     continue
             self._repeat(fn, count, graph_block, device, s, merge, pipelined=pipelined, bodies=bodies, **extra)
         return graph_block
+
+    # Clone a pipelined schedule's flat runs of a function from its first run with the same inputs (``_flat``);
+    # False: lower every run (the reference the clones are tested against).
+    reuse_flat_runs = True
+
+    def _flat(self, fn: func.FuncOp, block: Block, device: Device, s: _Streams, merge: bool, extra: dict,
+              tagged: bool, cache: dict | None) -> SSAValue | None:
+        """Lower one run of ``fn`` flat into ``block``; returns its asynchronous recv's node (``tagged``), if any.
+
+        A pipeline's schedule runs one function from hundreds of entries (one per microbatch and
+        virtual stage). What a run emits is a function of the function, the entry's options and the
+        nodes it starts from (the streams' chain ends, the boundary, the nodes it is blocked on): the
+        lowering reads nothing else, and decides only by which of those nodes are the same. So with
+        ``cache``, a run whose starting nodes have the same pattern of equalities as an earlier run's
+        clones the earlier run's nodes with the starting nodes substituted (and its sends' and recvs' tags
+        moved by the difference of the entries' tag offsets), instead of lowering the function's ops again:
+        the same nodes, dependencies and end state, op for op.
+        """
+        names = (tuple(sorted(s.comm)), tuple(sorted(s.group, key=str)))
+        ext = [s.compute, *(s.comm[k] for k in names[0]), *(s.group[k] for k in names[1]), s.boundary, *s.blocking]
+        first: dict[SSAValue, int] = {}
+        pattern = tuple(-1 if v is None else first.setdefault(v, i) for i, v in enumerate(ext))
+        # the entry's tag offset only adds to the tags of the run's sends and recvs
+        offset = extra.get("tag_offset", 0)
+        key = (fn.sym_name.data, extra.get("nosync_axes", frozenset()), merge, tagged, names, len(s.blocking), pattern)
+        hit = cache.get(key) if cache is not None and self.reuse_flat_runs else None
+        if hit is not None:
+            t_ext, ops, end, t_offset = hit
+            mapper = {a: b for a, b in zip(t_ext, ext) if a is not None}
+            get = mapper.get
+            for o in ops:  # node ops (no regions, one result): Operation.clone without its second operand pass
+                props = o.properties.copy()
+                if offset != t_offset and isinstance(o, chakra.SendOp | chakra.RecvOp):
+                    tag = o.tag
+                    props["tag"] = IntegerAttr(tag.value.data - t_offset + offset, tag.type)
+                new = o.create(operands=[get(v, v) for v in o.operands], result_types=o.result_types,
+                               properties=props, attributes=o.attributes.copy())
+                mapper[o.results[0]] = new.results[0]
+                block.add_op(new)
+            compute, comm, group, blocking, recv = end
+            s.compute = None if compute is None else mapper.get(compute, compute)
+            s.comm = {k: mapper.get(v, v) for k, v in comm.items()}
+            s.group = {k: mapper.get(v, v) for k, v in group.items()}
+            s.blocking = [mapper.get(v, v) for v in blocking]
+            return None if recv is None else mapper.get(recv, recv)
+        last = block.last_op
+        low = _FunctionLowering(fn, block, device, s, merge, **extra)
+        low.lower()
+        recv = None
+        if tagged:
+            for r in fn.body.block.ops:
+                if isinstance(r, dist.RecvOp) and r.is_async:
+                    recv = low.producer[r.result][0]
+        if cache is not None:
+            ops = []
+            o = block.first_op if last is None else last.next_op
+            while o is not None:
+                ops.append(o)
+                o = o.next_op
+            # only the starting nodes come from outside the run (else: no template, lower every time)
+            inside = {r for o in ops for r in o.results} | {v for v in ext if v is not None}
+            if all(v in inside for o in ops for v in o.operands) and all(
+                    isinstance(o, chakra.NodeOp) and len(o.results) == 1 and not o.regions for o in ops):
+                cache[key] = (ext, ops, (s.compute, dict(s.comm), dict(s.group), list(s.blocking), recv), offset)
+        return recv
 
     @staticmethod
     def _repeat(fn: func.FuncOp, count: int, outer: Block, device: Device, s: _Streams, merge: bool,
@@ -582,7 +665,7 @@ class LowerToChakraPass(ModulePass):
                tuple(k for k, _ in chains), len(pending), mode, width, len(slots))
         if bodies is not None and key in bodies:
             cached, ends_blocked = bodies[key]
-            region = cached.clone()
+            region = _clone_body(cached) if LowerToChakraPass.reuse_flat_runs else cached.clone()
         else:
             body = Block(arg_types=[chakra.NODE] * len(operands))
             args = list(body.args)

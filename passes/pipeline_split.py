@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from xdsl.context import Context
 from xdsl.dialects import func
@@ -33,6 +34,7 @@ def even_split(n_layers: int, n_stages: int) -> list[int]:
     return [base + (1 if s < extra else 0) for s in range(n_stages)]
 
 
+@lru_cache(maxsize=1 << 16)  # attributes are immutable: a schedule's repeated entries share one (xDSL's are slow to build)
 def _entry(name: str, count: int, tag: int | None = None, nosync: tuple[str, ...] = (),
            wait: tuple[int, ...] = ()) -> ArrayAttr:
     extra = {}

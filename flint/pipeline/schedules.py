@@ -87,10 +87,14 @@ def stage_ranks(schedule: str, pp: int, virtual: int) -> list[int]:
     return [s % pp for s in range(n)]
 
 
-def _stub_stage(pp: int, n_stages: int, index: int, log: list | None):
+def _stub_stage(pp: int, n_stages: int, index: int, log: list | None, st=None):
+    """A stand-in ``PipelineStage`` (``st``: an earlier one, reset and reused: autospec is slow)."""
     from torch.distributed.pipelining.stage import PipelineStage
 
-    st = mock.create_autospec(PipelineStage, instance=True)
+    if st is None:
+        st = mock.create_autospec(PipelineStage, instance=True)
+    else:
+        st.reset_mock()
     st.group_rank, st.group_size, st.submod, st.num_stages = 0, pp, None, n_stages
     st.stage_index, st.is_first, st.is_last = index, index == 0, index == n_stages - 1
     if log is not None:
@@ -114,9 +118,23 @@ def _actions(schedule: str, pp: int, microbatches: int, virtual: int) -> tuple[t
     n_stages = pp * virtual
     if issubclass(cls, S.PipelineScheduleSingle):
         out = []
+        # The constructor computes every rank's pipeline_order (O(pp x microbatches), not what runs, see the
+        # module docstring): computed by torch once, and the same object handed to every rank's schedule.
+        orders: dict = {}
+        real = cls._get_pipeline_order
+
+        def pipeline_order(self):
+            key = (self._num_stages, self._n_microbatches)
+            if key not in orders:
+                orders[key] = real(self)
+            return orders[key]
+
+        stub = None
         for rank in range(pp):
             log: list[Action] = []
-            sched = cls(_stub_stage(pp, n_stages, rank, log), microbatches)
+            stub = _stub_stage(pp, n_stages, rank, log, stub)
+            with mock.patch.object(cls, "_get_pipeline_order", pipeline_order):
+                sched = cls(stub, microbatches)
 
             def issue(ops, desc=None):
                 log.extend(ops)
