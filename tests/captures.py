@@ -3,6 +3,7 @@ compiles with dynamo/AOTAutograd, 5-60 s on 2 cores: capture each config once)."
 
 from __future__ import annotations
 
+import sys
 from functools import cache
 
 from flint.capture import capture_step
@@ -10,6 +11,11 @@ from flint.models import factory
 from flint.plan import from_recipe
 
 SEQ = 64
+
+# Test modules import this file as ``captures`` (pytest puts tests/ on the path) or as ``tests.captures``
+# (the repo root is on the path): one module under both names, so each capture is made once per run.
+for _name in ("captures", "tests.captures"):
+    sys.modules.setdefault(_name, sys.modules[__name__])
 
 
 @cache

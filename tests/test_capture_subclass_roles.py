@@ -3,10 +3,12 @@
 placeholders than Dynamo inputs; roles come from AOTAutograd's input descriptors then. Before,
 every placeholder of a TP block became ``unknown`` and pipeline-split found no stage boundary."""
 
-import subprocess
-import sys
+import contextlib
+import io
 
 import pytest
+
+from flint.tools.flint_cli import main
 
 
 @pytest.mark.slow
@@ -15,10 +17,10 @@ def test_tp_pipeline_capture_keeps_activation_and_parameter_roles(tmp_path, extr
     plan = tmp_path / "plan.toml"
     plan.write_text("tp = 2\npp = 2\nmicrobatches = 2\n" + extra)
     out = tmp_path / "step.mlir"
-    r = subprocess.run([sys.executable, "-m", "flint.tools.flint_cli", "capture", "--model", "gpt2-tiny",
-                        "--world-size", "4", "--plan-file", str(plan), "-o", str(out)],
-                       capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-2000:]
+    err = io.StringIO()  # `flint capture` by its CLI entry point, in this process (no second torch import)
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        rc = main(["capture", "--model", "gpt2-tiny", "--world-size", "4", "--plan-file", str(plan), "-o", str(out)])
+    assert rc == 0, err.getvalue()[-2000:]
     text = out.read_text()
     block = next(line for line in text.splitlines() if "func.func @block_fwd" in line)
     assert 'flint.role = "activation"' in block

@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
+import contextlib
+import io
 from collections import Counter
 from pathlib import Path
 
@@ -22,13 +22,16 @@ SEQ = 64
 
 
 def _capture_cli(tmp_path: Path, name: str, dp: int, tp: int, *extra: str) -> Path:
+    """``flint capture`` (the CLI's entry point, in this process: no second torch import per capture)."""
+    from flint.tools.flint_cli import main
+
     plan_file, out = tmp_path / f"{name}.toml", tmp_path / f"{name}.mlir"
     plan_file.write_text(f"pp = 2\ndp_shard = {dp}\ntp = {tp}\n" + ("" if extra else "microbatches = 4\n"))
-    done = subprocess.run([sys.executable, "-m", "flint.tools.flint_cli", "capture", "--model", "llama-tiny",
-                           "--world-size", str(2 * dp * tp), "--plan-file", str(plan_file), "--batch-size", str(8 * dp),
-                           "--seq-len", str(SEQ), "--dtype", "float32", *extra, "-o", str(out)],
-                          capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        rc = main(["capture", "--model", "llama-tiny", "--world-size", str(2 * dp * tp), "--plan-file", str(plan_file),
+                   "--batch-size", str(8 * dp), "--seq-len", str(SEQ), "--dtype", "float32", *extra, "-o", str(out)])
+    assert rc == 0, err.getvalue()
     return out
 
 
