@@ -86,12 +86,16 @@ What allocates, and for how long
     bytes at its first position, so nothing is counted twice.
 
 - *Reduce-scatter inputs* (the flat gradient buffer FSDP2 reduces) are
-  category ``comm`` and live like hand-off outputs: until the next function
-  iteration's last use of its non-resident arguments. FSDP2 keeps a group's
-  reduce-scatter input (``reduce_scatter_state``) until the next group's
-  post-backward, i.e. through the next block's backward (as
-  ``FSDPMemTracker``'s ``Reduce Scatter`` category shows); in the step's
-  last function, to the end of its iteration.
+  category ``comm``. FSDP2 keeps a group's reduce-scatter input
+  (``comm_ctx.reduce_scatter_states``, at most one by default) until the next
+  group's post-backward releases it just before forming its own (as
+  ``FSDPMemTracker``'s ``Reduce Scatter`` category shows): here until the
+  position before the next function iteration's first reduce-scatter input,
+  so it overlaps that group's whole backward, including a gradient
+  redistribution (tensor-parallel ``Replicate -> Shard`` copy) in its
+  post-backward. When no reduce-scatter follows, it lives like a hand-off
+  output (until the next iteration's last use of its non-resident
+  arguments); in the step's last function, to the end of its iteration.
 
 Schedule attributes
 -------------------
@@ -622,6 +626,23 @@ def step_memory(module: ModuleOp, capacity_bytes: int | None = None, role: int =
             out = np.where(last, -1, out)
         return out
 
+    def first_held(e: int) -> int:
+        """Local position of entry ``e``'s first reduce-scatter input (-1: none)."""
+        q = nosync_profiles.get(e, profiles[schedule[e][0]])
+        return min((q.pos[i] for i in range(len(q.nbytes)) if q.held[i]), default=-1)
+
+    def next_reduce_scatter_input(e: int, j: np.ndarray) -> np.ndarray:
+        """Position where the next group's reduce-scatter input is formed after iterations ``j`` of
+        entry ``e`` (FSDP2's post-backward releases the previous group's there), -1 if none follows."""
+        name, c = schedule[e]
+        here = first_held(e)
+        out = np.where(here >= 0, offsets[e] + (j + 1) * profiles[name].n_pos + here, -1)
+        if e + 1 < len(schedule) and (nxt := first_held(e + 1)) >= 0:
+            out = np.where(j == c - 1, offsets[e + 1] + nxt, out)
+        else:
+            out = np.where(j == c - 1, -1, out)
+        return out
+
     accumulate_from: dict[str, int] = {}  # backward name -> its first schedule entry
     for e, (name, _) in enumerate(schedule):
         accumulate_from.setdefault(name, e)
@@ -661,8 +682,11 @@ def step_memory(module: ModuleOp, capacity_bytes: int | None = None, role: int =
             for k, arg in zip(pairs[be].saved_results, pairs[be].saved_args):
                 until = saved_until.setdefault(k, hand.copy())
                 until[rows] = offsets[be] + cons_i[rows] * bp.n_pos + max(bp.arg_last_use[arg], 0)
-        for a in np.nonzero(p.held)[0].tolist():  # reduce-scatter inputs: until the next hand-off
+        if p.held:  # reduce-scatter inputs: until the next group's reduce-scatter input is formed
             held_until = np.where(hand == -1, start + p.n_pos - 1, hand)  # the step's last part: its own end
+            nxt = next_reduce_scatter_input(e, j)
+            held_until = np.where(nxt >= 0, nxt - 1, held_until)
+        for a in np.nonzero(p.held)[0].tolist():
             free[:, a] = np.where(free[:, a] == -1, -1, np.maximum(free[:, a], held_until))
         for a, ks in enumerate(p.result_of):
             if not ks:
