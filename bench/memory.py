@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/memory.py                       # tiny models, every plan and AC mode
     .venv/bin/python bench/memory.py --full                # + full-size Llama-3 8B / GPT-2 small, few layers
+    .venv/bin/python bench/memory.py --only 'fsdp+tp w4'   # cases whose label contains a substring
 
 Each case runs in a fresh process (flint.validate.memory.compare_in_subprocess): the tracker runs
 two eager training steps of the model on fake tensors over a fake process group, Flint captures the
@@ -20,6 +21,8 @@ from flint.errors import FlintError
 from flint.validate.memory import AC_MODES, MemoryCase, compare_in_subprocess, runtime_overheads, table
 
 PLANS = (("dp", 2), ("fsdp", 2), ("fsdp+tp", 4))
+# tiny models only: TP with sequence parallelism alone, and HSDP (2 replicas x 2 shards)
+TINY_PLANS = PLANS + (("tp+sp", 2), ("hsdp", 4))
 
 
 def cases(full: bool) -> list[MemoryCase]:
@@ -28,7 +31,7 @@ def cases(full: bool) -> list[MemoryCase]:
     if full:  # full-size widths, few layers, one sequence of 1,024 tokens per DP rank
         models += [("llama3-8b", 2, 1024), ("gpt2-small", 2, 1024)]
     for model, layers, seq in models:
-        for plan, world in PLANS:
+        for plan, world in (TINY_PLANS if seq is None else PLANS):
             for ac in AC_MODES:
                 case = MemoryCase(model, plan, world, ac, ac_every=2, layers=layers)
                 if seq is not None:

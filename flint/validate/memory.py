@@ -78,9 +78,14 @@ class MemoryCase:
     tp: int = 2  # TP degree of 2-D recipes (fsdp+tp)
 
     def flint_plan(self):
-        from flint.plan import from_recipe
+        from flint.plan import Plan, from_recipe
 
-        p = from_recipe(self.plan, self.world_size, self.tp)
+        if self.plan == "hsdp":  # FSDP2's HSDP: 2 replicas, parameters sharded within each
+            if self.world_size % 2 or self.world_size < 4:
+                raise FlintError(f"hsdp needs an even world size >= 4 (2 replicas), got {self.world_size}")
+            p = Plan.from_dict({"dp_replicate": 2, "dp_shard": self.world_size // 2}, world_size=self.world_size)
+        else:
+            p = from_recipe(self.plan, self.world_size, self.tp)
         every = self.ac_every if self.ac == "selective-layer" else 1
         return dataclasses.replace(p, activation_checkpoint=self.ac, ac_every=every)
 

@@ -42,6 +42,7 @@ def parallelize(model: nn.Module, plan: Plan, mesh: DeviceMesh) -> None:
       with the recipe's plans), on mesh axis ``tp``.
     - ``dp_shard``: ``fully_shard`` on the embedding, every block, the head and the root
       (FSDP2's parameter groups = the recipe's groups) on mesh axis ``dp_shard``.
+    - both (HSDP): ``fully_shard`` on the 2-D ``(dp_replicate, dp_shard)`` mesh.
     - ``dp_replicate``: ``replicate`` (FSDP2-based,
       ``torch.distributed._composable.replicate_with_fsdp``) on the same groups, on
       mesh axis ``dp_replicate``: one gradient all-reduce per group.
@@ -58,10 +59,10 @@ def parallelize(model: nn.Module, plan: Plan, mesh: DeviceMesh) -> None:
         model.layers[i] = ac_wrap(model.layers[i], plan)
     mode = data_parallel_mode(plan)
     if mode is not None:
-        if plan.dp_shard > 1 and plan.dp_replicate > 1:
-            raise ValueError("validation runs do not cover HSDP")
         wrap = fully_shard if mode == "fsdp" else replicate
         dp_mesh = mesh["dp_shard" if mode == "fsdp" else "dp_replicate"]
+        if plan.dp_shard > 1 and plan.dp_replicate > 1:  # HSDP: FSDP2 on the 2-D (replicate, shard) mesh
+            dp_mesh = mesh["dp_replicate", "dp_shard"]
         for module in (model.embed, *model.layers, model.head, model):
             wrap(module, mesh=dp_mesh)
 
