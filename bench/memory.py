@@ -45,10 +45,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--full", action="store_true", help="add full-size model widths (few layers)")
     ap.add_argument("--only", default="", help="substring filter on case labels")
+    ap.add_argument("--exclude", default="", help="skip cases whose label contains this substring")
     args = ap.parse_args()
     results, failed = [], []
     for case in cases(args.full):
-        if args.only and args.only not in case.label():
+        if args.only and args.only not in case.label() or args.exclude and args.exclude in case.label():
             continue
         t0 = time.perf_counter()
         try:
