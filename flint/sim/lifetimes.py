@@ -93,7 +93,11 @@ What allocates, and for how long
   position before the next function iteration's first reduce-scatter input,
   so it overlaps that group's whole backward, including a gradient
   redistribution (tensor-parallel ``Replicate -> Shard`` copy) in its
-  post-backward. When no reduce-scatter follows, it lives like a hand-off
+  post-backward. The copy-in's last operand (the group's last gradient)
+  lives through the reduce-scatter: ``foreach_reduce`` keeps it in a loop
+  variable until it returns, past ``unsharded_grads.clear()`` and the
+  reduce-scatter output's allocation (a 2 GB embedding gradient at
+  Llama-3 8B's peak). When no reduce-scatter follows, it lives like a hand-off
   output (until the next iteration's last use of its non-resident
   arguments); in the step's last function, to the end of its iteration.
 
@@ -167,6 +171,12 @@ def _is_copy_out(op: AtenOp, base: dict, p: "_Profile") -> bool:
         return False
     kind, i = base.get(op.inputs[0], ("none", -1))
     return kind == "alloc" and p.category[i] == "comm" and not p.held[i]
+
+
+def _is_cat(op: AtenOp) -> bool:
+    from flint.cost.opclass import split_target
+
+    return split_target(op.overload)[1] == "cat"
 
 
 def _gathers_parameters(v: SSAValue, args: list, roles: list[str | None]) -> list[AtenOp] | None:
@@ -293,7 +303,10 @@ def _profile(fn: func.FuncOp, prefetch: int = 0, nosync: frozenset[int] = frozen
         else:
             p.last[i] = max(p.last[i], at)
 
+    made_by: dict[int, SSAValue] = {}  # allocation -> the value that made it
+
     def alloc(v: SSAValue, at: int, category: str) -> None:
+        made_by[len(p.nbytes)] = v
         base[v] = ("alloc", len(p.nbytes))
         p.nbytes.append(_value_bytes(v))
         p.pos.append(at)
@@ -334,6 +347,14 @@ def _profile(fn: func.FuncOp, prefetch: int = 0, nosync: frozenset[int] = frozen
                     if kind == "alloc":
                         p.held[i] = True
                         p.category[i] = "comm"
+                        # FSDP2's foreach_reduce keeps the group's last gradient (a loop variable of
+                        # its copy-in preparation) until it returns, past the copy-in (chunk_cat)
+                        # and the reduce-scatter output's allocation.
+                        copy_in = made_by[i].owner
+                        if isinstance(copy_in, AtenOp) and copy_in.operands and _is_cat(copy_in):
+                            kind, g = base.get(copy_in.operands[-1], ("none", -1))
+                            if kind == "alloc":
+                                p.last[g] = max(p.last[g], at)
             copy_in = _gathers_parameters(op.input, args, roles) if isinstance(op, dist.AllGatherOp) else None
             alloc(op.result, at, "comm")
             if copy_in is not None:
