@@ -380,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{row['id']:<10} {r.published:>10.4g} {_fmt(r.estimate, '10.4g'):>10} "
               f"{_fmt(100 * r.error, '+7.1f'):>7}% {r.wall_s:>7.1f}  {r.status} {r.reason[:90]}", flush=True)
     cmd = ".venv/bin/python bench/accuracy.py" + (f" --rows {args.rows}" if args.rows else "") \
-        + (f" --max-stage-passes {args.max_stage_passes}" if args.max_stage_passes != 5000 else "")
+        + (f" --max-stage-passes {args.max_stage_passes}" if args.max_stage_passes != ap.get_default("max_stage_passes") else "")
     write_report(results, Path(args.out), cmd)
     est = [abs(r.error) for r in results if r.status == "estimated"]
     if est:
