@@ -344,14 +344,26 @@ def write_report(results: list[Result], out: Path, command: str = ".venv/bin/pyt
     write_text_atomic(out / "accuracy.md", "\n".join(lines) + "\n")
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", help="comma-separated row ids (default: all)")
     ap.add_argument("--out", default=str(ROOT / "docs"), help="directory for accuracy.md and accuracy.png")
     ap.add_argument("--max-stage-passes", type=int, default=40000,
                     help="skip pipelined rows with more stage x virtual-stage x microbatch passes than this "
                          "(their lowering and simulation grow with it; 0: run every row)")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def command_line(args: argparse.Namespace) -> str:
+    """The command that regenerates the report, as its header names it: flags only where they differ from
+    the defaults (``--out`` never: it names where the report went, not what is in it)."""
+    default = _parser().get_default("max_stage_passes")
+    return ".venv/bin/python bench/accuracy.py" + (f" --rows {args.rows}" if args.rows else "") \
+        + (f" --max-stage-passes {args.max_stage_passes}" if args.max_stage_passes != default else "")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     with open(ROWS, "rb") as f:
         rows = tomllib.load(f)["rows"]
     if args.rows:
@@ -379,9 +391,7 @@ def main(argv: list[str] | None = None) -> int:
         results.append(r)
         print(f"{row['id']:<10} {r.published:>10.4g} {_fmt(r.estimate, '10.4g'):>10} "
               f"{_fmt(100 * r.error, '+7.1f'):>7}% {r.wall_s:>7.1f}  {r.status} {r.reason[:90]}", flush=True)
-    cmd = ".venv/bin/python bench/accuracy.py" + (f" --rows {args.rows}" if args.rows else "") \
-        + (f" --max-stage-passes {args.max_stage_passes}" if args.max_stage_passes != ap.get_default("max_stage_passes") else "")
-    write_report(results, Path(args.out), cmd)
+    write_report(results, Path(args.out), command_line(args))
     est = [abs(r.error) for r in results if r.status == "estimated"]
     if est:
         print(f"mean |error| {100 * sum(est) / len(est):.1f}%, max {100 * max(est):.1f}% over {len(est)} rows")

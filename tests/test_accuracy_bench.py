@@ -73,3 +73,13 @@ def test_ideal_bubble_is_the_schedules_textbook_fraction():
     # M5: pp 2, 8 micro-batches, 42 virtual stages: 1 / (42 * 8 + 1)
     assert acc.ideal_bubble(rows["M5"]) == 1 / 337
     assert acc.ideal_bubble(rows["S2-full"]) == 7 / (3 * 64 + 7)
+
+
+def test_report_header_names_only_flags_that_differ_from_the_defaults():
+    """The header's command regenerates the report: the default stage-pass budget is not spelled out (it
+    once was, because the check compared against an old default), a non-default one and --rows are."""
+    acc = _bench()
+    assert acc.command_line(acc._parser().parse_args([])) == ".venv/bin/python bench/accuracy.py"
+    assert acc.command_line(acc._parser().parse_args(["--out", "/tmp/x"])) == ".venv/bin/python bench/accuracy.py"
+    assert acc.command_line(acc._parser().parse_args(["--rows", "M1,S1-full", "--max-stage-passes", "8000"])) \
+        == ".venv/bin/python bench/accuracy.py --rows M1,S1-full --max-stage-passes 8000"
