@@ -418,20 +418,28 @@ class _FunctionLowering:
         self.last_p2p[(cls, stream)] = node.node
 
 
+def _copy_ops(ops, block: Block, mapper: dict, tag_shift: int = 0) -> None:
+    """Append copies of ``ops`` (without regions; operands defined before use) to ``block`` in one pass, each
+    created with its operands mapped through ``mapper``, which gains the results (xDSL's ``clone`` creates
+    every op, then sets its operands again). ``tag_shift`` moves the tags of Chakra sends and recvs."""
+    get = mapper.get
+    for o in ops:
+        props = o.properties.copy()
+        if tag_shift and isinstance(o, chakra.SendOp | chakra.RecvOp):
+            props["tag"] = IntegerAttr(o.tag.value.data + tag_shift, o.tag.type)
+        new = o.create(operands=[get(v, v) for v in o.operands], result_types=o.result_types,
+                       properties=props, attributes=o.attributes.copy())
+        mapper.update(zip(o.results, new.results))
+        block.add_op(new)
+
+
 def _clone_body(region: Region) -> Region:
-    """``region.clone()`` for a repeat body of node ops (operands defined before use): one pass, each op
-    created with its mapped operands (xDSL's clone creates every op, then sets its operands again)."""
+    """``region.clone()`` for a repeat body of node ops, in one pass (:func:`_copy_ops`)."""
     old = region.block
     if any(o.regions for o in old.ops):
         return region.clone()
     body = Block(arg_types=old.arg_types)
-    mapper = dict(zip(old.args, body.args))
-    get = mapper.get
-    for o in old.ops:
-        new = o.create(operands=[get(v, v) for v in o.operands], result_types=o.result_types,
-                       properties=o.properties.copy(), attributes=o.attributes.copy())
-        mapper.update(zip(o.results, new.results))
-        body.add_op(new)
+    _copy_ops(old.ops, body, dict(zip(old.args, body.args)))
     return Region(body)
 
 
@@ -596,16 +604,7 @@ class LowerToChakraPass(ModulePass):
         if hit is not None:
             t_ext, ops, end, t_offset = hit
             mapper = {a: b for a, b in zip(t_ext, ext) if a is not None}
-            get = mapper.get
-            for o in ops:  # node ops (no regions, one result): Operation.clone without its second operand pass
-                props = o.properties.copy()
-                if offset != t_offset and isinstance(o, chakra.SendOp | chakra.RecvOp):
-                    tag = o.tag
-                    props["tag"] = IntegerAttr(tag.value.data - t_offset + offset, tag.type)
-                new = o.create(operands=[get(v, v) for v in o.operands], result_types=o.result_types,
-                               properties=props, attributes=o.attributes.copy())
-                mapper[o.results[0]] = new.results[0]
-                block.add_op(new)
+            _copy_ops(ops, block, mapper, offset - t_offset)
             compute, comm, group, blocking, recv = end
             s.compute = None if compute is None else mapper.get(compute, compute)
             s.comm = {k: mapper.get(v, v) for k, v in comm.items()}

@@ -68,7 +68,7 @@ from xdsl.ir import SSAValue
 from flint.ir import dist
 from flint.ir.aten import AtenOp
 from flint.plan import Plan, PlanError
-from flint.sharding.engine import ExpandError, FunctionExpander, Rule, _arg, _norm, shape_of
+from flint.sharding.engine import FILL_OPS, ExpandError, FunctionExpander, Rule, _arg, _norm, shape_of
 from flint.sharding.rules import Rules, load_rules
 from flint.sharding.spec import Sharding
 
@@ -280,10 +280,8 @@ class MoEExpander(FunctionExpander):
         return rule
 
     def _from_fill(self, v: SSAValue) -> bool:
-        from flint.sharding.engine import FILL_OPS
-
         o = v.owner
-        return isinstance(o, AtenOp) and o.overload.split(".")[1] in FILL_OPS | {"zeros_like", "new_zeros"}
+        return isinstance(o, AtenOp) and o.overload.split(".")[1] in FILL_OPS | {"zeros_like"}
 
     def rule_dim_local(self, op: AtenOp) -> Rule:
         """The router's backward is linear in the gradient: ``scatter`` of it into a zero fill (topk's

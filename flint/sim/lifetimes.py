@@ -133,6 +133,7 @@ from xdsl.dialects.builtin import ModuleOp, StringAttr, TensorType
 from xdsl.ir import SSAValue
 
 from flint.cost import tensor_bytes
+from flint.cost.opclass import VIEW, classify_target, split_target
 from flint.errors import FlintError
 from flint.ir import dist
 from flint.ir.aten import AtenOp, get_schedule, get_schedule_entries
@@ -155,8 +156,6 @@ def _value_bytes(v: SSAValue) -> int:
 
 
 def _is_view(op: AtenOp) -> bool:
-    from flint.cost.opclass import VIEW, classify_target, split_target
-
     name = split_target(op.overload)[1]
     if name.endswith("_") and not name.startswith("_foreach"):
         return True  # in-place: the result is its first operand
@@ -165,8 +164,6 @@ def _is_view(op: AtenOp) -> bool:
 
 def _is_copy_out(op: AtenOp, base: dict, p: "_Profile") -> bool:
     """FSDP2's copy-out: ``split_with_sizes_copy`` of an all-gather's output into the unsharded parameters."""
-    from flint.cost.opclass import split_target
-
     if split_target(op.overload)[1] != "split_with_sizes_copy" or not op.inputs:
         return False
     kind, i = base.get(op.inputs[0], ("none", -1))
@@ -174,8 +171,6 @@ def _is_copy_out(op: AtenOp, base: dict, p: "_Profile") -> bool:
 
 
 def _is_cat(op: AtenOp) -> bool:
-    from flint.cost.opclass import split_target
-
     return split_target(op.overload)[1] == "cat"
 
 
@@ -187,8 +182,6 @@ def _gathers_parameters(v: SSAValue, args: list, roles: list[str | None]) -> lis
     (``as_strided`` to no elements) carries no data: both tie FSDP2's backward re-gather to the incoming
     gradient (:class:`flint.capture.recipes._BackwardUnshard`), so they do not count.
     """
-    from flint.cost.opclass import split_target
-
     index = {a: i for i, a in enumerate(args)}
     seen: set = set()
     ops: list[AtenOp] = []
@@ -703,7 +696,7 @@ def step_memory(module: ModuleOp, capacity_bytes: int | None = None, role: int =
             for k, arg in zip(pairs[be].saved_results, pairs[be].saved_args):
                 until = saved_until.setdefault(k, hand.copy())
                 until[rows] = offsets[be] + cons_i[rows] * bp.n_pos + max(bp.arg_last_use[arg], 0)
-        if p.held:  # reduce-scatter inputs: until the next group's reduce-scatter input is formed
+        if any(p.held):  # reduce-scatter inputs: until the next group's reduce-scatter input is formed
             held_until = np.where(hand == -1, start + p.n_pos - 1, hand)  # the step's last part: its own end
             nxt = next_reduce_scatter_input(e, j)
             held_until = np.where(nxt >= 0, nxt - 1, held_until)
