@@ -42,6 +42,7 @@ FLINT_PASSES: dict[str, str] = {
     "bucket-collectives": "flint.passes.bucket_collectives:BucketCollectivesPass",
     "split-collectives": "flint.passes.split_collectives:SplitCollectivesPass",
     "overlap-report": "flint.passes.overlap_report:OverlapReportPass",
+    "micro-pipeline-tp": "flint.passes.micro_pipeline_tp:MicroPipelineTPPass",
 }
 
 
