@@ -243,6 +243,7 @@ def estimate(row: dict) -> Result:
     from flint.passes.canonicalize_dist import CanonicalizeDistPass
     from flint.passes.fuse_pointwise import FusePointwisePass
     from flint.passes.lower_to_chakra import LowerToChakraPass
+    from flint.passes.micro_pipeline_tp import MicroPipelineTPPass
     from flint.schedule.pipelines import run_pipeline
     from flint.sim import simulate
 
@@ -256,6 +257,8 @@ def estimate(row: dict) -> Result:
     step = capture_row(row, plan)
     module = import_step(step)
     ctx = Context()
+    if row.get("tp_comm_overlap") and row["tp"] > 1:  # before fusion, as torch's post-grad pass runs
+        MicroPipelineTPPass().apply(ctx, module)
     FusePointwisePass(device=row["device"]).apply(ctx, module)
     CanonicalizeDistPass().apply(ctx, module)
     run_pipeline(module, PASSES)

@@ -307,20 +307,21 @@ def _match_ag(ag: dist.AllGatherOp, block: Block, st: Stats):
     if gdim == len(shard) - 1 or gdim < 0:
         return st.skip("all-gather along the last dim")
     K = shard[-1]
+    total = math.prod(_shape(res))
+    # The gathered value and its views (AOTAutograd folds a batch-1 split + cat into a view).
+    tree, todo = [res], [res]
+    while todo:
+        v = todo.pop(0)
+        for u in sorted({u.operation for u in v.uses if _is(u.operation, RESHAPES)}, key=_pos):
+            if u.outputs[0] not in tree:
+                tree.append(u.outputs[0])
+                todo.append(u.outputs[0])
     matmuls = []
-    for u in {u.operation for u in res.uses}:
-        cands = [u]
-        if _is(u, RESHAPES):
-            cands = list({w.operation for w in u.outputs[0].uses})
-        for mm in cands:
-            if not _is(mm, MATMULS):
+    for v in tree:
+        for mm in sorted({u.operation for u in v.uses if _is(u.operation, MATMULS)}, key=_pos):
+            if mm.inputs[-2] is not v or _shape(v) != [total // K, K] or mm in matmuls:
                 continue
-            a = mm.inputs[-2]
-            if a is not res and not (a.owner is u and _is(u, RESHAPES)):
-                continue
-            if _shape(a) != [math.prod(_shape(res)) // K, K] or res in _ancestors(mm.inputs[-1], block):
-                continue
-            if mm.overload == "aten.addmm.default" and res in _ancestors(mm.inputs[0], block):
+            if any(res in _ancestors(w, block) for w in mm.inputs if w is not v):
                 continue
             matmuls.append(mm)
     if not matmuls:
@@ -330,11 +331,17 @@ def _match_ag(ag: dist.AllGatherOp, block: Block, st: Stats):
     outs = {mm.outputs[0] for mm in matmuls}
     if any(outs & _ancestors(v, block) for mm in matmuls for v in mm.inputs if v is not mm.inputs[-2]):
         return st.skip("matmul operand computed from another matmul of the same all-gather")
-    return value, wait, res, erase, matmuls
+    return value, wait, res, erase, matmuls, tree
+
+
+def _pos(op: Operation) -> tuple:
+    """Program order of ``op`` in its block (for deterministic iteration over users)."""
+    block = op.parent
+    return (0 if block is None else block.get_operation_index(op),)
 
 
 def _rewrite_ag(ag: dist.AllGatherOp, value: SSAValue, wait, res: SSAValue, erase: list[Operation],
-                matmuls: list[AtenOp], tag: int, stream: str) -> None:
+                matmuls: list[AtenOp], tree: list[SSAValue], tag: int, stream: str) -> None:
     n = ag.group_size()
     grid, axis = ag.grid.root_reference.data, ag.axes()
     x = ag.input
@@ -361,8 +368,8 @@ def _rewrite_ag(ag: dist.AllGatherOp, value: SSAValue, wait, res: SSAValue, eras
         N = _shape(mm.outputs[0])[1]
         buf = e.empty([n * m * N], mm.outputs[0])
         outs.append(e.place(buf, e.view(e.matmul(mm, xs), [m * N]), 0, m * N))
-    others = [u.operation for u in res.uses if u.operation not in matmuls
-              and not (_is(u.operation, RESHAPES) and all(w.operation in matmuls for w in u.operation.outputs[0].uses))]
+    others = [u.operation for v in tree for u in v.uses
+              if u.operation not in matmuls and not (_is(u.operation, RESHAPES) and u.operation.outputs[0] in tree)]
     a_buf = None
     if others:  # return_A: the gathered tensor is still needed; the local shard is copied in (a kernel)
         a_buf = e.place(e.empty([n * m * K], x), e.view(xs, [m * K]), 0, m * K, free=False)
@@ -395,9 +402,9 @@ def _rewrite_ag(ag: dist.AllGatherOp, value: SSAValue, wait, res: SSAValue, eras
         _sink_users(whole)
     for mm in matmuls:
         Rewriter.erase_op(mm)
-    for r in [u.operation for u in res.uses]:  # views of res left without users
-        if _is(r, RESHAPES) and not r.outputs[0].uses:
-            Rewriter.erase_op(r)
+    for v in reversed(tree[1:]):  # views of the gathered value left without users
+        if not v.uses:
+            Rewriter.erase_op(v.owner)
     for o in erase:
         Rewriter.erase_op(o)
     if wait is not None:
