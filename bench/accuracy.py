@@ -257,10 +257,10 @@ def estimate(row: dict) -> Result:
     step = capture_row(row, plan)
     module = import_step(step)
     ctx = Context()
-    if row.get("tp_comm_overlap") and row["tp"] > 1:  # before fusion, as torch's post-grad pass runs
-        MicroPipelineTPPass().apply(ctx, module)
     FusePointwisePass(device=row["device"]).apply(ctx, module)
     CanonicalizeDistPass().apply(ctx, module)
+    if row.get("tp_comm_overlap") and row["tp"] > 1:  # after fuse-pointwise, which re-prices every op it sees
+        MicroPipelineTPPass().apply(ctx, module)
     run_pipeline(module, PASSES)
     LowerToChakraPass(device=row["device"]).apply(ctx, module)
     mesh = mesh_of(module)

@@ -308,11 +308,12 @@ def _match_ag(ag: dist.AllGatherOp, block: Block, st: Stats):
         return st.skip("all-gather along the last dim")
     K = shard[-1]
     total = math.prod(_shape(res))
-    # The gathered value and its views (AOTAutograd folds a batch-1 split + cat into a view).
+    # The gathered value and its views (AOTAutograd folds a batch-1 split + cat into a view; a trimming
+    # slice over the whole range, as torch's matcher allows, is one too).
     tree, todo = [res], [res]
     while todo:
         v = todo.pop(0)
-        for u in sorted({u.operation for u in v.uses if _is(u.operation, RESHAPES)}, key=_pos):
+        for u in sorted({u.operation for u in v.uses if _is_view(u.operation)}, key=_pos):
             if u.outputs[0] not in tree:
                 tree.append(u.outputs[0])
                 todo.append(u.outputs[0])
@@ -332,6 +333,17 @@ def _match_ag(ag: dist.AllGatherOp, block: Block, st: Stats):
     if any(outs & _ancestors(v, block) for mm in matmuls for v in mm.inputs if v is not mm.inputs[-2]):
         return st.skip("matmul operand computed from another matmul of the same all-gather")
     return value, wait, res, erase, matmuls, tree
+
+
+def _is_view(op: Operation) -> bool:
+    """A reshape, or a slice that keeps the whole tensor (torch's trim after a gather: ``[0, size)``)."""
+    if _is(op, RESHAPES):
+        return True
+    if not _is(op, ("aten.slice.Tensor",)) or op.args is None:
+        return False
+    a = op.args.data
+    return _shape(op.inputs[0]) == _shape(op.outputs[0]) and a.get("start") is not None \
+        and a["start"].value.data == 0 and (a.get("step") is None or a["step"].value.data == 1)
 
 
 def _pos(op: Operation) -> tuple:
@@ -369,7 +381,7 @@ def _rewrite_ag(ag: dist.AllGatherOp, value: SSAValue, wait, res: SSAValue, eras
         buf = e.empty([n * m * N], mm.outputs[0])
         outs.append(e.place(buf, e.view(e.matmul(mm, xs), [m * N]), 0, m * N))
     others = [u.operation for v in tree for u in v.uses
-              if u.operation not in matmuls and not (_is(u.operation, RESHAPES) and u.operation.outputs[0] in tree)]
+              if u.operation not in matmuls and not (_is_view(u.operation) and u.operation.outputs[0] in tree)]
     a_buf = None
     if others:  # return_A: the gathered tensor is still needed; the local shard is copied in (a kernel)
         a_buf = e.place(e.empty([n * m * K], x), e.view(xs, [m * K]), 0, m * K, free=False)
