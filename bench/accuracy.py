@@ -45,10 +45,14 @@ states wins), and what Flint does not model:
   1, so every M row uses one layer per virtual stage (virtual stages = layers / PP). Flint runs
   PyTorch's ``Interleaved1F1B`` order, whose send/recv are not overlapped with compute as
   Megatron's ``overlap_p2p_comm`` does.
-- Not modelled: Megatron's ``--tp-comm-overlap`` (TP all-gather / reduce-scatter pipelined with
-  the GEMMs; stated by the M rows' source): Flint exposes TP collectives (the report's
-  ``if comm hidden`` column is the sensitivity to it); gradients reduced in fp32 (Megatron's
-  default for bf16: ``accumulate_allreduce_grads_in_fp32``) and the distributed optimizer's
+- TP communication overlap: rows with ``tp_comm_overlap = true`` (the M rows; their source states
+  ``--tp-comm-overlap``) run ``micro-pipeline-tp`` (PyTorch's async TP: each all-gather -> GEMM and
+  GEMM -> reduce-scatter as n - 1 peer-to-peer steps under 1/n-row GEMMs), after ``fuse-pointwise``.
+  What torch's pass does not match stays exposed: the backward reduce-scatters of a sum of GEMMs
+  (DTensor's separate wq/wk/wv and w1/w3 data gradients), which Megatron's fused QKV and Transformer
+  Engine's bulk dgrad/wgrad overlap would hide (the ``if comm hidden`` column bounds what is left).
+- Not modelled: Transformer Engine's bulk overlaps beyond torch's patterns (above); gradients
+  reduced in fp32 (Megatron's default for bf16: ``accumulate_allreduce_grads_in_fp32``) and the distributed optimizer's
   reduce-scatter + all-gather (1.5x the bytes of Flint's bf16 all-reduce; ``--overlap-param-gather``
   needs ``--use-distributed-optimizer``, arguments.py): capture has no ZeRO-1 / fp32-reduction
   option yet (``zero`` is a planned-path field); compute slowed by communication kernels sharing
@@ -305,8 +309,9 @@ def write_report(results: list[Result], out: Path, command: str = ".venv/bin/pyt
               "`compute` is the compute stream's busy time and `exposed comm` the communication no compute hides "
               "(means over ranks); `rest` = iteration - compute - exposed comm is pipeline bubble and waiting (beside it, "
               "the schedule's textbook bubble (p-1)/(v m+p-1) as a share of the iteration). `if comm hidden` is "
-              "the error Flint would have with every exposed transfer hidden: a sensitivity to Megatron's "
-              "`--tp-comm-overlap`, which Flint does not model, not an estimate.", "",
+              "the error Flint would have with every exposed transfer hidden: a sensitivity to what stays "
+              "exposed (Megatron's `--tp-comm-overlap` runs as `micro-pipeline-tp` on rows that state it, "
+              "which covers torch's async-TP patterns only), not an estimate.", "",
               "| row | source | GPUs | TP | PP | published | Flint | error | Flint MFU (Megatron FLOPs) | "
               "iteration s | compute s | exposed comm s | rest s (ideal bubble) | if comm hidden | status |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
