@@ -525,6 +525,10 @@ class YieldOp(IRDLOperation):
 # [base, base + modulus)) and its length stays ``end - start`` (a slice never wraps around: the emitting
 # pass checks it for every step).
 STEP_SHIFT_ATTR = "flint.step_shift"
+# ``flint.in_place`` (unit) on an `aten.slice_scatter.default`: the op places its second operand into its
+# first in place (a peer-to-peer copy or a kernel writing straight into a buffer), so its result is that
+# buffer, not a new tensor: the memory model aliases it (flint.sim.lifetimes).
+IN_PLACE_ATTR = "flint.in_place"
 
 
 def step_slice(op: Operation, start: int, end: int, i: int) -> tuple[int, int]:

@@ -38,6 +38,7 @@ from xdsl.dialects.builtin import (
     NoneType,
     StringAttr,
     TensorType,
+    UnitAttr,
     f64,
     i64,
 )
@@ -149,6 +150,7 @@ class _Emit:
                     args={"dim": IntegerAttr(0, i64), "start": IntegerAttr(start, i64), "end": IntegerAttr(end, i64)})
         if free:
             op.attributes.update(_FREE)
+        op.attributes[dist.IN_PLACE_ATTR] = UnitAttr()
         if shift is not None:
             op.attributes[dist.STEP_SHIFT_ATTR] = DenseArrayBase.from_list(i64, list(shift))
         return self.put(op).results[0]

@@ -94,6 +94,12 @@ def test_captured_tp_sp_step_matches_torchs_patterns():
     assert len(steps) == 8 and {o.count.value.data for o in steps} == {1}
     assert sorted(o.attributes[FUSED_ATTR].data for o in steps).count("all_gather_matmul") == 5
     _check(module, m)
+    # the memory model sees the same buffers: outputs and the gathered input written in place
+    from flint.sim.lifetimes import step_memory
+
+    before, after = step_memory(module).report, step_memory(m).report
+    assert after.at_peak_bytes.get("activations") == before.at_peak_bytes.get("activations")
+    assert after.peak_bytes <= before.peak_bytes
     # deterministic
     again = module.clone()
     rewrite(again, MicroPipelineTPPass())

@@ -36,8 +36,11 @@ What allocates, and for how long
   ``activations``, one that is a gradient as ``grads``: ``comm`` is the
   transient communication buffers. Views (op class ``view``) and in-place
   ops (ATen names ending in ``_``) alias their first operand; ``dist.wait``
-  aliases its future. A value is freed after the last op that uses it or any
-  alias.
+  aliases its future. A `dist.steps` (``micro-pipeline-tp``, ``decompose-collectives``)
+  writes its carried buffers in place: its results alias its initial values (the
+  per-step chunks in its body are not counted), and so does an ``aten.slice_scatter``
+  marked ``flint.in_place`` (a placement into a buffer, no new tensor). A value is
+  freed after the last op that uses it or any alias.
 - *Values leaving a function* (returned, or aliasing a returned value):
   - **saved for backward**: a backward function (one with ``tangent`` or
     ``saved`` arguments) is paired with the latest earlier forward whose
@@ -314,8 +317,11 @@ def _profile(fn: func.FuncOp, prefetch: int = 0, nosync: frozenset[int] = frozen
             at -= prefetch * p.n_pos
         for v in op.operands:
             use(v, at)
-        if isinstance(op, AtenOp):
-            if _is_view(op) and op.inputs:
+        if isinstance(op, dist.StepsOp):
+            for out, init in zip(op.outs, op.inits):
+                base[out] = base.get(init, ("none", -1))
+        elif isinstance(op, AtenOp):
+            if (_is_view(op) or dist.IN_PLACE_ATTR in op.attributes) and op.inputs:
                 for r in op.outputs:
                     base[r] = base.get(op.inputs[0], ("none", -1))
             else:
