@@ -246,6 +246,21 @@ class MicroPipelineTPPass(ModulePass):
         if not isinstance(s, str) or not s or not s.replace("_", "").replace("-", "").isalnum():
             raise FlintError(f"{self.name}: option stream=\"{s}\" is not a stream name (letters, digits, '_' and '-')")
 
+    @classmethod
+    def from_spec(cls, spec):
+        """xDSL's option parsing, with errors that name the option and what it takes."""
+        wants = {"all_gather": (bool, "true or false"), "reduce_scatter": (bool, "true or false"),
+                 "stream": (str, "a stream name")}
+        for key, value in spec.normalize_parameter_names().parameters.items():
+            if key not in wants:
+                raise FlintError(f"{cls.name}: unknown option '{key.replace('_', '-')}'; options: "
+                                 "all-gather=<bool>, reduce-scatter=<bool>, stream=<name>")
+            kind, what = wants[key]
+            if len(value) != 1 or not isinstance(value[0], kind) or (kind is str and isinstance(value[0], bool)):
+                shown = ",".join(str(v) for v in value) or "(nothing)"
+                raise FlintError(f"{cls.name}: option {key.replace('_', '-')}={shown} must be {what}")
+        return super().from_spec(spec)
+
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         st = rewrite(op, self)
         left = ", ".join(f"{k}: {v}" for k, v in sorted(st.reasons.items()))

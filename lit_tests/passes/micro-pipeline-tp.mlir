@@ -4,6 +4,8 @@
 // RUN: flint-opt %s -p 'micro-pipeline-tp{reduce-scatter=false stream=tp}' 2>&1 | filecheck %s --check-prefix=AG
 // RUN: not flint-opt %s -p 'micro-pipeline-tp{all-gather=false reduce-scatter=false}' 2>&1 | filecheck %s --check-prefix=NONE
 // RUN: not flint-opt %s -p 'micro-pipeline-tp{stream="a b"}' 2>&1 | filecheck %s --check-prefix=STREAM
+// RUN: not flint-opt %s -p 'micro-pipeline-tp{all-gather=3}' 2>&1 | filecheck %s --check-prefix=BOOL
+// RUN: not flint-opt %s -p 'micro-pipeline-tp{chunks=3}' 2>&1 | filecheck %s --check-prefix=UNKNOWN
 // flint-opt verifies the module after every pass; these RUN lines fail if it does not verify.
 
 // A sequence-parallel block on a TP group of 4 (grid axis 0), as DTensor captures it: all-gather of the
@@ -87,6 +89,8 @@ shard.grid @mesh(shape = 4x2)
 
 // NONE: flint-opt: error: micro-pipeline-tp: options all-gather=false and reduce-scatter=false leave nothing to rewrite; enable at least one
 // STREAM: flint-opt: error: micro-pipeline-tp: option stream="a b" is not a stream name (letters, digits, '_' and '-')
+// BOOL: flint-opt: error: micro-pipeline-tp: option all-gather=3 must be true or false
+// UNKNOWN: flint-opt: error: micro-pipeline-tp: unknown option 'chunks'; options: all-gather=<bool>, reduce-scatter=<bool>, stream=<name>
 
 func.func @fwd(%x: tensor<2x16x32xbf16>, %w1: tensor<64x32xbf16>, %b1: tensor<64xbf16>, %w2: tensor<32x64xbf16>, %y: tensor<8x32xbf16>) -> (tensor<2x16x32xbf16>, tensor<8x128xbf16>, tensor<32x64xbf16>) {
   %g = dist.all_gather %x on @mesh grid_axes = [0] gather_dim = 0 : tensor<2x16x32xbf16> -> !dist.future<tensor<8x16x32xbf16>>
