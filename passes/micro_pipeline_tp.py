@@ -221,6 +221,10 @@ class MicroPipelineTPPass(ModulePass):
     transfer s + 1 with GEMM s. FLOPs and the bytes each rank moves ((n-1)/n of the gathered or
     reduced tensor) are those of the matched ops. As in torch, a row split assumes the operand
     laid out with the gathered/scattered dim first (inductor restrides its producer: no copy priced).
+    Not modelled: torch alternates each step between two streams, which can also overlap two chunk
+    GEMMs (here they run one after the other on the compute stream), the symmetric-memory barriers
+    around each copy, and the all-gather's initial copy of the shard into the symmetric buffer.
+    Run it after ``fuse-pointwise``: that pass re-prices every op it sees, the free placements too.
 
     Options: ``all-gather`` / ``reduce-scatter`` (bools, default true): which pattern to rewrite
     (at least one); ``stream`` (default ``symm_mem``): the stream name of the transfers. Unmatched

@@ -17,6 +17,7 @@ from flint.errors import FlintError
 from flint.ir import dist
 from flint.ir.parse import load_ir
 from flint.passes.lower_to_chakra import LowerToChakraPass
+from flint.passes.verify_p2p import VerifyP2PPass
 from flint.passes.micro_pipeline_tp import FUSED_ATTR, MicroPipelineTPPass, rewrite
 from flint.sim import simulate
 from flint.trace import CollKind, NodeKind
@@ -52,6 +53,7 @@ def _check(before, after) -> None:
     """The shared invariants of the rewrite: verifies, same FLOPs per rank, same bytes on the wire, and
     the compute the chunked GEMMs add is theirs (smaller GEMMs are slower per FLOP), never negative."""
     after.verify()
+    VerifyP2PPass().apply(Context(), after.clone())  # sends matched one to one, no deadlock
     tb, ta = trace_from_ir(_lowered(before)), trace_from_ir(_lowered(after))
     comp_b = tb.ranks[0].table.kind == NodeKind.COMP
     comp_a = ta.ranks[0].table.kind == NodeKind.COMP

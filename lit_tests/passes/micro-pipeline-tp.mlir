@@ -1,5 +1,7 @@
 // RUN: flint-opt %s -p micro-pipeline-tp 2>%t.err | filecheck %s
 // RUN: filecheck %s --check-prefix=REMARK < %t.err
+// Every send has one matching recv and no rank can deadlock (4 x 2 grid, each step expanded):
+// RUN: flint-opt %s -p 'micro-pipeline-tp,verify-p2p' -o /dev/null 2>/dev/null
 // RUN: flint-opt %s -p 'micro-pipeline-tp{all-gather=false}' 2>&1 | filecheck %s --check-prefix=RS
 // RUN: flint-opt %s -p 'micro-pipeline-tp{reduce-scatter=false stream=tp}' 2>&1 | filecheck %s --check-prefix=AG
 // RUN: not flint-opt %s -p 'micro-pipeline-tp{all-gather=false reduce-scatter=false}' 2>&1 | filecheck %s --check-prefix=NONE
