@@ -27,19 +27,16 @@ import sys
 from dataclasses import dataclass, field
 
 from xdsl.context import Context
-from xdsl.dialects import func
 from xdsl.dialects.builtin import (
     ArrayAttr,
     DenseArrayBase,
     FlatSymbolRefAttr,
-    FloatAttr,
     IntegerAttr,
     ModuleOp,
     NoneType,
     StringAttr,
     TensorType,
     UnitAttr,
-    f64,
     i64,
 )
 from xdsl.ir import Block, Operation, Region, SSAValue
@@ -49,13 +46,14 @@ from xdsl.rewriter import InsertPoint, Rewriter
 from flint.errors import FlintError
 from flint.ir import dist
 from flint.ir.aten import AtenOp
+# A buffer placement or a view is no kernel (the peer-to-peer copy writes the shard in place, as symm_mem
+# does): annotated free as decompose-collectives annotates its placements.
+from flint.passes.decompose_collectives import _FREE
 from flint.passes.scheduling import functions
 
 MATMULS = ("aten.mm.default", "aten.addmm.default")
 RESHAPES = ("aten.view.default", "aten.reshape.default", "aten._unsafe_view.default")
 FUSED_ATTR = "flint.micro_pipeline_tp"  # on each emitted `dist.steps`: "all_gather_matmul" / "matmul_reduce_scatter"
-# A buffer placement or a view: no kernel (the peer-to-peer copy writes the shard in place, as symm_mem does).
-_FREE = {"flops": IntegerAttr(0, i64), "bytes": IntegerAttr(0, i64), "duration_us": FloatAttr(0.0, f64)}
 
 
 @dataclass
@@ -284,6 +282,13 @@ def rewrite(module: ModuleOp, opts: MicroPipelineTPPass) -> Stats:
             n = coll.group_size()
             if n == 1:
                 continue
+            if len(coll.axes()) != 1:  # peer offsets run along one grid axis
+                st.skip("collective over more than one grid axis")
+                if isinstance(coll, dist.AllGatherOp):
+                    st.all_gathers_left += 1
+                else:
+                    st.reduce_scatters_left += 1
+                continue
             if isinstance(coll, dist.AllGatherOp):
                 m = _match_ag(coll, block, st) if opts.all_gather else st.skip("all-gather=false")
                 if m is None:
@@ -409,10 +414,8 @@ def _rewrite_ag(ag: dist.AllGatherOp, value: SSAValue, wait, res: SSAValue, eras
     inits = outs + ([a_buf] if a_buf is not None else [])
     body = Block(arg_types=[v.type for v in inits])
     b = _Emit(InsertPoint.at_end(body), phase, module)
-    axis0 = axis[0] if len(axis) == 1 else None
-    if axis0 is None:
-        raise FlintError(f"micro-pipeline-tp: all-gather over grid axes {list(axis)}: one axis expected")
-    send = b.put(_p2p(grid, axis0, -1, tag, stream, xs))  # rank + s pulls my shard: I send to rank - s
+    axis0 = axis[0]
+    b.put(_p2p(grid, axis0, -1, tag, stream, xs))  # rank + s pulls my shard: I send to rank - s
     recv = b.put(_p2p(grid, axis0, 1, tag, stream, None, [m, K], x)).results[0]
     carried = []
     for mm, arg in zip(matmuls, body.args):
@@ -421,7 +424,6 @@ def _rewrite_ag(ag: dist.AllGatherOp, value: SSAValue, wait, res: SSAValue, eras
     if a_buf is not None:
         carried.append(b.place(body.args[-1], b.view(recv, [m * K]), m * K, 2 * m * K, (m * K, n * m * K)))
     b.put(dist.YieldOp.build(operands=[carried]))
-    del send
     steps = dist.StepsOp(n - 1, inits, Region(body))
     steps.attributes[FUSED_ATTR] = StringAttr("all_gather_matmul")
     steps.location = ag.location
@@ -503,8 +505,6 @@ def _rewrite_rs(rs: dist.ReduceScatterOp, value: SSAValue, wait, mm: AtenOp, era
                 stream: str) -> None:
     n = rs.group_size()
     grid, axis = rs.grid.root_reference.data, rs.axes()
-    if len(axis) != 1:
-        raise FlintError(f"micro-pipeline-tp: reduce-scatter over grid axes {list(axis)}: one axis expected")
     a = mm.inputs[-2]
     M, K = _shape(a)
     N = _shape(mm.outputs[0])[1]
