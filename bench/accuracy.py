@@ -48,9 +48,9 @@ states wins), and what Flint does not model:
 - TP communication overlap: rows with ``tp_comm_overlap = true`` (the M rows; their source states
   ``--tp-comm-overlap``) run ``micro-pipeline-tp`` (PyTorch's async TP: each all-gather -> GEMM and
   GEMM -> reduce-scatter as n - 1 peer-to-peer steps under 1/n-row GEMMs), after ``fuse-pointwise``.
-  What torch's pass does not match stays exposed: the backward reduce-scatters of a sum of GEMMs
-  (DTensor's separate wq/wk/wv and w1/w3 data gradients), which Megatron's fused QKV and Transformer
-  Engine's bulk dgrad/wgrad overlap would hide (the ``if comm hidden`` column bounds what is left).
+  What torch's pass does not match stays exposed: the backward reduce-scatter of a sum of GEMMs
+  (DTensor's separate wq/wk/wv data gradients), which Megatron's fused QKV and Transformer Engine's
+  bulk dgrad/wgrad overlap would hide (the ``if comm hidden`` column bounds what is left).
 - Not modelled: Transformer Engine's bulk overlaps beyond torch's patterns (above); gradients
   reduced in fp32 (Megatron's default for bf16: ``accumulate_allreduce_grads_in_fp32``) and the distributed optimizer's
   reduce-scatter + all-gather (1.5x the bytes of Flint's bf16 all-reduce; ``--overlap-param-gather``
