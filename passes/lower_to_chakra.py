@@ -140,12 +140,15 @@ class _FunctionLowering:
 
     def __init__(self, fn: func.FuncOp, block: Block, device: Device, streams: _Streams, merge: bool = False,
                  mode: str = ALL, slots: list[SSAValue] | None = None, tag_offset: int = 0,
-                 nosync_axes: frozenset[int] = frozenset(), costs: dict | None = None):
+                 nosync_axes: frozenset[int] = frozenset(), costs: dict | None = None,
+                 nogather_axes: frozenset[int] = frozenset()):
         self.fn, self.block, self.device, self.s, self.merge = fn, block, device, streams, merge
         self.mode = mode
         # From the schedule entry (pipeline-split): added to send/recv tags; data-parallel
         # axes whose gradient reduce-scatters / all-reduces this run skips (accumulation).
         self.tag_offset, self.nosync_axes = tag_offset, nosync_axes
+        # ... and whose all-gathers it skips (parameters kept gathered from the step's first microbatch)
+        self.nogather_axes = nogather_axes
         # op -> (flops, bytes, duration): a function run from many schedule entries is costed once.
         self.costs = costs if costs is not None else {}
         self.issued: list[SSAValue] = []
@@ -366,8 +369,10 @@ class _FunctionLowering:
     def lower_collective(self, op: dist.CollectiveOp) -> None:
         data = self.deps_of([op.input])
         skip = (self.nosync_axes and isinstance(op, dist.ReduceScatterOp | dist.AllReduceOp)
-                and set(op.axes()) <= self.nosync_axes)
-        if op.group_size() == 1 or skip:  # nothing moves (or: gradient accumulation without sync)
+                and set(op.axes()) <= self.nosync_axes) or \
+            (self.nogather_axes and isinstance(op, dist.AllGatherOp) and set(op.axes()) <= self.nogather_axes)
+        # nothing moves (or: gradient accumulation without sync, parameters still gathered)
+        if op.group_size() == 1 or skip:
             self.producer[op.result] = tuple(data)
             return
         kind = _COLL_KIND[type(op)]
@@ -524,13 +529,15 @@ class LowerToChakraPass(ModulePass):
         graph_block = Block()
         s = _Streams(compute=None, comm={}, boundary=None)
         merge = self.merge_compute
-        depth = [prefetch_depth(funcs[name], count, costs) for name, count, _ in entries]
+        # an entry that skips its parameter gathers (nogather) has nothing to prefetch
+        depth = [0 if o.get("nogather") else prefetch_depth(funcs[name], count, costs) for name, count, o in entries]
         slots: dict[int, list[list[SSAValue]]] = {}
 
         def extra_of(e: int) -> dict:
             options = entries[e][2]
             return {"tag_offset": options.get("tag", 0), "costs": costs,
-                    "nosync_axes": frozenset(axis_index[a] for a in options.get("nosync", ()) if a in axis_index)}
+                    "nosync_axes": frozenset(axis_index[a] for a in options.get("nosync", ()) if a in axis_index),
+                    "nogather_axes": frozenset(axis_index[a] for a in options.get("nogather", ()) if a in axis_index)}
 
         def prologue(e: int) -> None:
             # Iterations 0..K-1 of entry e issue their prefetched ops here, in order.
@@ -599,7 +606,8 @@ class LowerToChakraPass(ModulePass):
         pattern = tuple(-1 if v is None else first.setdefault(v, i) for i, v in enumerate(ext))
         # the entry's tag offset only adds to the tags of the run's sends and recvs
         offset = extra.get("tag_offset", 0)
-        key = (fn.sym_name.data, extra.get("nosync_axes", frozenset()), merge, tagged, names, len(s.blocking), pattern)
+        key = (fn.sym_name.data, extra.get("nosync_axes", frozenset()), extra.get("nogather_axes", frozenset()), merge,
+               tagged, names, len(s.blocking), pattern)
         hit = cache.get(key) if cache is not None and self.reuse_flat_runs else None
         if hit is not None:
             t_ext, ops, end, t_offset = hit
@@ -661,7 +669,8 @@ class LowerToChakraPass(ModulePass):
         width = len(slots[0]) if slots else 0
         operands = [v for _, v in chains] + flat + pending
         key = (fn.sym_name.data, extra.get("tag_offset", 0), extra.get("nosync_axes", frozenset()),
-               tuple(k for k, _ in chains), len(pending), mode, width, len(slots))
+               extra.get("nogather_axes", frozenset()), tuple(k for k, _ in chains), len(pending), mode, width,
+               len(slots))
         if bodies is not None and key in bodies:
             cached, ends_blocked = bodies[key]
             region = _clone_body(cached) if LowerToChakraPass.reuse_flat_runs else cached.clone()
