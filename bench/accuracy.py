@@ -27,10 +27,21 @@ states wins), and what Flint does not model:
   dropout, xV, materialized per head. Korthikanti's selective recomputation checkpoints exactly
   that core attention (``torch.utils.checkpoint`` in the captured model); full recomputation is
   the plan's ``activation_checkpoint = "full"``.
-- Parallelism: sequence parallelism whenever TP > 1; data parallelism as replicated parameters
-  with one gradient all-reduce per block, on its own communication stream (Megatron reduces
-  gradients on the data-parallel communicator, concurrently with TP collectives, overlapped with
-  backward: ``--overlap-grad-reduce``, stated by the M rows' source) and waited for before the
+- Parallelism: sequence parallelism whenever TP > 1. Data parallelism of the M rows (Megatron-Core
+  0.8): the distributed optimizer with gradients reduced in fp32 (the README's command for these
+  runs states ``--overlap-grad-reduce --overlap-param-gather``, and ``megatron/training/arguments.py``
+  allows ``--overlap-param-gather`` only with ``--use-distributed-optimizer`` and forces
+  ``accumulate_allreduce_grads_in_fp32`` for bf16). Its PyTorch counterpart, captured:
+  ``fully_shard(reshard_after_forward=False, mp_policy=MixedPrecisionPolicy(reduce_dtype=float32))``
+  (plan ``dp_shard`` = DP, ``zero = 2``, ``reduce_dtype = "float32"``): per block one bf16
+  parameter all-gather, issued one block ahead of its forward (``reorder-all-gather{prefetch=1}``:
+  Megatron's forward pre-hook waits for a bucket's gather and dispatches the next) in the first
+  micro-batch only (the gathered parameters stay for the step: one gather per step, which in
+  steady state is Megatron's gather overlapped with the next iteration's forward); one fp32
+  gradient reduce-scatter per block in the last micro-batch's backward; the AdamW step on the
+  1/DP shard. All data-parallel collectives run on their own stream (``assign-streams{data-parallel=dp}``:
+  Megatron's DP communicator, apart from the TP one). The S rows (2022): replicated parameters
+  with one gradient all-reduce per block, on its own communication stream, waited for before the
   optimizer. Micro-batch: the row's (S rows); the M rows leave it unstated, so Megatron-LM's own
   example (``examples/gpt3/train_gpt3_175b_distributed.sh``: ``--micro-batch-size 1``): the local
   batch runs as micro-batches of one sequence with gradient accumulation, gradients reduced once
@@ -47,12 +58,10 @@ states wins), and what Flint does not model:
   Megatron's ``overlap_p2p_comm`` does.
 - Not modelled: Megatron's ``--tp-comm-overlap`` (TP all-gather / reduce-scatter pipelined with
   the GEMMs; stated by the M rows' source): Flint exposes TP collectives (the report's
-  ``if comm hidden`` column is the sensitivity to it); gradients reduced in fp32 (Megatron's
-  default for bf16: ``accumulate_allreduce_grads_in_fp32``) and the distributed optimizer's
-  reduce-scatter + all-gather (1.5x the bytes of Flint's bf16 all-reduce; ``--overlap-param-gather``
-  needs ``--use-distributed-optimizer``, arguments.py): capture has no ZeRO-1 / fp32-reduction
-  option yet (``zero`` is a planned-path field); compute slowed by communication kernels sharing
-  the SMs.
+  ``if comm hidden`` column is the sensitivity to it); compute slowed by communication kernels sharing
+  the SMs. Megatron's distributed optimizer keeps the whole fp32 gradient buffer and an fp32
+  master copy of its parameter shard (memory only; this report prices time); its buckets (about
+  one block each at DP 48) are Flint's per-block groups.
 
 Capture cost does not grow with depth: every row is captured with two blocks and the repeated
 block's count set to the row's depth (``capture_row``), which gives the same estimate as a
@@ -74,9 +83,13 @@ ROWS = Path(__file__).with_name("accuracy_rows.toml")
 CAPTURE_LAYERS = 2  # blocks built and parallelized for capture; the IR repeats ONE block to the row's depth
 DROPOUT = 0.1  # Megatron TransformerConfig: hidden_dropout = attention_dropout = 0.1 (defaults)
 # Megatron runs the data-parallel gradient reduction on the DP communicator, concurrently with the
-# TP collectives and overlapped with backward (--overlap-grad-reduce): DP all-reduces on their own
-# stream, waited for before the optimizer.
-PASSES = "sink-waits,assign-streams{all-reduce=dp}"
+# TP collectives and overlapped with backward (--overlap-grad-reduce): DP all-reduces (S rows), and
+# the distributed optimizer's reduce-scatters and parameter all-gathers (M rows, the gathers one
+# block ahead: --overlap-param-gather), on their own stream, waited for before the optimizer.
+PASSES = "reorder-all-gather{prefetch=1},sink-waits,assign-streams{all-reduce=dp data-parallel=dp}"
+# Rows of Megatron-Core 0.8 (Megatron-LM README, commit f2e5db402c): distributed optimizer, fp32 gradient
+# reduction (module docstring)
+DISTRIBUTED_OPTIMIZER_SOURCE = "Megatron-LM weak scaling"
 
 
 @dataclass
@@ -140,6 +153,9 @@ def plan_of(row: dict):
     dp = row["gpus"] // (tp * pp)
     local = row["global_batch"] // dp
     fields = {"tp": tp, "sp": bool(row.get("sequence_parallel", tp > 1)), "pp": pp, "dp_replicate": dp}
+    if row["source"] == DISTRIBUTED_OPTIMIZER_SOURCE and dp > 1:
+        # Megatron's distributed optimizer: FSDP2 reshard_after_forward=False, gradients reduced in fp32
+        fields.update(dp_replicate=1, dp_shard=dp, zero=2, reduce_dtype="float32")
     if pp > 1 or "microbatch" in row:  # without pipelining: gradient accumulation over the micro-batches
         fields["microbatches"] = local // row.get("microbatch", 1)
         if row.get("interleave", 1) > 1:
