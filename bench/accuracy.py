@@ -32,13 +32,14 @@ states wins), and what Flint does not model:
   runs states ``--overlap-grad-reduce --overlap-param-gather``, and ``megatron/training/arguments.py``
   allows ``--overlap-param-gather`` only with ``--use-distributed-optimizer`` and forces
   ``accumulate_allreduce_grads_in_fp32`` for bf16). Its PyTorch counterpart, captured:
-  ``fully_shard(reshard_after_forward=False, mp_policy=MixedPrecisionPolicy(reduce_dtype=float32))``
-  (plan ``dp_shard`` = DP, ``zero = 2``, ``reduce_dtype = "float32"``): per block one bf16
-  parameter all-gather, issued one block ahead of its forward (``reorder-all-gather{prefetch=1}``:
+  ``fully_shard(reshard_after_forward=False, mp_policy=MixedPrecisionPolicy(param_dtype=bfloat16,
+  reduce_dtype=float32))`` on an fp32 model (plan ``dp_shard`` = DP, ``zero = 2``,
+  ``param_dtype = "bfloat16"``, ``reduce_dtype = "float32"``; Megatron's bf16 model with fp32 main
+  parameters in the optimizer): per block one bf16 parameter all-gather, issued one block ahead of its forward (``reorder-all-gather{prefetch=1}``:
   Megatron's forward pre-hook waits for a bucket's gather and dispatches the next) in the first
   micro-batch only (the gathered parameters stay for the step: one gather per step, which in
   steady state is Megatron's gather overlapped with the next iteration's forward); one fp32
-  gradient reduce-scatter per block in the last micro-batch's backward; the AdamW step on the
+  gradient reduce-scatter per block in the last micro-batch's backward; the fp32 AdamW step on the
   1/DP shard. All data-parallel collectives run on their own stream (``assign-streams{data-parallel=dp}``:
   Megatron's DP communicator, apart from the TP one). The S rows (2022): replicated parameters
   with one gradient all-reduce per block, on its own communication stream, waited for before the
@@ -59,9 +60,11 @@ states wins), and what Flint does not model:
 - Not modelled: Megatron's ``--tp-comm-overlap`` (TP all-gather / reduce-scatter pipelined with
   the GEMMs; stated by the M rows' source): Flint exposes TP collectives (the report's
   ``if comm hidden`` column is the sensitivity to it); compute slowed by communication kernels sharing
-  the SMs. Megatron's distributed optimizer keeps the whole fp32 gradient buffer and an fp32
-  master copy of its parameter shard (memory only; this report prices time); its buckets (about
-  one block each at DP 48) are Flint's per-block groups.
+  the SMs. Megatron's distributed optimizer keeps a persistent bf16 copy of the whole model and the
+  whole fp32 gradient buffer (memory only; this report prices time), writes weight gradients
+  straight into that buffer (Flint: FSDP2's copy-in and copy-out around the gather, on the
+  compute stream, once per step); its buckets (about one block each at DP 48) are Flint's
+  per-block groups.
 
 Capture cost does not grow with depth: every row is captured with two blocks and the repeated
 block's count set to the row's depth (``capture_row``), which gives the same estimate as a
@@ -155,7 +158,8 @@ def plan_of(row: dict):
     fields = {"tp": tp, "sp": bool(row.get("sequence_parallel", tp > 1)), "pp": pp, "dp_replicate": dp}
     if row["source"] == DISTRIBUTED_OPTIMIZER_SOURCE and dp > 1:
         # Megatron's distributed optimizer: FSDP2 reshard_after_forward=False, gradients reduced in fp32
-        fields.update(dp_replicate=1, dp_shard=dp, zero=2, reduce_dtype="float32")
+        # (fp32 master parameters, which the optimizer steps, gathered and computed in bf16)
+        fields.update(dp_replicate=1, dp_shard=dp, zero=2, reduce_dtype="float32", param_dtype="bfloat16")
     if pp > 1 or "microbatch" in row:  # without pipelining: gradient accumulation over the micro-batches
         fields["microbatches"] = local // row.get("microbatch", 1)
         if row.get("interleave", 1) > 1:
@@ -239,7 +243,9 @@ def capture_row(row: dict, plan):
         return m
 
     shape = (row["global_batch"], row["seq"])
-    step = capture_step(model, {"tokens": shape, "labels": shape}, plan=plan, dtype="bfloat16")
+    # bf16 parameters, or fp32 master parameters that FSDP gathers in bf16 (plan.param_dtype)
+    dtype = "float32" if plan.param_dtype == "bfloat16" else "bfloat16"
+    step = capture_step(model, {"tokens": shape, "labels": shape}, plan=plan, dtype=dtype)
     blocks = [p for p in step.parts if p.name == "block"]
     if len(blocks) != 1 or blocks[0].repeat != few["layers"]:
         raise RuntimeError(f"{row['id']}: expected one repeated block of {few['layers']} layers, got "

@@ -65,6 +65,10 @@ Gradient reduction dtype (``reduce_dtype``, FSDP2's ``MixedPrecisionPolicy.reduc
 ``"float32"`` casts them to fp32 for the data-parallel reduce-scatter /
 all-reduce and back to the parameters' dtype after, as FSDP2 does (and as
 Megatron-LM does for bf16 models: ``accumulate_allreduce_grads_in_fp32``).
+``param_dtype`` (``MixedPrecisionPolicy.param_dtype``, needs ``dp_shard``): the
+sharded parameters keep the model's dtype (e.g. fp32 master weights, which the
+optimizer steps) and are cast to it before their all-gather, so forward and
+backward compute in it (Megatron's bf16 model with fp32 main parameters).
 
 Validation happens once, in :meth:`Plan.validate` (called by every
 constructor here) and :meth:`Plan.check_model` (against a model's shape),
@@ -137,6 +141,7 @@ class Plan:
     microbatches: int = 1
     grad_sync: str = "step"  # data-parallel gradient collectives once per step or per microbatch
     reduce_dtype: str = "param"  # data-parallel gradient reduction dtype (FSDP2 MixedPrecisionPolicy.reduce_dtype)
+    param_dtype: str = "param"  # dtype FSDP gathers and computes parameters in (MixedPrecisionPolicy.param_dtype)
     pp_schedule: str = "1f1b"
     pp_virtual_stages: int = 1  # stages per pipeline rank (interleaved schedules: > 1)
     pp_layers: tuple[int, ...] | None = None  # explicit layers per stage; None: even split
@@ -248,6 +253,12 @@ class Plan:
         if self.reduce_dtype != "param" and self.dp_replicate * dp_shard == 1:
             raise PlanError("reduce_dtype", f"'{self.reduce_dtype}' is the dtype of the data-parallel gradient "
                             "reduction; this plan has no data parallelism (dp_replicate = dp_shard = 1)", src)
+        if self.param_dtype not in REDUCE_DTYPES:
+            raise PlanError("param_dtype", f"unknown dtype '{self.param_dtype}'; known: {', '.join(REDUCE_DTYPES)} "
+                            "(param: the parameters' own dtype, FSDP2's param_dtype=None)", src)
+        if self.param_dtype != "param" and dp_shard == 1:
+            raise PlanError("param_dtype", f"'{self.param_dtype}' is the dtype FSDP all-gathers parameters in "
+                            "(MixedPrecisionPolicy.param_dtype); this plan has dp_shard = 1", src)
         if self.activation_checkpoint not in AC_MODES:
             raise PlanError("activation_checkpoint", f"unknown mode '{self.activation_checkpoint}'; known: "
                             f"{', '.join(AC_MODES)}", src)
@@ -447,6 +458,8 @@ class Plan:
             extra.append(f"{self.microbatches} microbatches")
         if self.dp_shard > 1 and self.zero != 3:
             extra.append(f"ZeRO-{self.zero}")
+        if self.param_dtype != "param":
+            extra.append(f"params gathered in {self.param_dtype}")
         if self.reduce_dtype != "param":
             extra.append(f"grads reduced in {self.reduce_dtype}")
         if self.activation_checkpoint != "none":
@@ -457,7 +470,7 @@ class Plan:
 
 
 _BOOL_FIELDS = {"sp"}
-_STR_FIELDS = {"grad_sync", "pp_schedule", "activation_checkpoint", "tp_style", "fp8", "reduce_dtype"}
+_STR_FIELDS = {"grad_sync", "pp_schedule", "activation_checkpoint", "tp_style", "fp8", "reduce_dtype", "param_dtype"}
 _LIST_FIELDS = {"order": str, "pp_layers": int, "fp8_filter_fqns": str}
 _FLOAT_FIELDS = {"capacity_factor"}
 

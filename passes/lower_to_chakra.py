@@ -13,6 +13,7 @@ from xdsl.passes import ModulePass
 from xdsl.utils.exceptions import VerifyException
 
 from flint.cost import Device, load_device, tensor_bytes
+from flint.cost.opclass import VIEW, classify_target, split_target
 from flint.ir import chakra, dist
 from flint.ir.aten import AtenOp, get_schedule_entries, stage_roles
 from flint.passes.annotate_cost import aten_op_cost
@@ -124,6 +125,42 @@ def prefetch_depth(fn: func.FuncOp, count: int, cache: dict | None = None) -> in
     return min(k, count)
 
 
+def kept_gather_ops(fn: func.FuncOp, axes: frozenset[int], cache: dict | None = None) -> frozenset[Operation]:
+    """What a run of ``fn`` whose parameters are still gathered skips (a schedule entry's ``nogather``):
+    every FSDP parameter all-gather over grid axes within ``axes``, with its copy-in (the ops computing its
+    input from parameters only) and its wait and copy-out (views and ``split_with_sizes_copy`` of the
+    gathered buffer), as FSDP2's ``unshard`` of an already unsharded group does nothing."""
+    if not axes:
+        return frozenset()
+    key = ("kept", id(fn), axes)
+    if cache is not None and key in cache:
+        return cache[key][1]
+    from flint.passes.reorder_all_gather import parameter_gather_slice
+
+    out: set[Operation] = set()
+    for op in fn.body.block.ops:
+        if not isinstance(op, dist.AllGatherOp) or op.group_size() == 1 or not set(op.axes()) <= axes:
+            continue
+        copy_in = parameter_gather_slice(op, fn)
+        if copy_in is None:
+            continue
+        out.update(copy_in)
+        out.add(op)
+        todo = [op.result]
+        while todo:
+            for use in todo.pop().uses:
+                u = use.operation
+                if u not in out and (isinstance(u, dist.WaitOp) or isinstance(u, AtenOp) and (
+                        classify_target(u.overload) == VIEW
+                        or split_target(u.overload)[1] == "split_with_sizes_copy")):
+                    out.add(u)
+                    todo.extend(u.results)
+    kept = frozenset(out)
+    if cache is not None:
+        cache[key] = (fn, kept)
+    return kept
+
+
 def prefetched_ops(fn: func.FuncOp) -> list[Operation]:
     return [op for op in fn.body.block.ops if dist.prefetch_of(op) > 0]
 
@@ -147,8 +184,10 @@ class _FunctionLowering:
         # From the schedule entry (pipeline-split): added to send/recv tags; data-parallel
         # axes whose gradient reduce-scatters / all-reduces this run skips (accumulation).
         self.tag_offset, self.nosync_axes = tag_offset, nosync_axes
-        # ... and whose all-gathers it skips (parameters kept gathered from the step's first microbatch)
+        # ... and whose parameter all-gathers it skips, with their copy-in and copy-out (parameters kept
+        # gathered from the step's first microbatch)
         self.nogather_axes = nogather_axes
+        self.kept = kept_gather_ops(fn, nogather_axes, costs)
         # op -> (flops, bytes, duration): a function run from many schedule entries is costed once.
         self.costs = costs if costs is not None else {}
         self.issued: list[SSAValue] = []
@@ -275,6 +314,10 @@ class _FunctionLowering:
     def lower_op(self, op: Operation) -> None:
         if isinstance(op, func.ReturnOp):
             return
+        if op in self.kept:  # the parameters are still gathered: nothing to gather, copy in or copy out
+            for r in op.results:
+                self.producer[r] = ()
+            return
         if isinstance(op, AtenOp):
             return self.lower_aten(op)
         if isinstance(op, dist.CollectiveOp):
@@ -369,10 +412,8 @@ class _FunctionLowering:
     def lower_collective(self, op: dist.CollectiveOp) -> None:
         data = self.deps_of([op.input])
         skip = (self.nosync_axes and isinstance(op, dist.ReduceScatterOp | dist.AllReduceOp)
-                and set(op.axes()) <= self.nosync_axes) or \
-            (self.nogather_axes and isinstance(op, dist.AllGatherOp) and set(op.axes()) <= self.nogather_axes)
-        # nothing moves (or: gradient accumulation without sync, parameters still gathered)
-        if op.group_size() == 1 or skip:
+                and set(op.axes()) <= self.nosync_axes)
+        if op.group_size() == 1 or skip:  # nothing moves (or: gradient accumulation without sync)
             self.producer[op.result] = tuple(data)
             return
         kind = _COLL_KIND[type(op)]

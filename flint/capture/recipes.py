@@ -22,6 +22,8 @@ plan                    what it does
 ``reduce_dtype``        FSDP2 ``MixedPrecisionPolicy.reduce_dtype``: gradients
                         cast to it for the reduce-scatter / all-reduce, and
                         back to the parameters' dtype after
+``param_dtype``         FSDP2 ``MixedPrecisionPolicy.param_dtype`` (``dp_shard``):
+                        shards cast to it before the all-gather
 both                    HSDP: shards on ``dp_shard``, and the gradient shard is
                         all-reduced over ``dp_replicate`` (as FSDP2's HSDP does)
 ``tp`` (``sp``)         Megatron tensor parallel with ``parallelize_module``:
@@ -40,6 +42,7 @@ with ``fully_shard``: the embedding, each transformer block, and the head
 from __future__ import annotations
 
 import functools
+import math
 import operator
 from dataclasses import dataclass, field
 
@@ -73,7 +76,7 @@ CAPTURE_FIELDS = ("dp_replicate", "dp_shard", "tp", "sp",
                   "fp8", "fp8_filter_fqns",
                   # ZeRO-2 / -3 of dp_shard and the gradient reduction dtype (FSDP2's reshard_after_forward and
                   # MixedPrecisionPolicy.reduce_dtype, ParamGroup)
-                  "zero", "reduce_dtype")
+                  "zero", "reduce_dtype", "param_dtype")
 
 
 @dataclass
@@ -288,25 +291,29 @@ class _GradAllReduce(torch.autograd.Function):
 
 
 class _GatherReduceIn(torch.autograd.Function):
-    """FSDP2's unshard with a ``reduce_dtype``: the flat shard (in the shards' own dtype) cast to
-    ``param_dtype`` and all-gathered in forward; in backward the unsharded gradient is cast to
-    ``reduce_dtype``, reduce-scattered (avg) and cast to the shards' dtype, as FSDP2's
-    ``foreach_reduce`` does (``MixedPrecisionPolicy(param_dtype, reduce_dtype)``)."""
+    """FSDP2's unshard with a ``reduce_dtype``: in forward the shards are cast to ``param_dtype``,
+    copied into one flat buffer and all-gathered (``foreach_all_gather``'s copy-in); in backward the
+    unsharded gradient is cast to ``reduce_dtype``, reduce-scattered (avg) and split into the shards'
+    gradients, cast to the shards' dtype where it differs, as FSDP2's ``foreach_reduce`` does
+    (``MixedPrecisionPolicy(param_dtype, reduce_dtype)``)."""
 
     @staticmethod
-    def forward(ctx, flat: torch.Tensor, group_size: int, group_name: str, param_dtype: torch.dtype,  # noqa: ANN001
-                reduce_dtype: torch.dtype):
+    def forward(ctx, group_size: int, group_name: str, param_dtype: torch.dtype,  # noqa: ANN001
+                reduce_dtype: torch.dtype, *shards: torch.Tensor):
         ctx.group = (group_size, group_name)
-        ctx.dtypes = (flat.dtype, reduce_dtype)
-        return funcol.wait_tensor(torch.ops._c10d_functional.all_gather_into_tensor(
-            flat.to(param_dtype), group_size, group_name))
+        ctx.reduce_dtype = reduce_dtype
+        ctx.shards = [(s.shape, s.dtype) for s in shards]
+        flat = torch.cat([s.to(param_dtype).reshape(-1) for s in shards])
+        return funcol.wait_tensor(torch.ops._c10d_functional.all_gather_into_tensor(flat, group_size, group_name))
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):  # noqa: ANN001
-        orig, reduce = ctx.dtypes
-        shard = funcol.wait_tensor(torch.ops._c10d_functional.reduce_scatter_tensor(
-            grad.to(reduce), "avg", *ctx.group))
-        return shard.to(orig), None, None, None, None
+        flat = funcol.wait_tensor(torch.ops._c10d_functional.reduce_scatter_tensor(
+            grad.to(ctx.reduce_dtype), "avg", *ctx.group))
+        sizes = [math.prod(shape) for shape, _ in ctx.shards]
+        grads = [g.view(shape) if g.dtype == dtype else g.view(shape).to(dtype)
+                 for g, (shape, dtype) in zip(flat.split(sizes), ctx.shards)]
+        return (None, None, None, None, *grads)
 
 
 class _BackwardUnshard(torch.autograd.Function):
@@ -502,9 +509,8 @@ class ParamGroup(nn.Module):
 
     def _unshard(self, *shards: torch.Tensor) -> list[torch.Tensor]:
         if self.reduce_dtype is not None:  # MixedPrecisionPolicy.reduce_dtype: the gradient reduced in it
-            flat = torch.cat([s.reshape(-1) for s in shards])
-            param_dtype = self.param_dtype or flat.dtype
-            full = _GatherReduceIn.apply(flat, self.dp_size, self.group_name, param_dtype, self.reduce_dtype)
+            param_dtype = self.param_dtype or shards[0].dtype
+            full = _GatherReduceIn.apply(self.dp_size, self.group_name, param_dtype, self.reduce_dtype, *shards)
             full = full.view(self.dp_size, -1)
         else:
             if self.param_dtype is not None:  # FSDP2 MixedPrecisionPolicy: gather in param_dtype
@@ -593,14 +599,15 @@ def apply(plan: Plan, model: nn.Module, mesh: DeviceMesh) -> tuple[dict[int, Par
         return infos, model
     dp_mesh = mesh["dp_shard"] if mode == "fsdp" else mesh["dp_replicate"]
     replicate = mesh["dp_replicate"] if mode == "fsdp" and plan.dp_replicate > 1 else None
-    kw = dict(reshard_after_forward=plan.zero == 3, reduce_dtype=REDUCE_DTYPE[plan.reduce_dtype])
+    kw = dict(reshard_after_forward=plan.zero == 3, reduce_dtype=REDUCE_DTYPE[plan.reduce_dtype],
+              param_dtype=REDUCE_DTYPE[plan.param_dtype])
     if not staged:
         return infos, ParamGroup(model, dp_mesh, mode, "", infos, replicate_mesh=replicate, **kw)
     apply_data_parallel(model, dp_mesh, mode, infos, replicate, **kw)
     return infos, model
 
 
-# Plan.reduce_dtype as a torch dtype ("param": FSDP2's None, the gradients' own dtype)
+# Plan.reduce_dtype / param_dtype as a torch dtype ("param": FSDP2's None, the parameters' own dtype)
 REDUCE_DTYPE = {"param": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
