@@ -184,3 +184,28 @@ def test_lowered_bytes_equal_fsdp2_eager_with_mixed_precision_and_accumulation()
         eager[kind, dtype] += numel * dtype.itemsize
     assert eager == {("all_gather", torch.bfloat16): PARAMS, ("reduce_scatter", torch.float32): 4 * PARAMS}
     assert Counter(k for k, _, _ in rec.seen) == {"all_gather": GROUPS, "reduce_scatter": GROUPS}
+
+
+@pytest.mark.slow
+def test_intercepted_fully_shard_reads_mp_policy_reduce_dtype():
+    """The user's own fully_shard calls (generic path): MixedPrecisionPolicy(param_dtype, reduce_dtype) and
+    reshard_after_forward=False give the same collectives as the plan's fields."""
+    from flint.capture import capture_step
+    from flint.models import factory
+
+    def parallelize(model, mesh):
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        for unit in (model.embed, *model.layers, model.head):
+            fully_shard(unit, mesh=mesh, reshard_after_forward=False, mp_policy=mp)
+        fully_shard(model, mesh=mesh, reshard_after_forward=False, mp_policy=mp)
+
+    batch = (4, SEQ)
+    step = capture_step(factory("gpt2-tiny"), {"tokens": batch, "labels": batch}, plan="fsdp", world_size=2,
+                        parallelize=parallelize, dtype="float32")
+    s = step.summary()
+    ag = sum(b for (kind, _, phase), b in s.collective_bytes.items() if kind == "all_gather" and phase == "fwd")
+    rs = sum(b for (kind, _, _), b in s.collective_bytes.items() if kind == "reduce_scatter")
+    assert not any(kind == "all_gather" and phase == "bwd" for kind, _, phase in s.collectives)
+    assert (ag, rs) == (PARAMS, 4 * PARAMS)
