@@ -105,11 +105,12 @@ class PipelineSplitPass(ModulePass):
     whose gathered parameters then live for the whole step, as Megatron-LM's
     distributed optimizer's do) the forward entries of every stage's
     microbatches after its first are marked ``nogather`` with the
-    data-parallel axes (without ``cp``): lowering drops their all-gathers over
-    those axes, so parameters are gathered once per step.
+    data-parallel axes (without ``cp``): lowering drops their FSDP parameter
+    all-gathers over those axes with copy-in and copy-out
+    (``lower_to_chakra.kept_gather_ops``), so parameters are gathered once per step.
 
     Result: ``flint.stage_schedules`` (one schedule per pipeline rank, the
-    ranks' distinct roles; entries ``[function, count, {tag, nosync}]``) and
+    ranks' distinct roles; entries ``[function, count, {tag, nosync, nogather, wait}]``) and
     ``flint.pipeline`` (axis, ranks, stages, schedule, microbatches, the
     stage-to-rank map and layers per stage); ``flint.schedule`` is removed.
     With ``stages=1`` the step is plain microbatching / gradient accumulation.
