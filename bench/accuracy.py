@@ -27,10 +27,22 @@ states wins), and what Flint does not model:
   dropout, xV, materialized per head. Korthikanti's selective recomputation checkpoints exactly
   that core attention (``torch.utils.checkpoint`` in the captured model); full recomputation is
   the plan's ``activation_checkpoint = "full"``.
-- Parallelism: sequence parallelism whenever TP > 1; data parallelism as replicated parameters
-  with one gradient all-reduce per block, on its own communication stream (Megatron reduces
-  gradients on the data-parallel communicator, concurrently with TP collectives, overlapped with
-  backward: ``--overlap-grad-reduce``, stated by the M rows' source) and waited for before the
+- Parallelism: sequence parallelism whenever TP > 1. Data parallelism of the M rows (Megatron-Core
+  0.8): the distributed optimizer with gradients reduced in fp32 (the README's command for these
+  runs states ``--overlap-grad-reduce --overlap-param-gather``, and ``megatron/training/arguments.py``
+  allows ``--overlap-param-gather`` only with ``--use-distributed-optimizer`` and forces
+  ``accumulate_allreduce_grads_in_fp32`` for bf16). Its PyTorch counterpart, captured:
+  ``fully_shard(reshard_after_forward=False, mp_policy=MixedPrecisionPolicy(param_dtype=bfloat16,
+  reduce_dtype=float32))`` on an fp32 model (plan ``dp_shard`` = DP, ``zero = 2``,
+  ``param_dtype = "bfloat16"``, ``reduce_dtype = "float32"``; Megatron's bf16 model with fp32 main
+  parameters in the optimizer): per block one bf16 parameter all-gather, issued one block ahead of its forward (``reorder-all-gather{prefetch=1}``:
+  Megatron's forward pre-hook waits for a bucket's gather and dispatches the next) in the first
+  micro-batch only (the gathered parameters stay for the step: one gather per step, which in
+  steady state is Megatron's gather overlapped with the next iteration's forward); one fp32
+  gradient reduce-scatter per block in the last micro-batch's backward; the fp32 AdamW step on the
+  1/DP shard. All data-parallel collectives run on their own stream (``assign-streams{data-parallel=dp}``:
+  Megatron's DP communicator, apart from the TP one). The S rows (2022): replicated parameters
+  with one gradient all-reduce per block, on its own communication stream, waited for before the
   optimizer. Micro-batch: the row's (S rows); the M rows leave it unstated, so Megatron-LM's own
   example (``examples/gpt3/train_gpt3_175b_distributed.sh``: ``--micro-batch-size 1``): the local
   batch runs as micro-batches of one sequence with gradient accumulation, gradients reduced once
@@ -51,12 +63,12 @@ states wins), and what Flint does not model:
   What torch's pass does not match stays exposed: the backward reduce-scatter of a sum of GEMMs
   (DTensor's separate wq/wk/wv data gradients), which Megatron's fused QKV and Transformer Engine's
   bulk dgrad/wgrad overlap would hide (the ``if comm hidden`` column bounds what is left).
-- Not modelled: Transformer Engine's bulk overlaps beyond torch's patterns (above); gradients
-  reduced in fp32 (Megatron's default for bf16: ``accumulate_allreduce_grads_in_fp32``) and the distributed optimizer's
-  reduce-scatter + all-gather (1.5x the bytes of Flint's bf16 all-reduce; ``--overlap-param-gather``
-  needs ``--use-distributed-optimizer``, arguments.py): capture has no ZeRO-1 / fp32-reduction
-  option yet (``zero`` is a planned-path field); compute slowed by communication kernels sharing
-  the SMs.
+- Not modelled: Transformer Engine's bulk overlaps beyond torch's patterns (above); compute slowed
+  by communication kernels sharing the SMs. Megatron's distributed optimizer keeps a persistent bf16
+  copy of the whole model and the whole fp32 gradient buffer (memory only; this report prices time),
+  writes weight gradients straight into that buffer (Flint: FSDP2's copy-in and copy-out around the
+  gather, on the compute stream, once per step); its buckets (about one block each at DP 48) are
+  Flint's per-block groups.
 
 Capture cost does not grow with depth: every row is captured with two blocks and the repeated
 block's count set to the row's depth (``capture_row``), which gives the same estimate as a
@@ -78,9 +90,13 @@ ROWS = Path(__file__).with_name("accuracy_rows.toml")
 CAPTURE_LAYERS = 2  # blocks built and parallelized for capture; the IR repeats ONE block to the row's depth
 DROPOUT = 0.1  # Megatron TransformerConfig: hidden_dropout = attention_dropout = 0.1 (defaults)
 # Megatron runs the data-parallel gradient reduction on the DP communicator, concurrently with the
-# TP collectives and overlapped with backward (--overlap-grad-reduce): DP all-reduces on their own
-# stream, waited for before the optimizer.
-PASSES = "sink-waits,assign-streams{all-reduce=dp}"
+# TP collectives and overlapped with backward (--overlap-grad-reduce): DP all-reduces (S rows), and
+# the distributed optimizer's reduce-scatters and parameter all-gathers (M rows, the gathers one
+# block ahead: --overlap-param-gather), on their own stream, waited for before the optimizer.
+PASSES = "reorder-all-gather{prefetch=1},sink-waits,assign-streams{all-reduce=dp data-parallel=dp}"
+# Rows of Megatron-Core 0.8 (Megatron-LM README, commit f2e5db402c): distributed optimizer, fp32 gradient
+# reduction (module docstring)
+DISTRIBUTED_OPTIMIZER_SOURCE = "Megatron-LM weak scaling"
 
 
 @dataclass
@@ -144,6 +160,10 @@ def plan_of(row: dict):
     dp = row["gpus"] // (tp * pp)
     local = row["global_batch"] // dp
     fields = {"tp": tp, "sp": bool(row.get("sequence_parallel", tp > 1)), "pp": pp, "dp_replicate": dp}
+    if row["source"] == DISTRIBUTED_OPTIMIZER_SOURCE and dp > 1:
+        # Megatron's distributed optimizer: FSDP2 reshard_after_forward=False, gradients reduced in fp32
+        # (fp32 master parameters, which the optimizer steps, gathered and computed in bf16)
+        fields.update(dp_replicate=1, dp_shard=dp, zero=2, reduce_dtype="float32", param_dtype="bfloat16")
     if pp > 1 or "microbatch" in row:  # without pipelining: gradient accumulation over the micro-batches
         fields["microbatches"] = local // row.get("microbatch", 1)
         if row.get("interleave", 1) > 1:
@@ -227,7 +247,9 @@ def capture_row(row: dict, plan):
         return m
 
     shape = (row["global_batch"], row["seq"])
-    step = capture_step(model, {"tokens": shape, "labels": shape}, plan=plan, dtype="bfloat16")
+    # bf16 parameters, or fp32 master parameters that FSDP gathers in bf16 (plan.param_dtype)
+    dtype = "float32" if plan.param_dtype == "bfloat16" else "bfloat16"
+    step = capture_step(model, {"tokens": shape, "labels": shape}, plan=plan, dtype=dtype)
     blocks = [p for p in step.parts if p.name == "block"]
     if len(blocks) != 1 or blocks[0].repeat != few["layers"]:
         raise RuntimeError(f"{row['id']}: expected one repeated block of {few['layers']} layers, got "

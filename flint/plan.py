@@ -55,6 +55,20 @@ of ``pp``), ``interleaved-zero-bubble`` (the same) and ``zbv-zero-bubble``
 weight-gradient halves. ``pp_layers`` lists blocks per stage (``pp * pp_virtual_stages``
 entries), else an even split. ``grad_sync = "step"`` reduces data-parallel
 gradients once per step (the last microbatch), ``"microbatch"`` every time.
+With ``zero = 2`` (FSDP2 ``reshard_after_forward=False``) the gathered parameters
+also stay unsharded from one microbatch to the next (torch's pipelining runs
+non-last backwards with ``set_reshard_after_backward(False)``): they are
+all-gathered once per step, in the first microbatch's forward.
+
+Gradient reduction dtype (``reduce_dtype``, FSDP2's ``MixedPrecisionPolicy.reduce_dtype``):
+``"param"`` (default, FSDP2's None) reduces gradients in their own dtype;
+``"float32"`` casts them to fp32 for the data-parallel reduce-scatter /
+all-reduce and back to the parameters' dtype after, as FSDP2 does (and as
+Megatron-LM does for bf16 models: ``accumulate_allreduce_grads_in_fp32``).
+``param_dtype`` (``MixedPrecisionPolicy.param_dtype``, needs ``dp_shard``): the
+sharded parameters keep the model's dtype (e.g. fp32 master weights, which the
+optimizer steps) and are cast to it before their all-gather, so forward and
+backward compute in it (Megatron's bf16 model with fp32 main parameters).
 
 Validation happens once, in :meth:`Plan.validate` (called by every
 constructor here) and :meth:`Plan.check_model` (against a model's shape),
@@ -85,6 +99,10 @@ AC_MODES = ("none", "selective-op", "selective-layer", "full")
 # float8 linear layers: torchao's recipes (Float8LinearConfig.from_recipe_name); plan files may say true / false
 FP8_RECIPES = ("none", "tensorwise", "rowwise", "rowwise_with_gw_hp")
 GRAD_SYNC = ("step", "microbatch")
+# dtype of the data-parallel gradient reduction (FSDP2's MixedPrecisionPolicy.reduce_dtype): "param" is
+# FSDP2's None (the gradients' own dtype), else the gradients are cast to it for the reduce-scatter /
+# all-reduce and back to the parameters' dtype after (Megatron-LM reduces bf16 models' gradients in fp32)
+REDUCE_DTYPES = ("param", "float32", "bfloat16", "float16")
 # Where expanded TP reduces partial sums: "dtensor" as PyTorch's DTensor runs it (one backward all-reduce
 # per column-parallel linear: five per Llama block; sequence-parallel norm gradients reduced by the
 # optimizer), "megatron" as Megatron-LM (one per attention and MLP input; norm gradients in backward).
@@ -122,6 +140,8 @@ class Plan:
     order: tuple[str, ...] = DEFAULT_ORDER  # mesh axes, innermost first
     microbatches: int = 1
     grad_sync: str = "step"  # data-parallel gradient collectives once per step or per microbatch
+    reduce_dtype: str = "param"  # data-parallel gradient reduction dtype (FSDP2 MixedPrecisionPolicy.reduce_dtype)
+    param_dtype: str = "param"  # dtype FSDP gathers and computes parameters in (MixedPrecisionPolicy.param_dtype)
     pp_schedule: str = "1f1b"
     pp_virtual_stages: int = 1  # stages per pipeline rank (interleaved schedules: > 1)
     pp_layers: tuple[int, ...] | None = None  # explicit layers per stage; None: even split
@@ -227,6 +247,18 @@ class Plan:
             raise PlanError("tp_style", f"unknown value '{self.tp_style}'; known: {', '.join(TP_STYLES)}", src)
         if self.grad_sync not in GRAD_SYNC:
             raise PlanError("grad_sync", f"unknown value '{self.grad_sync}'; known: {', '.join(GRAD_SYNC)}", src)
+        if self.reduce_dtype not in REDUCE_DTYPES:
+            raise PlanError("reduce_dtype", f"unknown dtype '{self.reduce_dtype}'; known: {', '.join(REDUCE_DTYPES)} "
+                            "(param: the gradients' own dtype, FSDP2's reduce_dtype=None)", src)
+        if self.reduce_dtype != "param" and self.dp_replicate * dp_shard == 1:
+            raise PlanError("reduce_dtype", f"'{self.reduce_dtype}' is the dtype of the data-parallel gradient "
+                            "reduction; this plan has no data parallelism (dp_replicate = dp_shard = 1)", src)
+        if self.param_dtype not in REDUCE_DTYPES:
+            raise PlanError("param_dtype", f"unknown dtype '{self.param_dtype}'; known: {', '.join(REDUCE_DTYPES)} "
+                            "(param: the parameters' own dtype, FSDP2's param_dtype=None)", src)
+        if self.param_dtype != "param" and dp_shard == 1:
+            raise PlanError("param_dtype", f"'{self.param_dtype}' is the dtype FSDP all-gathers parameters in "
+                            "(MixedPrecisionPolicy.param_dtype); this plan has dp_shard = 1", src)
         if self.activation_checkpoint not in AC_MODES:
             raise PlanError("activation_checkpoint", f"unknown mode '{self.activation_checkpoint}'; known: "
                             f"{', '.join(AC_MODES)}", src)
@@ -426,6 +458,10 @@ class Plan:
             extra.append(f"{self.microbatches} microbatches")
         if self.dp_shard > 1 and self.zero != 3:
             extra.append(f"ZeRO-{self.zero}")
+        if self.param_dtype != "param":
+            extra.append(f"params gathered in {self.param_dtype}")
+        if self.reduce_dtype != "param":
+            extra.append(f"grads reduced in {self.reduce_dtype}")
         if self.activation_checkpoint != "none":
             extra.append(f"AC {self.activation_checkpoint}")
         if self.fp8 != "none":
@@ -434,7 +470,7 @@ class Plan:
 
 
 _BOOL_FIELDS = {"sp"}
-_STR_FIELDS = {"grad_sync", "pp_schedule", "activation_checkpoint", "tp_style", "fp8"}
+_STR_FIELDS = {"grad_sync", "pp_schedule", "activation_checkpoint", "tp_style", "fp8", "reduce_dtype", "param_dtype"}
 _LIST_FIELDS = {"order": str, "pp_layers": int, "fp8_filter_fqns": str}
 _FLOAT_FIELDS = {"capacity_factor"}
 

@@ -193,7 +193,8 @@ def stage_roles(module) -> int:
 
 
 def get_schedule_entries(module, role: int = 0) -> list[tuple[str, int, dict]]:
-    """:func:`get_schedule` with each entry's options (``tag``: int, ``nosync``: tuple of axis names,
+    """:func:`get_schedule` with each entry's options (``tag``: int, ``nosync``: tuple of axis names whose
+    gradient reduce-scatters / all-reduces the entry skips, ``nogather``: whose all-gathers it skips,
     ``wait``: tuple of tags: the asynchronous recvs posted by earlier entries with those tags that this
     entry's first compute waits for).
 
@@ -244,13 +245,15 @@ def get_schedule_entries(module, role: int = 0) -> list[tuple[str, int, dict]]:
             for key, value in entry.data[2].data.items():
                 if key == "tag" and isinstance(value, IntegerAttr):
                     options[key] = value.value.data
-                elif key == "nosync" and isinstance(value, ArrayAttr) and all(isinstance(a, StringAttr) for a in value.data):
+                elif key in ("nosync", "nogather") and isinstance(value, ArrayAttr) and \
+                        all(isinstance(a, StringAttr) for a in value.data):
                     options[key] = tuple(a.data for a in value.data)
                 elif key == "wait" and isinstance(value, ArrayAttr) and all(isinstance(a, IntegerAttr) for a in value.data):
                     options[key] = tuple(a.value.data for a in value.data)
                 else:
                     raise VerifyException(f"module attribute {SCHEDULE_ATTR} entry for @{name}: option {key} = {value} "
-                                          "is not tag (integer), nosync (list of axis names) or wait (list of tags)")
+                                          "is not tag (integer), nosync or nogather (list of axis names) or wait "
+                                          "(list of tags)")
         parts.append((name, count, options))
     return parts
     return parts

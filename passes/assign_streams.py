@@ -33,6 +33,14 @@ class AssignStreamsPass(ModulePass):
     ``broadcast`` (default empty: tensor-parallel all-reduces stay in the
     compute stream's order, as DTensor issues them). FSDP2 runs all-gathers
     and reduce-scatters on two streams of their own: the defaults.
+
+    ``data-parallel`` (default empty: by kind only): every collective over
+    data-parallel grid axes only (the plan's ``dp`` axes, else the axes named
+    ``dp_shard`` / ``dp_replicate``) goes to this stream, whatever its kind, so
+    that a tensor-parallel all-gather / reduce-scatter never queues behind a
+    gradient reduction: Megatron-LM's distributed optimizer reduce-scatters
+    gradients and all-gathers parameters on the data-parallel communicator,
+    apart from the tensor-parallel one.
     """
 
     name = "assign-streams"
@@ -42,9 +50,10 @@ class AssignStreamsPass(ModulePass):
     all_reduce: str = ""
     all_to_all: str = ""
     broadcast: str = ""
+    data_parallel: str = ""
 
     def __post_init__(self) -> None:
-        for field in ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "broadcast"):
+        for field in ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "broadcast", "data_parallel"):
             v = getattr(self, field)
             if v and not v.replace("_", "").replace("-", "").isalnum():
                 raise FlintError(f"{self.name}: option {field.replace('_', '-')}=\"{v}\" is not a stream name "
@@ -54,8 +63,19 @@ class AssignStreamsPass(ModulePass):
         names = {dist.AllGatherOp: self.all_gather, dist.ReduceScatterOp: self.reduce_scatter,
                  dist.AllReduceOp: self.all_reduce, dist.AllToAllOp: self.all_to_all,
                  dist.BroadcastOp: self.broadcast}
+        dp_axes: frozenset[int] = frozenset()
+        if self.data_parallel:
+            from flint.chakra.from_ir import mesh_of
+            from flint.plan import plan_of
+
+            plan = plan_of(op)
+            axis_names = mesh_of(op).axis_names
+            dp = set(plan.axes("dp")) if plan is not None else {"dp_shard", "dp_replicate"}
+            dp_axes = frozenset(i for i, n in enumerate(axis_names) if n in dp)
         for fn in functions(op):
             for o in fn.body.block.ops:
                 stream = names.get(type(o))
+                if dp_axes and isinstance(o, dist.CollectiveOp) and o.axes() and set(o.axes()) <= dp_axes:
+                    stream = self.data_parallel
                 if stream:
                     o.attributes[dist.STREAM_ATTR] = StringAttr(stream)

@@ -13,6 +13,7 @@ from xdsl.passes import ModulePass
 from xdsl.utils.exceptions import VerifyException
 
 from flint.cost import Device, load_device, tensor_bytes
+from flint.cost.opclass import VIEW, classify_target, split_target
 from flint.ir import chakra, dist
 from flint.ir.aten import AtenOp, get_schedule_entries, stage_roles
 from flint.passes.annotate_cost import aten_op_cost
@@ -124,6 +125,42 @@ def prefetch_depth(fn: func.FuncOp, count: int, cache: dict | None = None) -> in
     return min(k, count)
 
 
+def kept_gather_ops(fn: func.FuncOp, axes: frozenset[int], cache: dict | None = None) -> frozenset[Operation]:
+    """What a run of ``fn`` whose parameters are still gathered skips (a schedule entry's ``nogather``):
+    every FSDP parameter all-gather over grid axes within ``axes``, with its copy-in (the ops computing its
+    input from parameters only) and its wait and copy-out (views and ``split_with_sizes_copy`` of the
+    gathered buffer), as FSDP2's ``unshard`` of an already unsharded group does nothing."""
+    if not axes:
+        return frozenset()
+    key = ("kept", id(fn), axes)
+    if cache is not None and key in cache:
+        return cache[key][1]
+    from flint.passes.reorder_all_gather import parameter_gather_slice
+
+    out: set[Operation] = set()
+    for op in fn.body.block.ops:
+        if not isinstance(op, dist.AllGatherOp) or op.group_size() == 1 or not set(op.axes()) <= axes:
+            continue
+        copy_in = parameter_gather_slice(op, fn)
+        if copy_in is None:
+            continue
+        out.update(copy_in)
+        out.add(op)
+        todo = [op.result]
+        while todo:
+            for use in todo.pop().uses:
+                u = use.operation
+                if u not in out and (isinstance(u, dist.WaitOp) or isinstance(u, AtenOp) and (
+                        classify_target(u.overload) == VIEW
+                        or split_target(u.overload)[1] == "split_with_sizes_copy")):
+                    out.add(u)
+                    todo.extend(u.results)
+    kept = frozenset(out)
+    if cache is not None:
+        cache[key] = (fn, kept)
+    return kept
+
+
 def prefetched_ops(fn: func.FuncOp) -> list[Operation]:
     return [op for op in fn.body.block.ops if dist.prefetch_of(op) > 0]
 
@@ -140,12 +177,17 @@ class _FunctionLowering:
 
     def __init__(self, fn: func.FuncOp, block: Block, device: Device, streams: _Streams, merge: bool = False,
                  mode: str = ALL, slots: list[SSAValue] | None = None, tag_offset: int = 0,
-                 nosync_axes: frozenset[int] = frozenset(), costs: dict | None = None):
+                 nosync_axes: frozenset[int] = frozenset(), costs: dict | None = None,
+                 nogather_axes: frozenset[int] = frozenset()):
         self.fn, self.block, self.device, self.s, self.merge = fn, block, device, streams, merge
         self.mode = mode
         # From the schedule entry (pipeline-split): added to send/recv tags; data-parallel
         # axes whose gradient reduce-scatters / all-reduces this run skips (accumulation).
         self.tag_offset, self.nosync_axes = tag_offset, nosync_axes
+        # ... and whose parameter all-gathers it skips, with their copy-in and copy-out (parameters kept
+        # gathered from the step's first microbatch)
+        self.nogather_axes = nogather_axes
+        self.kept = kept_gather_ops(fn, nogather_axes, costs)
         # op -> (flops, bytes, duration): a function run from many schedule entries is costed once.
         self.costs = costs if costs is not None else {}
         self.issued: list[SSAValue] = []
@@ -271,6 +313,10 @@ class _FunctionLowering:
 
     def lower_op(self, op: Operation) -> None:
         if isinstance(op, func.ReturnOp):
+            return
+        if op in self.kept:  # the parameters are still gathered: nothing to gather, copy in or copy out
+            for r in op.results:
+                self.producer[r] = ()
             return
         if isinstance(op, AtenOp):
             return self.lower_aten(op)
@@ -524,13 +570,15 @@ class LowerToChakraPass(ModulePass):
         graph_block = Block()
         s = _Streams(compute=None, comm={}, boundary=None)
         merge = self.merge_compute
-        depth = [prefetch_depth(funcs[name], count, costs) for name, count, _ in entries]
+        # an entry that skips its parameter gathers (nogather) has nothing to prefetch
+        depth = [0 if o.get("nogather") else prefetch_depth(funcs[name], count, costs) for name, count, o in entries]
         slots: dict[int, list[list[SSAValue]]] = {}
 
         def extra_of(e: int) -> dict:
             options = entries[e][2]
             return {"tag_offset": options.get("tag", 0), "costs": costs,
-                    "nosync_axes": frozenset(axis_index[a] for a in options.get("nosync", ()) if a in axis_index)}
+                    "nosync_axes": frozenset(axis_index[a] for a in options.get("nosync", ()) if a in axis_index),
+                    "nogather_axes": frozenset(axis_index[a] for a in options.get("nogather", ()) if a in axis_index)}
 
         def prologue(e: int) -> None:
             # Iterations 0..K-1 of entry e issue their prefetched ops here, in order.
@@ -599,7 +647,8 @@ class LowerToChakraPass(ModulePass):
         pattern = tuple(-1 if v is None else first.setdefault(v, i) for i, v in enumerate(ext))
         # the entry's tag offset only adds to the tags of the run's sends and recvs
         offset = extra.get("tag_offset", 0)
-        key = (fn.sym_name.data, extra.get("nosync_axes", frozenset()), merge, tagged, names, len(s.blocking), pattern)
+        key = (fn.sym_name.data, extra.get("nosync_axes", frozenset()), extra.get("nogather_axes", frozenset()), merge,
+               tagged, names, len(s.blocking), pattern)
         hit = cache.get(key) if cache is not None and self.reuse_flat_runs else None
         if hit is not None:
             t_ext, ops, end, t_offset = hit
@@ -661,7 +710,8 @@ class LowerToChakraPass(ModulePass):
         width = len(slots[0]) if slots else 0
         operands = [v for _, v in chains] + flat + pending
         key = (fn.sym_name.data, extra.get("tag_offset", 0), extra.get("nosync_axes", frozenset()),
-               tuple(k for k, _ in chains), len(pending), mode, width, len(slots))
+               extra.get("nogather_axes", frozenset()), tuple(k for k, _ in chains), len(pending), mode, width,
+               len(slots))
         if bodies is not None and key in bodies:
             cached, ends_blocked = bodies[key]
             region = _clone_body(cached) if LowerToChakraPass.reuse_flat_runs else cached.clone()

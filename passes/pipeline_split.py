@@ -36,12 +36,14 @@ def even_split(n_layers: int, n_stages: int) -> list[int]:
 
 @lru_cache(maxsize=1 << 16)  # attributes are immutable: a schedule's repeated entries share one (xDSL's are slow to build)
 def _entry(name: str, count: int, tag: int | None = None, nosync: tuple[str, ...] = (),
-           wait: tuple[int, ...] = ()) -> ArrayAttr:
+           wait: tuple[int, ...] = (), nogather: tuple[str, ...] = ()) -> ArrayAttr:
     extra = {}
     if tag is not None:
         extra["tag"] = IntegerAttr(tag, i64)
     if nosync:
         extra["nosync"] = ArrayAttr([StringAttr(a) for a in nosync])
+    if nogather:
+        extra["nogather"] = ArrayAttr([StringAttr(a) for a in nogather])
     if wait:
         extra["wait"] = ArrayAttr([IntegerAttr(t, i64) for t in wait])
     items = [StringAttr(name), IntegerAttr(count, i64)]
@@ -96,8 +98,19 @@ class PipelineSplitPass(ModulePass):
     reduces every microbatch. As torch's ``backward_counter``, a stage's
     gradients sync at its ``M``-th ``B`` / ``W``; ``I`` never syncs.
 
+    Parameters kept unsharded between microbatches: with
+    ``reshard-after-backward=false`` (torch's pipelining runs every non-last
+    backward of an FSDP2 stage with ``set_reshard_after_backward(False)``;
+    Flint sets it for ``zero = 2`` plans, FSDP2 ``reshard_after_forward=False``,
+    whose gathered parameters then live for the whole step, as Megatron-LM's
+    distributed optimizer's do) the forward entries of every stage's
+    microbatches after its first are marked ``nogather`` with the
+    data-parallel axes (without ``cp``): lowering drops their FSDP parameter
+    all-gathers over those axes with copy-in and copy-out
+    (``lower_to_chakra.kept_gather_ops``), so parameters are gathered once per step.
+
     Result: ``flint.stage_schedules`` (one schedule per pipeline rank, the
-    ranks' distinct roles; entries ``[function, count, {tag, nosync}]``) and
+    ranks' distinct roles; entries ``[function, count, {tag, nosync, nogather, wait}]``) and
     ``flint.pipeline`` (axis, ranks, stages, schedule, microbatches, the
     stage-to-rank map and layers per stage); ``flint.schedule`` is removed.
     With ``stages=1`` the step is plain microbatching / gradient accumulation.
@@ -113,6 +126,7 @@ class PipelineSplitPass(ModulePass):
     virtual: int = 1
     layers: tuple[int, ...] = ()
     grad_sync: str = "step"
+    reshard_after_backward: bool = True  # false: parameter all-gathers only in each stage's first forward
     axis: str = "pp"
     dp_axes: str = ""  # comma-separated data-parallel axes for grad-sync=step; default: the plan's
 
@@ -164,6 +178,7 @@ class PipelineSplitPass(ModulePass):
             plan = plan_of(op)
             dp_axes = plan.axes("loss") if plan is not None else ()
         nosync = dp_axes if self.grad_sync == "step" else ()
+        nogather = () if self.reshard_after_backward else tuple(a for a in dp_axes if a != "cp")
 
         # The stage-boundary tensor: the block's activation argument.
         act_type = self._boundary_type(funcs[block])
@@ -209,6 +224,7 @@ class PipelineSplitPass(ModulePass):
                     waits.clear()
 
             backwards = [0] * n_stages  # torch's backward_counter: the stage's M-th B / W syncs gradients
+            forwards = [0] * n_stages  # after a stage's first forward its parameters stay gathered (nogather)
             consumer = {}  # (F | B, stage, microbatch) -> tag of the recv that action waits for
             for a in (actions[rank] if async_send else _wait_at_use(actions[rank])):
                 s, k = a.stage, a.microbatch
@@ -217,8 +233,10 @@ class PipelineSplitPass(ModulePass):
                     if t is not None:
                         waits.append(t)
                 if a.kind == "F":
-                    emit(([(f"{p}_fwd", 1, {}) for p in pre] if s == 0 else []) + [(block, layers[s], {})]
-                         + ([(f"{p}_fwd", 1, {}) for p in post] if s == n_stages - 1 else []))
+                    forwards[s] += 1
+                    ng = {"nogather": nogather} if nogather and forwards[s] > 1 else {}
+                    emit(([(f"{p}_fwd", 1, ng) for p in pre] if s == 0 else []) + [(block, layers[s], ng)]
+                         + ([(f"{p}_fwd", 1, ng) for p in post] if s == n_stages - 1 else []))
                 elif a.kind in ("B", "W"):
                     backwards[s] += 1
                     ns = nosync if backwards[s] != M else ()

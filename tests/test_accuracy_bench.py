@@ -51,7 +51,11 @@ def test_megatron_rows_run_micro_batch_one_with_gradient_accumulation():
     accumulated over micro-batches; the S rows keep their stated micro-batch."""
     acc, rows = _bench(), _rows()
     m1 = acc.plan_of(rows["M1"])  # 192 sequences over dp 48: 4 micro-batches of 1
-    assert (m1.pp, m1.dp_replicate, m1.microbatches) == (1, 48, 4)
+    assert (m1.pp, m1.dp, m1.microbatches) == (1, 48, 4)
+    # Megatron-Core's distributed optimizer: ZeRO-2-like sharding over dp, gradients reduced in fp32
+    assert (m1.dp_shard, m1.zero, m1.reduce_dtype, m1.param_dtype) == (48, 2, "float32", "bfloat16")
+    s1 = acc.plan_of(rows["S1-full"])
+    assert (s1.dp_shard, s1.reduce_dtype) == (1, "param")
     assert acc.plan_of(rows["S1-full"]).microbatches == 1  # global batch 4 = one micro-batch of 4
 
 

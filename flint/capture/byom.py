@@ -284,6 +284,7 @@ class GroupCall:
     reshard_after_forward: bool = True
     param_dtype: torch.dtype | None = None
     source: str | None = None
+    reduce_dtype: torch.dtype | None = None  # mp_policy.reduce_dtype (None: the gradients' own dtype)
 
 
 @dataclass
@@ -315,11 +316,13 @@ def intercept(user_globals: dict | None = None) -> Iterator[Recorded]:
     ``all_gather_tensor_autograd`` before the group's forward (the backward
     of which is the gradient ``reduce_scatter``), gathered again in backward
     when ``reshard_after_forward`` (selective-checkpoint ``MUST_RECOMPUTE``),
-    in ``mp_policy.param_dtype`` when given. A 2-D mesh is HSDP (replicate x
+    in ``mp_policy.param_dtype`` when given, the gradients reduce-scattered (and, for
+    HSDP, all-reduced) in ``mp_policy.reduce_dtype`` when given (cast back to the
+    sharded parameters' dtype after, as FSDP2's ``foreach_reduce``). A 2-D mesh is HSDP (replicate x
     shard). ``replicate`` is one gradient all-reduce (avg) per group. A list
     of modules (``fully_shard([norm, output])``) becomes one group per module
     (the same bytes, one collective per module instead of one for the list).
-    ``reduce_dtype``, offloading and prefetch settings are not modelled.
+    Offloading and prefetch settings are not modelled.
     """
     import torch.distributed.fsdp as fsdp_mod
 
@@ -333,7 +336,8 @@ def intercept(user_globals: dict | None = None) -> Iterator[Recorded]:
                                _caller())
         param_dtype = getattr(mp_policy, "param_dtype", None)
         ras = reshard_after_forward if isinstance(reshard_after_forward, bool) else True
-        rec.groups.append(GroupCall(modules, mesh, "fsdp", ras, param_dtype, _caller()))
+        rec.groups.append(GroupCall(modules, mesh, "fsdp", ras, param_dtype, _caller(),
+                                    getattr(mp_policy, "reduce_dtype", None)))
         return module
 
     def replicate(module, *args, device_mesh=None, mesh=None, **kwargs):

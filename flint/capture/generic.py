@@ -152,7 +152,8 @@ def _apply_groups(root: nn.Module, calls: Sequence[GroupCall], infos: dict[int, 
         # FSDP2 never reshards the root group after forward (its parameters are used first in backward)
         reshard = call.reshard_after_forward and not (is_root and only is None)
         group = ParamGroup(module, dp_mesh, call.mode, "", infos, rep_mesh, exclude=taken,
-                           reshard_after_forward=reshard, param_dtype=call.param_dtype, only=only)
+                           reshard_after_forward=reshard, param_dtype=call.param_dtype, only=only,
+                           reduce_dtype=call.reduce_dtype)
         taken.update(id(p) for p in group.local.values())
         if module is root:
             root = group

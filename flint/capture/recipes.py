@@ -14,6 +14,16 @@ plan                    what it does
                         MUST_RECOMPUTE, moved to FSDP2's pre-backward point by
                         :func:`pre_backward_unshard`), one gradient
                         reduce-scatter, on ``dp_shard``
+``zero = 2``            FSDP2 ``reshard_after_forward=False``: the forward's
+                        gathered parameters are kept through backward (no
+                        re-gather); the reduce-scatter and sharded optimizer
+                        step stay (communication of Megatron-LM's distributed
+                        optimizer). ZeRO-1 is the planned path's (flint expand)
+``reduce_dtype``        FSDP2 ``MixedPrecisionPolicy.reduce_dtype``: gradients
+                        cast to it for the reduce-scatter / all-reduce, and
+                        back to the parameters' dtype after
+``param_dtype``         FSDP2 ``MixedPrecisionPolicy.param_dtype`` (``dp_shard``):
+                        shards cast to it before the all-gather
 both                    HSDP: shards on ``dp_shard``, and the gradient shard is
                         all-reduced over ``dp_replicate`` (as FSDP2's HSDP does)
 ``tp`` (``sp``)         Megatron tensor parallel with ``parallelize_module``:
@@ -32,6 +42,7 @@ with ``fully_shard``: the embedding, each transformer block, and the head
 from __future__ import annotations
 
 import functools
+import math
 import operator
 from dataclasses import dataclass, field
 
@@ -62,7 +73,10 @@ CAPTURE_FIELDS = ("dp_replicate", "dp_shard", "tp", "sp",
                   # activation checkpointing of the blocks (torchtitan's modes, flint.capture.recipes.apply_ac)
                   "activation_checkpoint", "ac_every",
                   # float8 linear layers (torchao's Float8Linear, flint.capture.float8.apply_float8)
-                  "fp8", "fp8_filter_fqns")
+                  "fp8", "fp8_filter_fqns",
+                  # ZeRO-2 / -3 of dp_shard and the gradient reduction dtype (FSDP2's reshard_after_forward and
+                  # MixedPrecisionPolicy.reduce_dtype, ParamGroup)
+                  "zero", "reduce_dtype", "param_dtype")
 
 
 @dataclass
@@ -256,19 +270,50 @@ _RECOMPUTE = functools.partial(create_selective_checkpoint_contexts, _recompute_
 
 
 class _GradAllReduce(torch.autograd.Function):
-    """Identity in forward; backward packs the group's gradients and all-reduces them (avg)."""
+    """Identity in forward; backward packs the group's gradients and all-reduces them (avg), in
+    ``reduce_dtype`` when given (cast before, back to the gradients' dtype after)."""
 
     @staticmethod
-    def forward(ctx, group_name: str, *params: torch.Tensor):  # noqa: ANN001
+    def forward(ctx, group_name: str, reduce_dtype: torch.dtype | None, *params: torch.Tensor):  # noqa: ANN001
         ctx.group_name = group_name
+        ctx.reduce_dtype = reduce_dtype
         return tuple(p.view_as(p) for p in params)
 
     @staticmethod
     def backward(ctx, *grads: torch.Tensor):  # noqa: ANN001
         flat = torch.cat([g.reshape(-1) for g in grads])
+        dtype = flat.dtype
+        if ctx.reduce_dtype is not None and ctx.reduce_dtype != dtype:
+            flat = flat.to(ctx.reduce_dtype)
         flat = funcol.wait_tensor(torch.ops._c10d_functional.all_reduce(flat, "avg", ctx.group_name))
-        outs = flat.split([g.numel() for g in grads])
-        return (None, *(o.view_as(g) for o, g in zip(outs, grads)))
+        outs = flat.to(dtype).split([g.numel() for g in grads])
+        return (None, None, *(o.view_as(g) for o, g in zip(outs, grads)))
+
+
+class _GatherReduceIn(torch.autograd.Function):
+    """FSDP2's unshard with a ``reduce_dtype``: in forward the shards are cast to ``param_dtype``,
+    copied into one flat buffer and all-gathered (``foreach_all_gather``'s copy-in); in backward the
+    unsharded gradient is cast to ``reduce_dtype``, reduce-scattered (avg) and split into the shards'
+    gradients, cast to the shards' dtype where it differs, as FSDP2's ``foreach_reduce`` does
+    (``MixedPrecisionPolicy(param_dtype, reduce_dtype)``)."""
+
+    @staticmethod
+    def forward(ctx, group_size: int, group_name: str, param_dtype: torch.dtype,  # noqa: ANN001
+                reduce_dtype: torch.dtype, *shards: torch.Tensor):
+        ctx.group = (group_size, group_name)
+        ctx.reduce_dtype = reduce_dtype
+        ctx.shards = [(s.shape, s.dtype) for s in shards]
+        flat = torch.cat([s.to(param_dtype).reshape(-1) for s in shards])
+        return funcol.wait_tensor(torch.ops._c10d_functional.all_gather_into_tensor(flat, group_size, group_name))
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # noqa: ANN001
+        flat = funcol.wait_tensor(torch.ops._c10d_functional.reduce_scatter_tensor(
+            grad.to(ctx.reduce_dtype), "avg", *ctx.group))
+        sizes = [math.prod(shape) for shape, _ in ctx.shards]
+        grads = [g.view(shape) if g.dtype == dtype else g.view(shape).to(dtype)
+                 for g, (shape, dtype) in zip(flat.split(sizes), ctx.shards)]
+        return (None, None, None, None, *grads)
 
 
 class _BackwardUnshard(torch.autograd.Function):
@@ -409,7 +454,8 @@ class ParamGroup(nn.Module):
     def __init__(self, module: nn.Module, dp_mesh: DeviceMesh, mode: str, prefix: str,
                  infos: dict[int, ParamInfo], replicate_mesh: DeviceMesh | None = None, *,
                  exclude: set[int] | None = None, reshard_after_forward: bool = True,
-                 param_dtype: torch.dtype | None = None, only: set[int] | None = None) -> None:
+                 param_dtype: torch.dtype | None = None, only: set[int] | None = None,
+                 reduce_dtype: torch.dtype | None = None) -> None:
         super().__init__()
         self.module = module
         self.mode = mode
@@ -420,6 +466,7 @@ class ParamGroup(nn.Module):
         self.backward_unshard = False
         self.reshard_after_forward = reshard_after_forward
         self.param_dtype = param_dtype
+        self.reduce_dtype = reduce_dtype  # FSDP2 MixedPrecisionPolicy.reduce_dtype (None: the gradients' own)
         self.names: list[str] = []
         self.specs: list = []
         self.local_shapes: list[tuple[int, ...]] = []
@@ -461,10 +508,15 @@ class ParamGroup(nn.Module):
                 del module.get_submodule(owner)._parameters[leaf_name]
 
     def _unshard(self, *shards: torch.Tensor) -> list[torch.Tensor]:
-        if self.param_dtype is not None:  # FSDP2 MixedPrecisionPolicy: gather in param_dtype
-            shards = tuple(s.to(self.param_dtype) for s in shards)
-        flat = torch.cat([s.reshape(-1) for s in shards])
-        full = funcol.all_gather_tensor_autograd(flat, 0, self.group_name).view(self.dp_size, -1)
+        if self.reduce_dtype is not None:  # MixedPrecisionPolicy.reduce_dtype: the gradient reduced in it
+            param_dtype = self.param_dtype or shards[0].dtype
+            full = _GatherReduceIn.apply(self.dp_size, self.group_name, param_dtype, self.reduce_dtype, *shards)
+            full = full.view(self.dp_size, -1)
+        else:
+            if self.param_dtype is not None:  # FSDP2 MixedPrecisionPolicy: gather in param_dtype
+                shards = tuple(s.to(self.param_dtype) for s in shards)
+            flat = torch.cat([s.reshape(-1) for s in shards])
+            full = funcol.all_gather_tensor_autograd(flat, 0, self.group_name).view(self.dp_size, -1)
         # FSDP2's copy-out (torch.split_with_sizes_copy, into each unsharded parameter); its backward
         # is one cat into the flat reduce-scatter input, as FSDP2's chunk_cat (one slice_backward
         # per parameter would materialize the whole flat buffer once per parameter)
@@ -476,13 +528,13 @@ class ParamGroup(nn.Module):
         leaves = [self.local[n.replace(".", "__")] for n in self.names]
         if self.mode == "fsdp":
             if self.replicate_group is not None:
-                leaves = list(_GradAllReduce.apply(self.replicate_group, *leaves))
+                leaves = list(_GradAllReduce.apply(self.replicate_group, self.reduce_dtype, *leaves))
             if self.reshard_after_forward:
                 values = checkpoint(self._unshard, *leaves, use_reentrant=False, context_fn=_RECOMPUTE)
             else:
                 values = self._unshard(*leaves)
         else:
-            values = _GradAllReduce.apply(self.group_name, *leaves)
+            values = _GradAllReduce.apply(self.group_name, self.reduce_dtype, *leaves)
         params = {}
         for name, value, spec in zip(self.names, values, self.specs):
             if spec is not None:
@@ -500,9 +552,9 @@ class ParamGroup(nn.Module):
 
 
 def apply_data_parallel(model: nn.Module, dp_mesh: DeviceMesh, mode: str, infos: dict[int, ParamInfo],
-                        replicate_mesh: DeviceMesh | None = None) -> None:
-    """Wrap embed, every block and head of a StagedLM as parameter groups."""
-    kw = dict(replicate_mesh=replicate_mesh)
+                        replicate_mesh: DeviceMesh | None = None, **kw) -> None:
+    """Wrap embed, every block and head of a StagedLM as parameter groups (``kw``: ParamGroup's options)."""
+    kw = dict(kw, replicate_mesh=replicate_mesh)
     model.embed = ParamGroup(model.embed, dp_mesh, mode, "embed", infos, **kw)
     for i in range(len(model.layers)):
         model.layers[i] = ParamGroup(model.layers[i], dp_mesh, mode, f"layers.{i}", infos, **kw)
@@ -542,11 +594,32 @@ def apply(plan: Plan, model: nn.Module, mesh: DeviceMesh) -> tuple[dict[int, Par
         for i in ac_layers(plan, len(model.layers)):  # before data parallelism, as torchtitan does
             model.layers[i] = ac_wrap(model.layers[i], plan)
     mode = data_parallel_mode(plan)
+    check_zero(plan)
     if mode is None:
         return infos, model
     dp_mesh = mesh["dp_shard"] if mode == "fsdp" else mesh["dp_replicate"]
     replicate = mesh["dp_replicate"] if mode == "fsdp" and plan.dp_replicate > 1 else None
+    kw = dict(reshard_after_forward=plan.zero == 3, reduce_dtype=REDUCE_DTYPE[plan.reduce_dtype],
+              param_dtype=REDUCE_DTYPE[plan.param_dtype])
     if not staged:
-        return infos, ParamGroup(model, dp_mesh, mode, "", infos, replicate_mesh=replicate)
-    apply_data_parallel(model, dp_mesh, mode, infos, replicate)
+        return infos, ParamGroup(model, dp_mesh, mode, "", infos, replicate_mesh=replicate, **kw)
+    apply_data_parallel(model, dp_mesh, mode, infos, replicate, **kw)
     return infos, model
+
+
+# Plan.reduce_dtype / param_dtype as a torch dtype ("param": FSDP2's None, the parameters' own dtype)
+REDUCE_DTYPE = {"param": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def check_zero(plan: Plan) -> None:
+    """Refuse ZeRO stages capture does not implement: ZeRO-2 and -3 are FSDP2's ``reshard_after_forward``
+    False / True on ``dp_shard``; ZeRO-1 (DDP + ZeroRedundancyOptimizer) is the planned path's."""
+    if plan.zero == 3:
+        return
+    if plan.zero == 1:
+        raise PlanError("zero", "capture implements ZeRO-2 (FSDP2 reshard_after_forward=False) and ZeRO-3 "
+                        "(fully_shard's default); ZeRO-1 (DDP + ZeroRedundancyOptimizer) is implemented by "
+                        "'flint expand' (shard-expand) only", plan.source)
+    if plan.dp_shard == 1:
+        raise PlanError("zero", f"ZeRO-{plan.zero} shards over dp_shard; this plan has dp_shard = 1 (use dp_shard "
+                        "for the data-parallel degree)", plan.source)

@@ -650,7 +650,9 @@ def capture_step(
         plan.check_model(n_layers=getattr(cfg, "n_layers", None), n_experts=getattr(cfg, "n_experts", None))
         infos, model = apply(plan, model, dm)
         data_axes = [a for a in mesh.axis_names if a in ("dp_replicate", "dp_shard")]
-        dp_group = dm["dp_shard"].get_group().group_name if data_parallel_mode(plan) == "fsdp" else None
+        # FSDP2 re-gathers resharded groups before backward (ZeRO-3; ZeRO-2 keeps the forward's gather)
+        dp_group = dm["dp_shard"].get_group().group_name \
+            if data_parallel_mode(plan) == "fsdp" and plan.zero == 3 else None
         dp = mesh.group_size(data_axes) if data_axes else 1
         local = _local_batch(batch_shapes, dp)
         if not custom and plan.microbatches > 1:  # capture ONE microbatch; pipeline-split runs it M times

@@ -22,5 +22,8 @@ def split_by_plan(module, plan) -> bool:
 
     PipelineSplitPass(stages=plan.pp, schedule=plan.pp_schedule, microbatches=plan.microbatches,
                       virtual=plan.pp_virtual_stages, grad_sync=plan.grad_sync,
+                      # ZeRO-2: the gathered parameters stay through the step (torch pipelining's
+                      # set_reshard_after_backward(False) on non-last backwards; see pipeline-split)
+                      reshard_after_backward=plan.zero != 2,
                       layers=tuple(plan.pp_layers or ())).apply(Context(), module)
     return True

@@ -68,7 +68,10 @@ What allocates, and for how long
     gradient reduce-scatters / all-reduces over those axes, so the gradients it
     returns and accumulates into are the unsharded ones (FSDP2 keeps them
     until the last microbatch's reduce-scatter; here they stay to the end of
-    the step, an overestimate of the optimizer phase by the difference).
+    the step, an overestimate of the optimizer phase by the difference). With a
+    ``reduce_dtype`` the cast of a skipped reduction's result back to the
+    parameters' dtype is skipped too: FSDP2 accumulates the unsharded gradient
+    in the reduce dtype (fp32 for Megatron-style runs).
   - **gradients**: backward results aligned with the paired forward's
     ``parameter`` arguments (AOTAutograd returns one gradient per forward
     input that requires one, in order; inputs whose type does not match the
@@ -312,6 +315,7 @@ def _profile(fn: func.FuncOp, prefetch: int = 0, nosync: frozenset[int] = frozen
         p.held.append(False)
 
     copy_outs: list[tuple[int, list[int]]] = []  # FSDP copy-outs: (all-gather allocation, its outputs)
+    skipped: set[SSAValue] = set()  # results of skipped (nosync) gradient reductions, and their dtype casts
     for at, op in enumerate(ops):
         if op in early:  # a local position in an earlier iteration (negative when K iterations back)
             at -= prefetch * p.n_pos
@@ -324,6 +328,13 @@ def _profile(fn: func.FuncOp, prefetch: int = 0, nosync: frozenset[int] = frozen
             if (_is_view(op) or dist.IN_PLACE_ATTR in op.attributes) and op.inputs:
                 for r in op.outputs:
                     base[r] = base.get(op.inputs[0], ("none", -1))
+            elif op.inputs and op.inputs[0] in skipped and split_target(op.overload)[1] == "_to_copy":
+                # reduce_dtype: the skipped reduction's cast back to the parameters' dtype. FSDP2 accumulates
+                # the unsharded gradient in reduce_dtype (to_accumulated_grad_if_needed) and casts only after
+                # the last microbatch's reduce-scatter: it stays the (e.g. fp32) unsharded gradient
+                for r in op.outputs:
+                    base[r] = base.get(op.inputs[0], ("none", -1))
+                    skipped.add(r)
             else:
                 cat = "other" if op.phase is not None and op.phase.data == "optim" else "activations"
                 copy_out = _is_copy_out(op, base, p)
@@ -336,9 +347,12 @@ def _profile(fn: func.FuncOp, prefetch: int = 0, nosync: frozenset[int] = frozen
         elif isinstance(op, dist.WaitOp):
             if op.result is not None:
                 base[op.result] = base.get(op.future, ("none", -1))
+                if op.future in skipped:
+                    skipped.add(op.result)
         elif (nosync and isinstance(op, dist.ReduceScatterOp | dist.AllReduceOp) and op.group_size() > 1
               and set(op.axes()) <= nosync):
             base[op.result] = base.get(op.input, ("none", -1))  # skipped: the gradient stays unsharded
+            skipped.add(op.result)
         elif isinstance(op, dist.CollectiveOp | dist.RecvOp):
             if isinstance(op, dist.ReduceScatterOp):
                 for v in op.operands:

@@ -1,9 +1,10 @@
 // RUN: flint-opt %s -p assign-streams | filecheck %s
 // RUN: flint-opt %s -p 'assign-streams{all-gather=fsdp all-reduce=tp}' | filecheck %s --check-prefix=NAMED
 // RUN: flint-opt %s -p 'assign-streams,lower-to-chakra' | filecheck %s --check-prefix=LOWER
+// RUN: flint-opt %s -p 'assign-streams{data-parallel=dp}' | filecheck %s --check-prefix=DP
 
 builtin.module {
-  shard.grid @mesh(shape = 2x2)
+  shard.grid @mesh(shape = 2x2) {flint.axis_names = ["dp_shard", "tp"]}
   func.func @f(%x: tensor<8x64xbf16>, %a: tensor<16x64xbf16> {flint.role = "parameter"}, %g: tensor<64x64xbf16>) -> (tensor<8x64xbf16>, tensor<32x64xbf16>) {
     %0 = dist.all_gather %a on @mesh grid_axes = [0] gather_dim = 0 : tensor<16x64xbf16> -> !dist.future<tensor<32x64xbf16>>
     %1 = aten.op "aten.relu.default"(%x) phase = "fwd" : (tensor<8x64xbf16>) -> tensor<8x64xbf16>
@@ -30,3 +31,9 @@ builtin.module {
 // LOWER: %[[R:.*]] = chakra.comp "aten.relu.default"
 // LOWER: chakra.coll all_reduce "dist.all_reduce" on @mesh grid_axes = [1] bytes = 1024 data(%[[R]]){{$}}
 // LOWER: chakra.coll reduce_scatter "dist.reduce_scatter" on @mesh grid_axes = [0] stream = "reduce_scatter" bytes = 8192 ctrl(%[[AG]], %[[R]])
+
+// data-parallel=dp: the collectives over the data-parallel axis (dp_shard, grid axis 0) go to stream "dp"
+// whatever their kind; the TP all-reduce (axis 1) keeps its kind's stream (none).
+// DP: dist.all_gather {{.*}}grid_axes = [0]{{.*}}{stream = "dp"}
+// DP: dist.all_reduce %{{.*}} on @mesh grid_axes = [1] : tensor<8x64xbf16> -> tensor<8x64xbf16>{{$}}
+// DP: dist.reduce_scatter {{.*}}grid_axes = [0]{{.*}}{stream = "dp"}
