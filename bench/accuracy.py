@@ -43,8 +43,11 @@ states wins), and what Flint does not model:
   Megatron-Core 0.8 needs the layers per pipeline rank to be a multiple of
   ``--num-layers-per-virtual-pipeline-stage``, and M6 (23 layers per rank) and M9 (7) admit only
   1, so every M row uses one layer per virtual stage (virtual stages = layers / PP). Flint runs
-  PyTorch's ``Interleaved1F1B`` order, whose send/recv are not overlapped with compute as
-  Megatron's ``overlap_p2p_comm`` does.
+  PyTorch's ``Interleaved1F1B`` order; the rows set ``pp_p2p = "overlap"`` (Megatron's
+  ``overlap_p2p_comm``, stated by their source), which under a multi-stage schedule is what
+  torch's runtime runs too: sends asynchronous, each recv posted at its ``RECV`` action and
+  waited for by the compute that reads it (``pp_p2p = "blocking"``, Megatron's default, waits
+  for every send and recv where it is issued).
 - Not modelled: Megatron's ``--tp-comm-overlap`` (TP all-gather / reduce-scatter pipelined with
   the GEMMs; stated by the M rows' source): Flint exposes TP collectives (the report's
   ``if comm hidden`` column is the sensitivity to it); gradients reduced in fp32 (Megatron's
@@ -144,6 +147,8 @@ def plan_of(row: dict):
         fields["microbatches"] = local // row.get("microbatch", 1)
         if row.get("interleave", 1) > 1:
             fields.update(pp_schedule="interleaved-1f1b", pp_virtual_stages=row["interleave"])
+        if "pp_p2p" in row:
+            fields["pp_p2p"] = row["pp_p2p"]
     recompute = row.get("recompute")
     if recompute == "full":  # selective: the model checkpoints its core attention (megatron_gpt)
         fields["activation_checkpoint"] = "full"

@@ -5,7 +5,7 @@ from flint.pipeline.schedules import SCHEDULES, Action, rank_actions, stage_rank
 __all__ = ["PIPELINE_FIELDS", "SCHEDULES", "Action", "rank_actions", "split_by_plan", "stage_ranks"]
 
 # The plan fields pipeline-split reads (flint.plan.Plan).
-PIPELINE_FIELDS = ("pp", "microbatches", "pp_schedule", "pp_virtual_stages", "pp_layers", "grad_sync")
+PIPELINE_FIELDS = ("pp", "microbatches", "pp_schedule", "pp_virtual_stages", "pp_layers", "grad_sync", "pp_p2p")
 
 
 def split_by_plan(module, plan) -> bool:
@@ -22,5 +22,5 @@ def split_by_plan(module, plan) -> bool:
 
     PipelineSplitPass(stages=plan.pp, schedule=plan.pp_schedule, microbatches=plan.microbatches,
                       virtual=plan.pp_virtual_stages, grad_sync=plan.grad_sync,
-                      layers=tuple(plan.pp_layers or ())).apply(Context(), module)
+                      layers=tuple(plan.pp_layers or ()), p2p=plan.pp_p2p).apply(Context(), module)
     return True
