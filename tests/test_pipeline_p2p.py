@@ -127,11 +127,35 @@ def test_blocking_lowering_is_deterministic_and_reuse_exact():
         np.testing.assert_array_equal(x, y)
 
 
-def test_verify_p2p_passes_in_every_mode():
-    from flint.passes.verify_p2p import VerifyP2PPass
+def test_verify_p2p_passes_in_every_mode_and_catches_a_pipeline_deadlock():
+    from xdsl.dialects.builtin import ArrayAttr
+
+    from flint.passes.verify_p2p import P2PError, VerifyP2PPass
 
     for mode in ("schedule", "overlap", "blocking"):
         VerifyP2PPass().apply(Context(), _split(2, 4, p2p=mode, **INTER))
+
+    def rank0(module, edit):
+        scheds = module.attributes["flint.stage_schedules"].data
+        entries = list(scheds[0].data)
+        edit(entries)
+        module.attributes["flint.stage_schedules"] = ArrayAttr([ArrayAttr(entries), *scheds[1:]])
+        return module
+
+    def late_send(entries):  # rank 0 sends microbatch 0's activation only after waiting for rank 1's reply
+        send = entries.pop(2)
+        assert send.data[0].data == "pp_send_f_p1" and entries[2].data[0].data == "pp_recv_f_p1"
+        entries.insert(4, send)
+
+    with pytest.raises(P2PError, match="can never complete"):
+        VerifyP2PPass().apply(Context(), rank0(_split(2, 4, p2p="blocking", **INTER), late_send))
+
+    def lost_recv(entries):
+        i = next(i for i, e in enumerate(entries) if e.data[0].data == "pp_recv_f_p1")
+        entries.pop(i)
+
+    with pytest.raises(P2PError, match="no matching 'dist.recv'"):
+        VerifyP2PPass().apply(Context(), rank0(_split(2, 4, p2p="blocking", **INTER), lost_recv))
 
 
 def test_bad_modes_name_the_field():

@@ -5,7 +5,7 @@
 // RUN: flint-opt %s -p 'pipeline-split{stages=2 microbatches=2 schedule=zbv-zero-bubble virtual=2}' | filecheck %s --check-prefix=ZBV
 // RUN: flint-opt %s -p 'pipeline-split{stages=2 microbatches=2 schedule=interleaved-zero-bubble virtual=2}' | filecheck %s --check-prefix=IZB
 // RUN: flint-opt %s -p 'pipeline-split{stages=2 microbatches=2 schedule=gpipe},lower-to-chakra' | filecheck %s --check-prefix=LOWER
-// RUN: flint-opt %s -p 'pipeline-split{stages=2 microbatches=2 schedule=interleaved-1f1b virtual=2 p2p=blocking},lower-to-chakra' | filecheck %s --check-prefix=BLOCK
+// RUN: flint-opt %s -p 'pipeline-split{stages=2 microbatches=2 schedule=interleaved-1f1b virtual=2 p2p=blocking},verify-p2p,lower-to-chakra' | filecheck %s --check-prefix=BLOCK
 // RUN: flint-opt %s -p 'pipeline-split{stages=2 microbatches=2 schedule=interleaved-1f1b virtual=2 p2p=overlap}' | filecheck %s --check-prefix=OVER
 // flint-opt verifies the module after every pass.
 
