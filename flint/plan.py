@@ -58,8 +58,8 @@ gradients once per step (the last microbatch), ``"microbatch"`` every time.
 ``pp_p2p`` (:func:`flint.pipeline.schedules.check_p2p`): the stage-boundary
 send/recv as the schedule runs them (``schedule``, the default), ``overlap``
 (Megatron's ``overlap_p2p_comm``; multi-stage schedules only, where it is what
-torch's runtime runs too) or ``blocking`` (Megatron's default
-``overlap_p2p_comm = False``: each send and recv waited where it is issued).
+torch's runtime runs too) or ``blocking`` (each send and recv waited where
+torch's order issues it, the recv issued after the compute before it).
 
 Validation happens once, in :meth:`Plan.validate` (called by every
 constructor here) and :meth:`Plan.check_model` (against a model's shape),

@@ -93,8 +93,8 @@ class PipelineSplitPass(ModulePass):
     Send/recv waiting (``p2p``, the plan's ``pp_p2p``;
     :func:`flint.pipeline.schedules.check_p2p`): ``schedule`` as above;
     ``overlap`` (Megatron's ``overlap_p2p_comm``) is the same on a multi-stage
-    schedule and refused on GPipe / 1F1B; ``blocking`` (Megatron's default)
-    keeps torch's order but makes every send and recv synchronous, and marks
+    schedule and refused on GPipe / 1F1B; ``blocking`` keeps torch's order
+    but makes every send and recv synchronous, and marks
     each recv entry ``post``: lowering issues the recv after the compute
     before it (where the rank reaches it), so the transfer cannot start
     earlier, and the next compute waits for it.
@@ -126,7 +126,7 @@ class PipelineSplitPass(ModulePass):
     grad_sync: str = "step"
     axis: str = "pp"
     dp_axes: str = ""  # comma-separated data-parallel axes for grad-sync=step; default: the plan's
-    p2p: str = "schedule"  # how sends / recvs wait: schedule, overlap (Megatron) or blocking (Megatron's default)
+    p2p: str = "schedule"  # how sends / recvs wait: schedule (torch), overlap (Megatron's overlap_p2p_comm), blocking
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         from flint.chakra.from_ir import mesh_of

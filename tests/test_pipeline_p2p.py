@@ -3,8 +3,8 @@
 ``pp_p2p`` (plan) / ``p2p`` (pipeline-split): ``schedule`` (torch's runtime: multi-stage schedules post
 each recv at its RECV action and wait for it at the consuming compute, sends waited at the step's end),
 ``overlap`` (Megatron's ``overlap_p2p_comm``: the same on a multi-stage schedule, refused on single-stage
-ones) and ``blocking`` (Megatron's default: each recv issued after the compute before it, every send and
-recv waited before the next compute). Small pipelines from tests/test_pipeline_reuse.py's module (TP
+ones) and ``blocking`` (torch's order, each recv issued after the compute before it, every send and recv
+waited before the next compute). Small pipelines from tests/test_pipeline_reuse.py's module (TP
 all-reduces in the block, an asynchronous DP gradient all-reduce), lowered and simulated.
 """
 

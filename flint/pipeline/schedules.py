@@ -94,9 +94,15 @@ def check_p2p(mode: str, schedule: str, source: str | None = None) -> None:
       and lowering are the ``schedule`` ones. Megatron supports it only with virtual stages
       (``megatron/training/arguments.py``: "non-interleaved schedule does not support
       overlapping p2p communication"), so gpipe / 1f1b are refused.
-    - ``blocking``: Megatron-LM's default ``overlap_p2p_comm = False`` (``batch_p2p_comm``):
-      every send and recv is issued at its action, after the compute before it, and the next
-      compute waits for it.
+    - ``blocking``: every send and recv waited where torch's order issues it, each recv issued
+      after the compute before it (a CUDA stream runs the recv's kernel behind the compute queued
+      before it). That is what torch's single-stage loops do (``_wait_batch_p2p(_batch_p2p(...))``
+      right after issuing; Flint's ``schedule`` lowering of them posts each recv early and waits
+      right before its use, which is more optimistic), and the semantics of Megatron-LM's
+      ``overlap_p2p_comm = False``; but Megatron's non-overlapped interleaved schedule runs its own
+      order, one batched exchange after each forward + backward pair, which is not reproduced: in
+      torch's interleaved order, blocking synchronizes the ranks after every F and every B and
+      overstates the cost.
     """
     from flint.plan import PlanError
 

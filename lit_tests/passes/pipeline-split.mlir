@@ -46,7 +46,7 @@
 // p2p=overlap (Megatron's overlap_p2p_comm) is what torch's multi-stage runtime runs: the same entries.
 // OVER:       ["pp_send_f_p1", 1 : i64, {tag = 0 : i64}], ["pp_recv_f_p1", 1 : i64, {tag = 4 : i64}], ["embed_fwd", 1 : i64], ["block_fwd", 1 : i64], ["pp_send_f_p1", 1 : i64, {tag = 1 : i64}], ["pp_recv_f_p1", 1 : i64, {tag = 5 : i64}], ["block_fwd", 1 : i64, {wait = [4 : i64]}]
 // OVER-SAME:  p2p = "overlap"
-// p2p=blocking (Megatron's default): torch's order, sends and recvs synchronous; each recv is issued
+// p2p=blocking: torch's order, sends and recvs synchronous; each recv is issued
 // after the compute before it (post) and the next compute waits for the send and the recv.
 // BLOCK:      chakra.graph @step_pp0 {
 // BLOCK:      %[[MM:.*]] = chakra.comp "aten.matmul.default"
