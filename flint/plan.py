@@ -70,6 +70,12 @@ sharded parameters keep the model's dtype (e.g. fp32 master weights, which the
 optimizer steps) and are cast to it before their all-gather, so forward and
 backward compute in it (Megatron's bf16 model with fp32 main parameters).
 
+``pp_p2p`` (:func:`flint.pipeline.schedules.check_p2p`): the stage-boundary
+send/recv as the schedule runs them (``schedule``, the default), ``overlap``
+(Megatron's ``overlap_p2p_comm``; multi-stage schedules only, where it is what
+torch's runtime runs too) or ``blocking`` (each send and recv waited where
+torch's order issues it, the recv issued after the compute before it).
+
 Validation happens once, in :meth:`Plan.validate` (called by every
 constructor here) and :meth:`Plan.check_model` (against a model's shape),
 before any work; errors are :class:`PlanError` naming the field and the
@@ -145,6 +151,7 @@ class Plan:
     pp_schedule: str = "1f1b"
     pp_virtual_stages: int = 1  # stages per pipeline rank (interleaved schedules: > 1)
     pp_layers: tuple[int, ...] | None = None  # explicit layers per stage; None: even split
+    pp_p2p: str = "schedule"  # stage-boundary send/recv: as the schedule runs them, "overlap" or "blocking"
     activation_checkpoint: str = "none"
     tp_style: str = "dtensor"  # shard-expand: where TP partial sums are reduced (dtensor: per linear; megatron: fused)
     ac_every: int = 1  # selective-layer: checkpoint every N-th block
@@ -300,9 +307,10 @@ class Plan:
             raise PlanError("microbatches", f"schedule '{self.pp_schedule}' needs a multiple of pp = {self.pp} "
                             f"microbatches, got {self.microbatches}", src)
         if self.pp > 1:  # what torch.distributed.pipelining's schedule classes accept
-            from flint.pipeline.schedules import check
+            from flint.pipeline.schedules import check, check_p2p
 
             check(self.pp_schedule, self.pp, self.microbatches, v, src, counts=False)
+            check_p2p(self.pp_p2p, self.pp_schedule, src)
         if self.pp_layers is not None:
             layers = tuple(self.pp_layers)
             if len(layers) != self.pp * v:
@@ -470,7 +478,8 @@ class Plan:
 
 
 _BOOL_FIELDS = {"sp"}
-_STR_FIELDS = {"grad_sync", "pp_schedule", "activation_checkpoint", "tp_style", "fp8", "reduce_dtype", "param_dtype"}
+_STR_FIELDS = {"grad_sync", "pp_schedule", "activation_checkpoint", "tp_style", "fp8", "reduce_dtype", "param_dtype",
+               "pp_p2p"}
 _LIST_FIELDS = {"order": str, "pp_layers": int, "fp8_filter_fqns": str}
 _FLOAT_FIELDS = {"capacity_factor"}
 

@@ -243,7 +243,7 @@ def get_schedule_entries(module, role: int = 0) -> list[tuple[str, int, dict]]:
         options = {}
         if len(entry.data) == 3:
             for key, value in entry.data[2].data.items():
-                if key == "tag" and isinstance(value, IntegerAttr):
+                if key in ("tag", "post") and isinstance(value, IntegerAttr):
                     options[key] = value.value.data
                 elif key in ("nosync", "nogather") and isinstance(value, ArrayAttr) and \
                         all(isinstance(a, StringAttr) for a in value.data):
@@ -252,8 +252,8 @@ def get_schedule_entries(module, role: int = 0) -> list[tuple[str, int, dict]]:
                     options[key] = tuple(a.value.data for a in value.data)
                 else:
                     raise VerifyException(f"module attribute {SCHEDULE_ATTR} entry for @{name}: option {key} = {value} "
-                                          "is not tag (integer), nosync or nogather (list of axis names) or wait "
-                                          "(list of tags)")
+                                          "is not tag (integer), nosync or nogather (list of axis names), wait (list of tags) "
+                                          "or post (integer: 1 issues a recv after the compute before it)")
         parts.append((name, count, options))
     return parts
     return parts

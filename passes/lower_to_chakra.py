@@ -178,7 +178,7 @@ class _FunctionLowering:
     def __init__(self, fn: func.FuncOp, block: Block, device: Device, streams: _Streams, merge: bool = False,
                  mode: str = ALL, slots: list[SSAValue] | None = None, tag_offset: int = 0,
                  nosync_axes: frozenset[int] = frozenset(), costs: dict | None = None,
-                 nogather_axes: frozenset[int] = frozenset()):
+                 nogather_axes: frozenset[int] = frozenset(), post: bool = False):
         self.fn, self.block, self.device, self.s, self.merge = fn, block, device, streams, merge
         self.mode = mode
         # From the schedule entry (pipeline-split): added to send/recv tags; data-parallel
@@ -188,6 +188,9 @@ class _FunctionLowering:
         # gathered from the step's first microbatch)
         self.nogather_axes = nogather_axes
         self.kept = kept_gather_ops(fn, nogather_axes, costs)
+        # From the schedule entry's ``post`` (pipeline-split, p2p = blocking): recvs are issued after the
+        # compute before them (torch issues a recv's kernel behind the compute queued before it).
+        self.post = post
         # op -> (flops, bytes, duration): a function run from many schedule entries is costed once.
         self.costs = costs if costs is not None else {}
         self.issued: list[SSAValue] = []
@@ -446,8 +449,9 @@ class _FunctionLowering:
         cls = chakra.SendOp if is_send else chakra.RecvOp
         nbytes = _bytes_of(op.input if is_send else op.result)
         stream = dist.stream_of(op)
+        after = [self.s.compute] if self.post and not is_send and self.s.compute is not None else []
         node = cls.build(
-            operands=[data, self._order(data, self.last_p2p.get((cls, stream)))], result_types=[chakra.NODE],
+            operands=[data, self._order(data, self.last_p2p.get((cls, stream)), after)], result_types=[chakra.NODE],
             properties={"node_name": StringAttr(op.name), "bytes": IntegerAttr(nbytes, i64),
                         "tag": IntegerAttr(op.tag_at(self.step) + self.tag_offset, op.tag.type),
                         "offset": IntegerAttr(op.offset_at(self.step), op.offset.type), **self._spmd(op),
@@ -578,7 +582,8 @@ class LowerToChakraPass(ModulePass):
             options = entries[e][2]
             return {"tag_offset": options.get("tag", 0), "costs": costs,
                     "nosync_axes": frozenset(axis_index[a] for a in options.get("nosync", ()) if a in axis_index),
-                    "nogather_axes": frozenset(axis_index[a] for a in options.get("nogather", ()) if a in axis_index)}
+                    "nogather_axes": frozenset(axis_index[a] for a in options.get("nogather", ()) if a in axis_index),
+                    **({"post": True} if options.get("post") else {})}
 
         def prologue(e: int) -> None:
             # Iterations 0..K-1 of entry e issue their prefetched ops here, in order.
@@ -647,8 +652,8 @@ class LowerToChakraPass(ModulePass):
         pattern = tuple(-1 if v is None else first.setdefault(v, i) for i, v in enumerate(ext))
         # the entry's tag offset only adds to the tags of the run's sends and recvs
         offset = extra.get("tag_offset", 0)
-        key = (fn.sym_name.data, extra.get("nosync_axes", frozenset()), extra.get("nogather_axes", frozenset()), merge,
-               tagged, names, len(s.blocking), pattern)
+        key = (fn.sym_name.data, extra.get("nosync_axes", frozenset()), extra.get("nogather_axes", frozenset()),
+               extra.get("post", False), merge, tagged, names, len(s.blocking), pattern)
         hit = cache.get(key) if cache is not None and self.reuse_flat_runs else None
         if hit is not None:
             t_ext, ops, end, t_offset = hit

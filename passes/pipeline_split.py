@@ -14,7 +14,7 @@ from xdsl.utils.exceptions import VerifyException
 from flint.errors import FlintError
 from flint.ir.aten import SCHEDULE_ATTR, STAGE_SCHEDULES_ATTR, PIPELINE_ATTR, get_schedule
 from flint.passes.lower_to_chakra import ROLE_ATTR
-from flint.pipeline.schedules import COMPUTE, rank_actions, sends_wait_at_step_end, stage_ranks
+from flint.pipeline.schedules import COMPUTE, check_p2p, rank_actions, sends_wait_at_step_end, stage_ranks
 from flint.plan import PlanError
 
 _PHASES = ("fwd", "bwd", "optim")
@@ -36,10 +36,12 @@ def even_split(n_layers: int, n_stages: int) -> list[int]:
 
 @lru_cache(maxsize=1 << 16)  # attributes are immutable: a schedule's repeated entries share one (xDSL's are slow to build)
 def _entry(name: str, count: int, tag: int | None = None, nosync: tuple[str, ...] = (),
-           wait: tuple[int, ...] = (), nogather: tuple[str, ...] = ()) -> ArrayAttr:
+           wait: tuple[int, ...] = (), nogather: tuple[str, ...] = (), post: bool = False) -> ArrayAttr:
     extra = {}
     if tag is not None:
         extra["tag"] = IntegerAttr(tag, i64)
+    if post:
+        extra["post"] = IntegerAttr(1, i64)
     if nosync:
         extra["nosync"] = ArrayAttr([StringAttr(a) for a in nosync])
     if nogather:
@@ -90,6 +92,15 @@ class PipelineSplitPass(ModulePass):
     gives the tag (unique per boundary, direction and microbatch). The
     optimizer functions run once per step for the layers the rank holds.
 
+    Send/recv waiting (``p2p``, the plan's ``pp_p2p``;
+    :func:`flint.pipeline.schedules.check_p2p`): ``schedule`` as above;
+    ``overlap`` (Megatron's ``overlap_p2p_comm``) is the same on a multi-stage
+    schedule and refused on GPipe / 1F1B; ``blocking`` keeps torch's order
+    but makes every send and recv synchronous, and marks
+    each recv entry ``post``: lowering issues the recv after the compute
+    before it (where the rank reaches it), so the transfer cannot start
+    earlier, and the next compute waits for it.
+
     Gradient accumulation: with ``grad-sync=step`` (PyTorch's
     ``no_sync`` / FSDP2 ``set_requires_gradient_sync(False)`` for all but the
     last microbatch) the backward entries of every microbatch but the last
@@ -129,6 +140,7 @@ class PipelineSplitPass(ModulePass):
     reshard_after_backward: bool = True  # false: parameter all-gathers only in each stage's first forward
     axis: str = "pp"
     dp_axes: str = ""  # comma-separated data-parallel axes for grad-sync=step; default: the plan's
+    p2p: str = "schedule"  # how sends / recvs wait: schedule (torch), overlap (Megatron's overlap_p2p_comm), blocking
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         from flint.chakra.from_ir import mesh_of
@@ -142,6 +154,7 @@ class PipelineSplitPass(ModulePass):
                 raise PlanError(field_name, f"must be at least 1, got {value}")
         if self.grad_sync not in GRAD_SYNC:
             raise PlanError("grad_sync", f"unknown value '{self.grad_sync}'; known: {', '.join(GRAD_SYNC)}")
+        check_p2p(self.p2p, self.schedule)
         mesh = mesh_of(op)
         if P > 1:
             if self.axis not in mesh.axis_names:
@@ -185,7 +198,8 @@ class PipelineSplitPass(ModulePass):
         axis_index = mesh.axis_index(self.axis) if P > 1 else 0
         grid = next(o for o in op.ops if o.name == "shard.grid").sym_name.data
         new_funcs: dict[str, func.FuncOp] = {}
-        async_send = sends_wait_at_step_end(self.schedule)
+        blocking = self.p2p == "blocking"
+        async_send = sends_wait_at_step_end(self.schedule) and not blocking
 
         def p2p(kind: str, offset: int) -> str:
             name = f"pp_{kind.lower()}_{'m' if offset < 0 else 'p'}{abs(offset)}"
@@ -226,7 +240,9 @@ class PipelineSplitPass(ModulePass):
             backwards = [0] * n_stages  # torch's backward_counter: the stage's M-th B / W syncs gradients
             forwards = [0] * n_stages  # after a stage's first forward its parameters stay gathered (nogather)
             consumer = {}  # (F | B, stage, microbatch) -> tag of the recv that action waits for
-            for a in (actions[rank] if async_send else _wait_at_use(actions[rank])):
+            # blocking: torch's order, each recv waited where it is issued; else single-stage schedules wait
+            # for each recv right before its use
+            for a in (actions[rank] if async_send or blocking else _wait_at_use(actions[rank])):
                 s, k = a.stage, a.microbatch
                 if a.kind in COMPUTE:
                     t = consumer.pop(("B" if a.kind == "I" else a.kind, s, k), None)
@@ -252,7 +268,8 @@ class PipelineSplitPass(ModulePass):
                     peer_stage = s + (1 if (send != is_bwd) else -1)
                     offset = owner[peer_stage] - owner[s]
                     boundary = min(s, peer_stage)
-                    entries.append(_entry(p2p(a.kind, offset), 1, tag=tag(boundary, is_bwd, k)))
+                    entries.append(_entry(p2p(a.kind, offset), 1, tag=tag(boundary, is_bwd, k),
+                                          post=blocking and not send))
                     if async_send and not send:  # posted here, waited for by the action that reads it
                         consumer[("F" if a.kind == "RECV_F" else "B", s, k)] = tag(boundary, is_bwd, k)
             assert not consumer, f"recvs without a consumer: {consumer}"
@@ -278,6 +295,7 @@ class PipelineSplitPass(ModulePass):
             "stage_ranks": ArrayAttr([IntegerAttr(r, i64) for r in owner]),
             "layers": ArrayAttr([IntegerAttr(n, i64) for n in layers]),
             "grad_sync": StringAttr(self.grad_sync),
+            **({"p2p": StringAttr(self.p2p)} if self.p2p != "schedule" else {}),
         })
 
     @staticmethod

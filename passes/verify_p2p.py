@@ -16,7 +16,7 @@ from xdsl.utils.exceptions import VerifyException
 
 from flint.cost import tensor_bytes
 from flint.ir import dist
-from flint.ir.aten import AtenOp, get_schedule
+from flint.ir.aten import STAGE_SCHEDULES_ATTR, AtenOp, get_schedule, get_schedule_entries, stage_roles
 from flint.mesh import Mesh
 
 
@@ -108,6 +108,17 @@ class VerifyP2PPass(ModulePass):
       whose operand depends on it. Every op can complete iff this graph is
       acyclic (a topological order is an execution); a cycle is reported.
 
+    A pipelined module (``flint.stage_schedules``, from ``pipeline-split``):
+    each function holding its own sends and recvs is checked as above, once;
+    the stage-boundary sends and recvs (the tagged schedule entries) are
+    checked across ranks, each rank running its pipeline role's schedule,
+    tags offset by the entry's ``tag``. The wait-for graph then also holds
+    one node per compute entry, as ``lower-to-chakra`` orders them: each
+    compute entry after the previous one, after the synchronous sends and
+    recvs issued since it and after the recvs its ``wait`` names; a send
+    after the compute before it (its data); a ``post`` recv too; sends and
+    recvs in order per kind, stream and peer (the simulator's queues).
+
     Failures name both ops (the first offending pair), with their locations,
     and the ranks. An analysis: the module is left unchanged.
     """
@@ -121,6 +132,14 @@ class VerifyP2PPass(ModulePass):
         mesh = Mesh(tuple(grids[0].shape.get_values()))
         funcs = {f.sym_name.data: f for f in op.ops if isinstance(f, func.FuncOp)}
         order = [name for name, _ in get_schedule(op)] if funcs else []
+        pipelined = STAGE_SCHEDULES_ATTR in op.attributes
+        if pipelined:  # each function's own exchanges once; the tagged stage-boundary entries in _pipeline
+            seen: dict[str, None] = {}
+            for role in range(stage_roles(op)):
+                for name, _, options in get_schedule_entries(op, role):
+                    if "tag" not in options:
+                        seen.setdefault(name, None)
+            order = list(seen)
         world = mesh.world_size
         coords = np.indices(mesh.shape).reshape(mesh.ndim, -1)
         g = nx.DiGraph()
@@ -162,6 +181,64 @@ class VerifyP2PPass(ModulePass):
                         recvs.setdefault((part, peer, r, o.tag_at(step)), []).append(node)
         self._match(g, sends, recvs, ops)
         self._deadlock(g)
+        if pipelined:
+            self._pipeline(op, mesh, funcs)
+
+    def _pipeline(self, op: ModuleOp, mesh: Mesh, funcs: dict[str, func.FuncOp]) -> None:
+        """The stage-boundary sends and recvs of a pipelined module, every rank running its role's schedule."""
+        from flint.chakra.from_ir import mesh_of, pipeline_roles
+
+        _, role_of = pipeline_roles(op, mesh_of(op))
+        coords = np.indices(mesh.shape).reshape(mesh.ndim, -1)
+        g = nx.DiGraph()
+        ops: dict[tuple, Operation] = {}
+        sends: dict[tuple, list] = {}
+        recvs: dict[tuple, list] = {}
+        p2p_of = {name: _p2p_sources(fn)[0] for name, fn in funcs.items()}
+        for r in range(mesh.world_size):
+            comp = None  # the last compute entry's node
+            pending: list[tuple] = []  # synchronous sends / recvs since then: the next compute waits for them
+            posted: dict[int, tuple] = {}  # tag -> an asynchronous recv not waited for yet
+            last: dict[tuple, tuple] = {}  # (kind, stream, peer) -> the queue's last node
+            for e, (name, _, options) in enumerate(get_schedule_entries(op, int(role_of[r]))):
+                if "tag" not in options:
+                    node = ("compute", r, e)
+                    g.add_node(node, op=funcs[name], rank=r)
+                    for prev in ([comp] if comp is not None else []) + pending + [posted.pop(t) for t in
+                                                                                  options.get("wait", ()) if t in posted]:
+                        g.add_edge(prev, node)
+                    comp, pending = node, []
+                    continue
+                for i, (o, step) in enumerate(p2p_of[name]):
+                    axis = o.axes()[0]
+                    k = _peer_offset(o, int(coords[axis, r]), step)
+                    where = dist.where_of(o)
+                    if k % mesh.shape[axis] == 0 or (where is not None and int(coords[where[0], r]) != where[1]):
+                        continue
+                    peer = mesh.peer(r, axis, k)
+                    node = (e, r, i)
+                    g.add_node(node, op=o, rank=r)
+                    ops[node] = o
+                    key = (type(o), dist.stream_of(o), peer)
+                    if key in last:
+                        g.add_edge(last[key], node)
+                    last[key] = node
+                    tag = o.tag_at(step) + options["tag"]
+                    send = isinstance(o, dist.SendOp)
+                    if comp is not None and (send or options.get("post")):
+                        g.add_edge(comp, node)
+                    if send:
+                        sends.setdefault(("pipeline", r, peer, tag), []).append(node)
+                    else:
+                        recvs.setdefault(("pipeline", peer, r, tag), []).append(node)
+                    result = o.token if send else o.result
+                    if result is not None and isinstance(result.type, dist.FutureType):
+                        if not send:
+                            posted[options["tag"]] = node
+                    else:
+                        pending.append(node)
+        self._match(g, sends, recvs, ops)
+        self._deadlock(g)
 
     @staticmethod
     def _match(g: nx.DiGraph, sends: dict, recvs: dict, ops: dict) -> None:
@@ -194,6 +271,7 @@ class VerifyP2PPass(ModulePass):
         except nx.NetworkXNoCycle:
             return
         ops = [g.nodes[u] for u, _ in cycle]
+        ops = [x for x in ops if isinstance(x["op"], dist.SendOp | dist.RecvOp)] or ops  # name sends / recvs
         a, b = ops[0], ops[1] if len(ops) > 1 else ops[0]
         ranks = sorted({x["rank"] for x in ops})
         raise P2PError(a["op"], b["op"], f"'{a['op'].name}' op on rank {a['rank']} can never complete: it waits, "

@@ -69,6 +69,8 @@ def test_megatron_pipelined_rows_run_interleaved_one_layer_per_virtual_stage():
         assert plan.pp_schedule == "interleaved-1f1b", rid
         assert plan.pp_virtual_stages * row["pp"] == row["layers"], rid
         assert plan.microbatches == row["global_batch"] // (row["gpus"] // (row["tp"] * row["pp"])), rid
+        assert plan.pp_p2p == "overlap", rid  # stated by the rows' source (Megatron's overlap_p2p_comm)
+    assert acc.plan_of(rows["S2-full"]).pp_p2p == "schedule"
 
 
 def test_tp_comm_overlap_only_where_the_source_states_it():

@@ -352,7 +352,8 @@ def cmd_expand(args: argparse.Namespace) -> int:
           f"({time.perf_counter() - t0:.2f} s)")
     unit = "step" if not split else "microbatch, before pipeline-split (every stage's layers)"
     if split:
-        print(f"  pipeline-split: {plan.pp_schedule}, {plan.pp} pipeline ranks, {plan.microbatches} microbatches "
+        print(f"  pipeline-split: {plan.pp_schedule}, {plan.pp} pipeline ranks, {plan.microbatches} microbatches"
+              + (f", send/recv {plan.pp_p2p}" if plan.pp_p2p != "schedule" else "") + " "
               f"(one program per pipeline rank; flint estimate / emit for the whole step)")
     print(f"  FLOPs per rank and {unit.split(',')[0]}  {_fmt_count(summary.flops)}FLOP (single device "
           f"{_fmt_count(single.flops)}FLOP, x{single.flops / max(summary.flops, 1):.2f})")

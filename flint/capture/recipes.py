@@ -69,7 +69,7 @@ RECIPES = ("dp", "fsdp", "tp", "tp+sp", "dp+tp", "fsdp+tp", "fsdp+tp+sp")
 # Plan fields the capture recipes implement; others are refused by Plan.require.
 CAPTURE_FIELDS = ("dp_replicate", "dp_shard", "tp", "sp",
                   # pipeline and microbatches: one microbatch is captured, pipeline-split schedules it
-                  "pp", "microbatches", "grad_sync", "pp_schedule", "pp_virtual_stages", "pp_layers",
+                  "pp", "microbatches", "grad_sync", "pp_schedule", "pp_virtual_stages", "pp_layers", "pp_p2p",
                   # activation checkpointing of the blocks (torchtitan's modes, flint.capture.recipes.apply_ac)
                   "activation_checkpoint", "ac_every",
                   # float8 linear layers (torchao's Float8Linear, flint.capture.float8.apply_float8)

@@ -5,7 +5,7 @@ from flint.pipeline.schedules import SCHEDULES, Action, rank_actions, stage_rank
 __all__ = ["PIPELINE_FIELDS", "SCHEDULES", "Action", "rank_actions", "split_by_plan", "stage_ranks"]
 
 # The plan fields pipeline-split reads (flint.plan.Plan).
-PIPELINE_FIELDS = ("pp", "microbatches", "pp_schedule", "pp_virtual_stages", "pp_layers", "grad_sync")
+PIPELINE_FIELDS = ("pp", "microbatches", "pp_schedule", "pp_virtual_stages", "pp_layers", "grad_sync", "pp_p2p")
 
 
 def split_by_plan(module, plan) -> bool:
@@ -25,5 +25,5 @@ def split_by_plan(module, plan) -> bool:
                       # ZeRO-2: the gathered parameters stay through the step (torch pipelining's
                       # set_reshard_after_backward(False) on non-last backwards; see pipeline-split)
                       reshard_after_backward=plan.zero != 2,
-                      layers=tuple(plan.pp_layers or ())).apply(Context(), module)
+                      layers=tuple(plan.pp_layers or ()), p2p=plan.pp_p2p).apply(Context(), module)
     return True

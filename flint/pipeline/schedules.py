@@ -41,6 +41,8 @@ SCHEDULES = {
     "zbv-zero-bubble": "ZBVZeroBubble",
 }
 COMPUTE = ("F", "B", "I", "W")
+# How stage-boundary send/recv wait (plan field pp_p2p, pipeline-split option p2p): see check_p2p.
+P2P_MODES = ("schedule", "overlap", "blocking")
 P2P = ("SEND_F", "RECV_F", "SEND_B", "RECV_B")
 
 
@@ -77,6 +79,39 @@ def check(schedule: str, pp: int, microbatches: int, virtual: int, source: str |
     if schedule.startswith("interleaved") and microbatches % pp:
         raise PlanError("microbatches", f"schedule '{schedule}' needs a multiple of pp = {pp} microbatches, "
                         f"got {microbatches}", source)
+
+
+def check_p2p(mode: str, schedule: str, source: str | None = None) -> None:
+    """Refuse a ``pp_p2p`` mode the schedule cannot run, naming the plan field.
+
+    - ``schedule``: as torch runs ``schedule`` (:func:`sends_wait_at_step_end`): multi-stage
+      schedules post every recv asynchronously at its ``RECV`` action and wait for it at the
+      consuming compute, and wait for their sends after the last action; single-stage ones
+      (GPipe, 1F1B) wait for each batched send/recv when issued.
+    - ``overlap``: Megatron-LM's ``overlap_p2p_comm = True`` (recv of the next virtual
+      micro-batch posted before the current compute, waited right before its use; sends
+      asynchronous). On a multi-stage schedule that is what torch's runtime runs, so the order
+      and lowering are the ``schedule`` ones. Megatron supports it only with virtual stages
+      (``megatron/training/arguments.py``: "non-interleaved schedule does not support
+      overlapping p2p communication"), so gpipe / 1f1b are refused.
+    - ``blocking``: every send and recv waited where torch's order issues it, each recv issued
+      after the compute before it (a CUDA stream runs the recv's kernel behind the compute queued
+      before it). That is what torch's single-stage loops do (``_wait_batch_p2p(_batch_p2p(...))``
+      right after issuing; Flint's ``schedule`` lowering of them posts each recv early and waits
+      right before its use, which is more optimistic), and the semantics of Megatron-LM's
+      ``overlap_p2p_comm = False``; but Megatron's non-overlapped interleaved schedule runs its own
+      order, one batched exchange after each forward + backward pair, which is not reproduced: in
+      torch's interleaved order, blocking synchronizes the ranks after every F and every B and
+      overstates the cost.
+    """
+    from flint.plan import PlanError
+
+    if mode not in P2P_MODES:
+        raise PlanError("pp_p2p", f"unknown value '{mode}'; known: {', '.join(P2P_MODES)}", source)
+    if mode == "overlap" and schedule in SCHEDULES and not sends_wait_at_step_end(schedule):
+        raise PlanError("pp_p2p", f"'overlap' needs a schedule with virtual stages (Megatron-LM: \"non-interleaved "
+                        f"schedule does not support overlapping p2p communication\"), got pp_schedule = '{schedule}'",
+                        source)
 
 
 def stage_ranks(schedule: str, pp: int, virtual: int) -> list[int]:

@@ -5,6 +5,8 @@
 // RUN: flint-opt %s -p 'pipeline-split{stages=2 microbatches=2 schedule=zbv-zero-bubble virtual=2}' | filecheck %s --check-prefix=ZBV
 // RUN: flint-opt %s -p 'pipeline-split{stages=2 microbatches=2 schedule=interleaved-zero-bubble virtual=2}' | filecheck %s --check-prefix=IZB
 // RUN: flint-opt %s -p 'pipeline-split{stages=2 microbatches=2 schedule=gpipe},lower-to-chakra' | filecheck %s --check-prefix=LOWER
+// RUN: flint-opt %s -p 'pipeline-split{stages=2 microbatches=2 schedule=interleaved-1f1b virtual=2 p2p=blocking},verify-p2p,lower-to-chakra' | filecheck %s --check-prefix=BLOCK
+// RUN: flint-opt %s -p 'pipeline-split{stages=2 microbatches=2 schedule=interleaved-1f1b virtual=2 p2p=overlap}' | filecheck %s --check-prefix=OVER
 // flint-opt verifies the module after every pass.
 
 // GPipe, 2 pipeline ranks, 2 microbatches, 4 layers split 2 + 2. Rank 0 runs embed + 2 blocks and
@@ -41,6 +43,21 @@
 // INTER:      flint.stage_schedules = {{\[\[}}["embed_fwd", 1 : i64], ["block_fwd", 1 : i64], ["pp_send_f_p1", 1 : i64, {tag = 0 : i64}], ["pp_recv_f_p1", 1 : i64, {tag = 4 : i64}], ["embed_fwd", 1 : i64], ["block_fwd", 1 : i64], ["pp_send_f_p1", 1 : i64, {tag = 1 : i64}], ["pp_recv_f_p1", 1 : i64, {tag = 5 : i64}], ["block_fwd", 1 : i64, {wait = [4 : i64]}]
 // INTER-SAME: ["block_optim", 2 : i64]]
 // INTER-SAME: stages = 4 : i64, schedule = "interleaved-1f1b", microbatches = 2 : i64, stage_ranks = [0 : i64, 1 : i64, 0 : i64, 1 : i64], layers = [1 : i64, 1 : i64, 1 : i64, 1 : i64]
+// p2p=overlap (Megatron's overlap_p2p_comm) is what torch's multi-stage runtime runs: the same entries.
+// OVER:       ["pp_send_f_p1", 1 : i64, {tag = 0 : i64}], ["pp_recv_f_p1", 1 : i64, {tag = 4 : i64}], ["embed_fwd", 1 : i64], ["block_fwd", 1 : i64], ["pp_send_f_p1", 1 : i64, {tag = 1 : i64}], ["pp_recv_f_p1", 1 : i64, {tag = 5 : i64}], ["block_fwd", 1 : i64, {wait = [4 : i64]}]
+// OVER-SAME:  p2p = "overlap"
+// p2p=blocking: torch's order, sends and recvs synchronous; each recv is issued
+// after the compute before it (post) and the next compute waits for the send and the recv.
+// BLOCK:      chakra.graph @step_pp0 {
+// BLOCK:      %[[MM:.*]] = chakra.comp "aten.matmul.default"
+// BLOCK-NEXT: %[[S:.*]] = chakra.send "dist.send" on @mesh grid_axes = [0] offset = 1 tag = 0 bytes = 512 data(%[[MM]])
+// BLOCK-NEXT: %[[R:.*]] = chakra.recv "dist.recv" on @mesh grid_axes = [0] offset = 1 tag = 4 bytes = 512 ctrl(%[[MM]])
+// BLOCK-NEXT: chakra.comp "aten.empty.memory_format" {{.*}} ctrl(%[[MM]], %[[S]], %[[R]])
+// BLOCK:      chakra.graph @step_pp1 {
+// BLOCK-NEXT: %[[R1:.*]] = chakra.recv "dist.recv" on @mesh grid_axes = [0] offset = -1 tag = 0 bytes = 512
+// BLOCK-NEXT: %[[C1:.*]] = chakra.comp "aten.matmul.default" {{.*}} ctrl(%[[R1]])
+// BLOCK-NEXT: chakra.send "dist.send" on @mesh grid_axes = [0] offset = -1 tag = 4 bytes = 512 data(%[[C1]])
+// BLOCK-NEXT: chakra.recv "dist.recv" on @mesh grid_axes = [0] offset = -1 tag = 1 bytes = 512 ctrl(%[[C1]])
 // INTER:      func.func @pp_send_f_p1(%x: tensor<2x8x16xbf16> {flint.role = "activation"}) {
 // INTER-NEXT:   %{{.*}} = dist.send %x to @mesh grid_axes = [0] offset = 1 tag = 0 : tensor<2x8x16xbf16> -> !dist.future<none>
 // INTER:      func.func @pp_recv_f_p1() -> !dist.future<tensor<2x8x16xbf16>> {
