@@ -1,6 +1,7 @@
 """The shape-aware compute model (flint.cost.compute) and device calibrations (flint.cost.calibration)."""
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -50,17 +51,22 @@ def test_large_aligned_gemm_reaches_the_mamf_fraction():
 
 def test_split_k_helps_shapes_with_few_tiles():
     split = H100.calibration.gemm
-    nosplit = GemmModel(split.peak_fraction, split.tiles, split.k_overhead, 1)
+    nosplit = replace(split, max_split_k=1)
     dims, peak, bw = (1, 512, 512, 65536), 989.4e12, 3350e3 * 0.867
     nbytes = 2 * (512 * 65536 * 2 + 512 * 512)
     assert split.time_us(dims, nbytes, peak, 132, bw) < 0.5 * nosplit.time_us(dims, nbytes, peak, 132, bw)
 
 
 def test_memory_bound_gemm_and_kernel_floor():
-    # a GEMV-like product is bounded by its bytes, a tiny one by the floor
+    # a GEMV-like product is bounded by its bytes (plus the fixed GEMM latency), a tiny one by the
+    # GEMM latency (H100, fitted) or the kernel floor (A100: no fitted latency)
     c = op_cost("aten.mm.default", [(8, 8192), (8192, 8192)], "bf16", [(8, 8192)], "bf16")
-    assert H100.op_time_us(c) == pytest.approx(c.bytes / (3350e3 * 0.867), rel=0.05)
-    assert mm(4, 4, 4) == H100.kernel_floor_us
+    latency = H100.calibration.gemm.latency_us
+    assert latency > H100.kernel_floor_us
+    assert H100.op_time_us(c) == pytest.approx(c.bytes / (3350e3 * 0.867) + latency, rel=0.05)
+    assert latency < mm(4, 4, 4) < latency + 1.0  # plus one tile's fill and epilogue
+    a100 = load_device("a100-80gb")
+    assert a100.calibration.gemm.latency_us == 0.0 and mm(4, 4, 4, a100) == a100.kernel_floor_us
 
 
 def test_attention_efficiency_grows_with_sequence():
@@ -110,7 +116,8 @@ def test_calibration_round_trips_through_toml(tmp_path):
 
 
 COMPLETE = {"kernel_floor_us": 3.0,
-            "gemm": {"peak_fraction": 0.8, "tiles": [[128, 128, 1.0]], "k_overhead": 64, "max_split_k": 4},
+            "gemm": {"peak_fraction": 0.8, "mainloop_fraction": 0.9, "tiles": [[128, 128, 1.0]], "k_overhead": 64,
+                     "max_split_k": 4, "latency_us": 5.0},
             "attention": {"fwd_fraction": 0.6, "bwd_fraction": 0.4, "seq_half": 512},
             "compute_efficiency": {"default": 0.5}, "memory_efficiency": {"default": 0.8}}
 
@@ -125,6 +132,8 @@ def _without(table, key):
     ("gemm", "k_overhead", r"cal.toml: missing \[gemm\] k_overhead \(valid: 0 <= k_overhead <= 4096 \(K elements\)\)"),
     ("attention", "seq_half", r"missing \[attention\] seq_half \(valid: 0 <= seq_half <= 1e\+06"),
     ("gemm", "tiles", r"missing \[gemm\] tiles \(valid: a list of \[tile_m, tile_n, rel\]"),
+    ("gemm", "latency_us", r"missing \[gemm\] latency_us \(valid: 0 <= latency_us <= 1000 \(us\)\)"),
+    ("gemm", "mainloop_fraction", r"missing \[gemm\] mainloop_fraction \(valid: 0 < mainloop_fraction <= 1"),
     ("", "kernel_floor_us", r"missing kernel_floor_us \(valid: 0 <= kernel_floor_us <= 1000 \(us\)\)"),
     ("memory_efficiency", "default", r"missing \[memory_efficiency\] default \(valid: 0 < default <= 1"),
 ])
@@ -143,6 +152,9 @@ def test_missing_calibration_key_names_key_and_range(table, key, message):
     ("attention", "bwd_fraction", "0.4", r"bwd_fraction = '0.4' must be a number"),
     ("gemm", "tiles", [[8, 128, 1.0]], r"\[gemm\] tiles entry \[8, 128, 1.0\] is out of range"),
     ("gemm", "bogus", 1, r"\[gemm\] unknown keys \['bogus'\]"),
+    ("gemm", "latency_us", -1.0, r"\[gemm\] latency_us = -1.0 is out of range \(valid: 0 <= latency_us <= 1000"),
+    ("gemm", "mainloop_fraction", 0.7, r"mainloop_fraction = 0.7 is out of range \(valid: peak_fraction = 0.8 <= "
+     r"mainloop_fraction <= 1\)"),
     ("memory_efficiency", "elementwise", 1.5, r"\[memory_efficiency\] elementwise = 1.5 is out of range"),
 ])
 def test_out_of_range_calibration_key_names_key_and_range(table, key, value, message):

@@ -6,7 +6,10 @@ every number with its source (vendor documents, published microbenchmarks),
 never fitted to a workload. Schema (``[table] key``: valid range)::
 
     kernel_floor_us                 0 <= x <= 1000   shortest kernel, launch gap included (us)
-    [gemm]  peak_fraction           0 < x <= 1       MAMF / dense peak (bf16 / fp16 / tf32)
+    [gemm]  peak_fraction           0 < x <= 1       MAMF / dense peak (bf16 / fp16 / tf32): the ceiling
+            mainloop_fraction       0 < x <= 1       one SM's main-loop throughput / its share of the peak
+                                                     (>= peak_fraction)
+            latency_us              0 <= x <= 1000   fixed time of one GEMM kernel (us)
             fp8_peak_fraction       0 < x <= 1       MAMF / dense peak for fp8 GEMMs (devices with fp8)
             tiles                   [[tile_m, tile_n, rel], ...], 16 <= tile <= 1024, 0 < rel <= 1
             k_overhead              0 <= x <= 4096   per-tile fixed cost, in K elements
@@ -44,13 +47,16 @@ _SCALARS: dict[tuple[str, str], tuple[float, float, bool, type, str]] = {
     ("", "kernel_floor_us"): (0.0, 1000.0, True, float, "us"),
     ("gemm", "peak_fraction"): (0.0, 1.0, False, float, "fraction of the dense peak"),
     ("gemm", "fp8_peak_fraction"): (0.0, 1.0, False, float, "fraction of the dense fp8 peak"),
+    ("gemm", "mainloop_fraction"): (0.0, 1.0, False, float, "fraction of the per-SM dense peak"),
+    ("gemm", "latency_us"): (0.0, 1000.0, True, float, "us"),
     ("gemm", "k_overhead"): (0.0, 4096.0, True, float, "K elements"),
     ("gemm", "max_split_k"): (1, 64, True, int, "slices"),
     ("attention", "fwd_fraction"): (0.0, 1.0, False, float, "fraction of the dense peak"),
     ("attention", "bwd_fraction"): (0.0, 1.0, False, float, "fraction of the dense peak"),
     ("attention", "seq_half"): (0.0, 1e6, True, float, "keys"),
 }
-_TABLE_KEYS = {"gemm": ("peak_fraction", "fp8_peak_fraction", "tiles", "k_overhead", "max_split_k"),
+_TABLE_KEYS = {"gemm": ("peak_fraction", "fp8_peak_fraction", "mainloop_fraction", "tiles", "k_overhead",
+                        "max_split_k", "latency_us"),
                "attention": ("fwd_fraction", "bwd_fraction", "seq_half")}
 TOP_KEYS = {"device", "description", "kernel_floor_us", "gemm", "attention", "compute_efficiency",
             "memory_efficiency"}
@@ -77,7 +83,10 @@ class Calibration:
             lines += ["[gemm]", f"peak_fraction = {float(g.peak_fraction)!r}"]
             if self.gemm_fp8_peak_fraction is not None:
                 lines.append(f"fp8_peak_fraction = {float(self.gemm_fp8_peak_fraction)!r}")
-            lines += [f"tiles = [{tiles}]", f"k_overhead = {float(g.k_overhead)!r}", f"max_split_k = {g.max_split_k}"]
+            mainloop = g.peak_fraction if g.mainloop_fraction is None else g.mainloop_fraction
+            lines += [f"mainloop_fraction = {float(mainloop)!r}", f"tiles = [{tiles}]",
+                      f"k_overhead = {float(g.k_overhead)!r}", f"max_split_k = {g.max_split_k}",
+                      f"latency_us = {float(g.latency_us)!r}"]
         if self.attention is not None:
             a = self.attention
             lines += ["[attention]", f"fwd_fraction = {float(a.fwd_fraction)!r}",
@@ -187,7 +196,11 @@ def parse_calibration(data: Mapping[str, Any], where: str, *, needs_fp8: bool = 
 
 
 def _build(floor, g, a, ce, me, where) -> Calibration:
-    gemm = GemmModel(g["peak_fraction"], g["tiles"], g["k_overhead"], g["max_split_k"]) if g else None
+    if g and g["mainloop_fraction"] < g["peak_fraction"]:
+        raise FlintError(f"{where}: [gemm] mainloop_fraction = {g['mainloop_fraction']!r} is out of range "
+                         f"(valid: peak_fraction = {g['peak_fraction']!r} <= mainloop_fraction <= 1)")
+    gemm = GemmModel(g["peak_fraction"], g["tiles"], g["k_overhead"], g["max_split_k"], g["mainloop_fraction"],
+                     g["latency_us"]) if g else None
     att = AttentionModel(a["fwd_fraction"], a["bwd_fraction"], a["seq_half"]) if a else None
     return Calibration(float(floor), ce, me, gemm, g.get("fp8_peak_fraction") if g else None, att, where)
 
@@ -201,8 +214,10 @@ def merge_calibration(base: Calibration, data: Mapping[str, Any], where: str) ->
         else base.kernel_floor_us
     g0 = None
     if base.gemm is not None:
-        g0 = {"peak_fraction": base.gemm.peak_fraction, "tiles": base.gemm.tiles, "k_overhead": base.gemm.k_overhead,
-              "max_split_k": base.gemm.max_split_k}
+        bg = base.gemm
+        g0 = {"peak_fraction": bg.peak_fraction, "tiles": bg.tiles, "k_overhead": bg.k_overhead,
+              "max_split_k": bg.max_split_k, "latency_us": bg.latency_us,
+              "mainloop_fraction": bg.peak_fraction if bg.mainloop_fraction is None else bg.mainloop_fraction}
         if base.gemm_fp8_peak_fraction is not None:
             g0["fp8_peak_fraction"] = base.gemm_fp8_peak_fraction
     a0 = None

@@ -16,18 +16,26 @@ tile ``(tm, tn, rel)`` and split-K factor ``s``::
 
     tiles      = batch * ceil(m / tm) * ceil(n / tn) * s
     waves      = ceil(tiles / sm_count)
-    per_tile   = 2 * tm * tn * (ceil(k / s) + k_overhead) / (peak / sm_count * peak_fraction * rel)
+    per_tile   = 2 * tm * tn * (ceil(k / s) + k_overhead) / (peak / sm_count * mainloop_fraction * rel)
     t_math     = waves * per_tile
     t_bytes    = (inputs + output + (s > 1) * s * m * n * 4 * batch) / (hbm * memory_efficiency[gemm])
-    time       = min over (tile, s) of max(t_math, t_bytes), at least kernel_floor_us
+    t_ceiling  = 2 * batch * m * n * k / (peak * peak_fraction)
+    time       = latency_us + min over (tile, s) of max(t_math, t_bytes, t_ceiling),
+                 at least kernel_floor_us
 
 ``peak_fraction`` is the Maximum Achievable Matmul FLOPS (MAMF) of the device
-over its dense peak (a large, aligned GEMM: tiles fill the waves and the
-fixed per-tile cost is small); ``rel`` is a smaller tile's throughput
+over its dense peak: no GEMM runs faster. ``mainloop_fraction`` is the
+throughput of one SM's main loop over its share of the dense peak (at least
+``peak_fraction``; equal to it where no per-shape data was fitted, which
+makes ``t_ceiling`` inactive); ``rel`` is a smaller tile's throughput
 relative to the largest; ``k_overhead`` is the per-tile fixed cost in
-K-elements (pipeline fill, epilogue), the small-K penalty; split-K cuts K
-into ``s`` slices for shapes with too few output tiles to fill the device,
-at the price of an fp32 partial-sum round trip.
+K-elements (pipeline fill, epilogue), the small-K penalty; ``latency_us``
+the fixed time of one GEMM kernel whatever its shape (launch to first tile,
+prologue, tail), which dominates small GEMMs. Split-K cuts K into ``s``
+slices for shapes with too few output tiles to fill the device, at the
+price of an fp32 partial-sum round trip. Where a device's calibration was
+fitted to published per-shape measurements, :mod:`flint.cost.gemm_fit` did
+it and the data lives beside the calibration (``calibration/data``).
 
 Fused attention (FlashAttention-style, forward or backward)::
 
@@ -53,12 +61,16 @@ class GemmModel:
     tiles: tuple[tuple[int, int, float], ...]  # (tile_m, tile_n, relative throughput)
     k_overhead: float
     max_split_k: int
+    mainloop_fraction: float | None = None  # None: peak_fraction (no ceiling of its own)
+    latency_us: float = 0.0
 
     def time_us(self, dims: GemmDims, nbytes: float, peak_flops_per_s: float, sm_count: int,
                 bytes_per_us: float) -> float:
         """Time of one GEMM without the launch floor (the caller applies it)."""
         batch, m, n, k = (max(int(x), 1) for x in dims)
-        per_sm = peak_flops_per_s / sm_count * self.peak_fraction / 1e6  # FLOPs per microsecond per SM
+        mainloop = self.peak_fraction if self.mainloop_fraction is None else self.mainloop_fraction
+        per_sm = peak_flops_per_s / sm_count * mainloop / 1e6  # FLOPs per microsecond per SM
+        ceiling = 2.0 * batch * m * n * k / (peak_flops_per_s * self.peak_fraction / 1e6)
         best = math.inf
         for tm, tn, rel in self.tiles:
             out_tiles = batch * math.ceil(m / tm) * math.ceil(n / tn)
@@ -67,9 +79,9 @@ class GemmModel:
                 waves = math.ceil(tiles / sm_count)
                 per_tile = 2.0 * tm * tn * (math.ceil(k / s) + self.k_overhead) / (per_sm * rel)
                 extra = 0.0 if s == 1 else 2.0 * s * m * n * 4 * batch  # fp32 partials written + read
-                t = max(waves * per_tile, (nbytes + extra) / bytes_per_us)
+                t = max(waves * per_tile, (nbytes + extra) / bytes_per_us, ceiling)
                 best = min(best, t)
-        return best
+        return self.latency_us + best
 
 
 def _splits(out_tiles: int, k: int, sm_count: int, max_split: int) -> range:

@@ -147,7 +147,9 @@ class Device:
                 and key in _TENSOR_CORE:
             gemm = cal.gemm
             if key == "fp8" and cal.gemm_fp8_peak_fraction is not None:
-                gemm = replace(gemm, peak_fraction=cal.gemm_fp8_peak_fraction)
+                # no per-shape fp8 data: the fp8 MAMF fraction is both the ceiling and the main-loop rate
+                gemm = replace(gemm, peak_fraction=cal.gemm_fp8_peak_fraction,
+                               mainloop_fraction=cal.gemm_fp8_peak_fraction)
             bytes_per_us = self.hbm_bandwidth_gbytes_per_s * 1e3 * self.memory_eff(GEMM)
             t = gemm.time_us(cost.gemm_dims, cost.bytes, self.peak_flops_per_s(dtype), self.sm_count, bytes_per_us)
             return max(t, self.kernel_floor_us)
