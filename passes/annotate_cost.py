@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from xdsl.context import Context
@@ -21,6 +21,7 @@ from xdsl.dialects.builtin import (
 from xdsl.passes import ModulePass
 
 from flint.cost import Device, OpCost, load_device, op_cost
+from flint.cost.flops import INPLACE_SCATTERS, inplace_scatter_bytes
 from flint.cost.opclass import GEMM, classify_target
 from flint.errors import FlintError
 from flint.ir.aten import AtenOp
@@ -69,7 +70,17 @@ def aten_op_cost(op: AtenOp, device: Device) -> tuple[int, int, float]:
         return (op.attributes[FLOPS_ATTR].value.data, op.attributes[BYTES_ATTR].value.data,
                 op.attributes[DURATION_ATTR].value.data)
     cost = aten_op_work(op)
+    if op.overload in INPLACE_SCATTERS and _runs_in_place(op):
+        in_shapes, in_dtypes = _types(op.inputs)
+        cost = replace(cost, bytes=inplace_scatter_bytes(in_shapes, in_dtypes))
     return cost.flops, cost.bytes, device.op_time_us(cost, compute_dtype(op, device))
+
+
+def _runs_in_place(op: AtenOp) -> bool:
+    """Whether a functional scatter's ``self`` is an op's fresh result read by nothing else (returned
+    values count as read): PyTorch then updates it in place (:data:`flint.cost.flops.INPLACE_SCATTERS`)."""
+    target = op.inputs[0]
+    return isinstance(target.owner, AtenOp) and len(list(target.uses)) == 1
 
 
 def compute_dtype(op: AtenOp, device: Device) -> str:

@@ -30,9 +30,10 @@ Pricing: a group is one kernel whose ``bytes`` are its *external* inputs
 outputs (values used outside the group or returned); its duration is the
 device roofline of those bytes (``reduction`` efficiency if the group
 reduces, else ``elementwise``), at least the kernel floor. The group's last
-op carries the kernel (``flops`` = the group's FLOPs, ``bytes``,
-``duration_us``); the other members get ``bytes = 0`` and ``duration_us =
-0``, keeping their own ``flops`` (PyTorch counts pointwise work as 0).
+op that is not a view carries the kernel (``flops`` = the group's FLOPs,
+``bytes``, ``duration_us``); the other members get ``bytes = 0`` and
+``duration_us = 0``, keeping their own ``flops`` (PyTorch counts pointwise
+work as 0).
 Every member gets ``fusion_group = "<function>:<n>"``. Ops outside any group
 of two or more are annotated as by ``annotate-cost``.
 
@@ -291,7 +292,10 @@ class FusePointwisePass(ModulePass):
                 _annotate(o, f, 0, 0.0)
             cls = REDUCTION if reduces else ELEMENTWISE
             duration = device.compute_time_us(0, nbytes, cls) if nbytes or flops else device.kernel_floor_us
-            _annotate(group_ops[-1], flops, nbytes, duration)
+            # the kernel sits on the group's last computing member: a trailing view only aliases its result
+            # (and would otherwise name the kernel in traces, e.g. a fused log-softmax backward as "aten.t")
+            carrier = [o for o in group_ops if classify_target(o.overload) != VIEW][-1]
+            _annotate(carrier, flops, nbytes, duration)
 
 
 def _fresh(op: Operation) -> Operation:

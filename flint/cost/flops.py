@@ -38,7 +38,7 @@ import sys
 # torch is imported on first use (the FLOP registry, op schemas): commands that
 # only read traces or print help start without it.
 
-from flint.cost.dtypes import tensor_bytes
+from flint.cost.dtypes import dtype_bytes, tensor_bytes
 from flint.cost.opclass import ATTENTION, GEMM, VIEW, classify_target, split_target
 from flint.errors import FlintError
 
@@ -221,6 +221,24 @@ def op_bytes(in_shapes: Sequence[Any], in_dtypes: Sequence[Any] | Any,
     if any(d is None for _, d in pairs):
         raise FlintError("op_bytes needs a dtype for every tensor")
     return sum(tensor_bytes(s, d) for s, d in pairs)
+
+
+# Functional scatters whose ``self`` operand PyTorch updates in place when nothing else reads it: the
+# captured (functionalized) graph has the out-of-place form, but eager autograd runs gather's backward as
+# ``grad.new_zeros(self.sizes()).scatter_add_(dim, index, grad)`` (ATen TensorAdvancedIndexing.cpp,
+# gather_backward)
+# and inductor's reinplace pass turns such a scatter back into the in-place one.
+INPLACE_SCATTERS = frozenset({"aten.scatter_add.default", "aten.scatter.src"})
+
+
+def inplace_scatter_bytes(in_shapes: Sequence[Any], in_dtypes: Sequence[Any]) -> int:
+    """Bytes of a scatter (tensor operands ``self, index, src``) run in place on ``self``: it reads the
+    index and the source elements it uses and read-modify-writes the ``numel(index)`` elements of
+    ``self`` they target, never the rest of ``self``."""
+    (self_shape, index_shape, _src_shape), (self_dtype, index_dtype, src_dtype) = in_shapes[:3], in_dtypes[:3]
+    touched = math.prod(int(d) for d in index_shape)
+    return (tensor_bytes(index_shape, index_dtype) + touched * dtype_bytes(src_dtype)
+            + 2 * touched * dtype_bytes(self_dtype))
 
 
 @dataclass(frozen=True)
