@@ -114,9 +114,12 @@ def test_flops_unchanged_and_gemm_time_drops_by_the_peak_ratio():
     scaled = dims(fp8, {"_scaled_mm"})
     assert [(c, d[1:], f) for c, d, f in scaled] == [(c, d[1:], f) for c, d, f in dims(base, {"mm"})]
 
-    # a device whose GEMM model is compute-bound on these shapes (no launch floor, no split-K):
-    # the time ratio is exactly (fp8 peak x fp8 MAMF fraction) / (bf16 peak x bf16 MAMF fraction)
-    dev = load_device("h100-sxm").calibrated({"kernel_floor_us": 0.0, "gemm": {"max_split_k": 1}})
+    # a device whose GEMM model is compute-bound on these shapes (no launch floor, no fixed GEMM latency,
+    # no split-K, the main loop at the MAMF fraction as for fp8): the time ratio is exactly
+    # (fp8 peak x fp8 MAMF fraction) / (bf16 peak x bf16 MAMF fraction)
+    h100 = load_device("h100-sxm")
+    dev = h100.calibrated({"kernel_floor_us": 0.0, "gemm": {
+        "max_split_k": 1, "latency_us": 0.0, "mainloop_fraction": h100.calibration.gemm.peak_fraction}})
     t_bf16 = sum(c * aten_op_cost(op, dev)[2] for fn, c, op in _ops(base) if fn.startswith("block")
                  and _name(op) == "mm")
     t_fp8 = sum(c * aten_op_cost(op, dev)[2] for fn, c, op in _ops(fp8) if fn.startswith("block")
