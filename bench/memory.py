@@ -3,6 +3,7 @@
     .venv/bin/python bench/memory.py                       # tiny models, every plan and AC mode
     .venv/bin/python bench/memory.py --full                # + full-size Llama-3 8B / GPT-2 small, few layers
     .venv/bin/python bench/memory.py --only 'fsdp+tp w4'   # cases whose label contains a substring
+    .venv/bin/python bench/memory.py --partitioner eager   # Flint saves what eager autograd saves
 
 Each case runs in a fresh process (flint.validate.memory.compare_in_subprocess): the tracker runs
 two eager training steps of the model on fake tensors over a fake process group, Flint captures the
@@ -25,7 +26,7 @@ PLANS = (("dp", 2), ("fsdp", 2), ("fsdp+tp", 4))
 TINY_PLANS = PLANS + (("tp+sp", 2), ("hsdp", 4))
 
 
-def cases(full: bool) -> list[MemoryCase]:
+def cases(full: bool, partitioner: str = "min-cut") -> list[MemoryCase]:
     out = []
     models = [("llama-tiny", 4, None), ("gpt2-tiny", 4, None)]
     if full:  # full-size widths, few layers, one sequence of 1,024 tokens per DP rank
@@ -33,10 +34,10 @@ def cases(full: bool) -> list[MemoryCase]:
     for model, layers, seq in models:
         for plan, world in (TINY_PLANS if seq is None else PLANS):
             for ac in AC_MODES:
-                case = MemoryCase(model, plan, world, ac, ac_every=2, layers=layers)
+                case = MemoryCase(model, plan, world, ac, ac_every=2, layers=layers, partitioner=partitioner)
                 if seq is not None:
                     case = MemoryCase(model, plan, world, ac, ac_every=2, layers=layers,
-                                      batch=(case.flint_plan().dp, seq))
+                                      batch=(case.flint_plan().dp, seq), partitioner=partitioner)
                 out.append(case)
     return out
 
@@ -46,9 +47,12 @@ def main() -> int:
     ap.add_argument("--full", action="store_true", help="add full-size model widths (few layers)")
     ap.add_argument("--only", default="", help="substring filter on case labels")
     ap.add_argument("--exclude", default="", help="skip cases whose label contains this substring")
+    ap.add_argument("--partitioner", default="min-cut", choices=("min-cut", "eager"),
+                    help="Flint's capture: min-cut (what torch.compile saves for the backward) or eager (what "
+                         "eager autograd saves, as the tracker's eager run does); default: %(default)s")
     args = ap.parse_args()
     results, failed = [], []
-    for case in cases(args.full):
+    for case in cases(args.full, args.partitioner):
         if args.only and args.only not in case.label() or args.exclude and args.exclude in case.label():
             continue
         t0 = time.perf_counter()

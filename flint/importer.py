@@ -15,7 +15,8 @@ Every ``call_function`` of a captured FX graph becomes one op:
 Each captured graph becomes a ``func.func @<part>_<phase>`` whose arguments
 carry ``flint.role`` (and ``flint.param`` for parameters); the module gets
 the grid (``shard.grid @mesh`` with ``flint.axis_names``), the plan it was
-captured under (``flint.plan``, see :func:`flint.plan.attach`) and the schedule
+captured under (``flint.plan``, see :func:`flint.plan.attach`), the partitioner
+if not the default (``flint.partitioner = "eager"``, :mod:`flint.capture.partition`) and the schedule
 (``flint.schedule``): all forward parts in order, then the backward parts in
 reverse, then the optimizer parts, each repeated as captured.
 """
@@ -67,6 +68,7 @@ from flint.passes.lower_to_chakra import ROLE_ATTR
 
 GRID = "mesh"
 PARAM_ATTR = "flint.param"
+PARTITIONER_ATTR = "flint.partitioner"
 
 _DTYPES: dict[torch.dtype, Attribute] = {
     torch.float32: f32, torch.float16: f16, torch.bfloat16: bf16, torch.float64: f64,
@@ -312,6 +314,8 @@ def import_step(step: CapturedStep) -> ModuleOp:
     funcs = [_GraphImporter(step, g, f"{p.name}_{g.phase}").build() for p in step.parts for g in p.graphs()]
     module = ModuleOp([grid, *funcs])
     set_schedule(module, schedule_of(step))
+    if step.partitioner != "min-cut":  # what the backward saves (flint.capture.partition); min-cut: unmarked
+        module.attributes[PARTITIONER_ATTR] = StringAttr(step.partitioner)
     if step.plan is not None:
         attach(module, step.plan)
         from flint.pipeline import split_by_plan

@@ -147,6 +147,11 @@ def cmd_capture(args: argparse.Namespace) -> int:
     if args.world_size is not None and args.world_size > MAX_WORLD_SIZE:
         raise FlintError(f"--world-size {args.world_size:,} is more than Flint can hold ({MAX_WORLD_SIZE:,} ranks)")
     check_writable(args.output)
+    from flint.capture.partition import PARTITIONERS
+
+    if args.partitioner not in PARTITIONERS:
+        raise FlintError(f"--partitioner: unknown partitioner '{args.partitioner}'; known: "
+                         + "; ".join(f"{k} ({v})" for k, v in PARTITIONERS.items()))
     plan = _capture_plan(args)
     if args.microbatches is not None:  # gradient accumulation / pipeline microbatches (flint/pipeline)
         from flint.plan import PlanError
@@ -187,7 +192,7 @@ def cmd_capture(args: argparse.Namespace) -> int:
     with _stage("capture: torch.compile + AOTAutograd of the step's parts (forward, backward, optimizer)"), \
             _pytorch_warnings(args.verbose) as caught:
         step = capture_step(model_factory, shapes, plan=plan, dtype=args.dtype, loss=args.loss,
-                            default_batch=(batch, seq), parallelize=parallelize)
+                            default_batch=(batch, seq), parallelize=parallelize, partitioner=args.partitioner)
     t_capture = time.perf_counter() - t0
     with _stage("import into Flint's IR"):
         module = import_step(step)
@@ -446,6 +451,10 @@ def build_parser() -> argparse.ArgumentParser:
     cap.add_argument("--fp8", nargs="?", const="tensorwise", default=None, metavar="RECIPE",
                      help="run the linear layers as torchao's Float8Linear (not the output head), as torchtitan's "
                           "float8 converter: tensorwise (the default), rowwise, rowwise_with_gw_hp; or none")
+    cap.add_argument("--partitioner", default="min-cut", metavar="NAME",
+                     help="which forward values the backward saves: min-cut (what torch.compile saves; cheap ops "
+                          "recomputed in the backward; the default) or eager (AOTAutograd's default partitioner: "
+                          "what eager autograd saves; for runs without torch.compile)")
     cap.add_argument("--layers", type=int, default=None, help="override the model's depth (zoo models)")
     cap.add_argument("--batch-size", type=int, default=None, help="global batch size (default: one sequence per data-parallel rank and microbatch)")
     cap.add_argument("--seq-len", type=int, default=None, help="sequence length (default: min(model max, 2048))")

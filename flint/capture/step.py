@@ -4,7 +4,8 @@ Parameters and inputs live on the meta device, so nothing the size of the
 model is ever allocated; the process group is PyTorch's fake backend, so any
 world size runs in this one process as rank 0. ``torch.compile`` with
 AOTAutograd (min-cut partitioner, which honours selective-checkpoint
-recompute tags) yields the forward and backward graphs with functional
+recompute tags; ``partitioner="eager"`` saves what eager autograd saves,
+:mod:`flint.capture.partition`) yields the forward and backward graphs with functional
 collectives; the AdamW update over the local parameter shards is traced with
 ``make_fx``.
 
@@ -22,6 +23,7 @@ import re
 import traceback
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
@@ -29,7 +31,6 @@ import torch.distributed as dist
 from torch import nn
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
-from torch._functorch.partitioners import min_cut_rematerialization_partition
 from torch.distributed.tensor import DTensor
 from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -37,6 +38,7 @@ from flint.capture import opclass
 from flint.capture.composite import composite_autograd, no_rng_state_on_meta
 from flint.capture.errors import CaptureError
 from flint.capture.float8 import apply_float8
+from flint.capture.partition import PARTITIONERS, partition_fn
 from flint.capture.fake_dist import device_mesh, fake_world, group_axes
 from flint.capture.recipes import (CAPTURE_FIELDS, RECIPES, ParamGroup, ParamInfo, ac_layers, apply, check_ac,
                                    data_parallel_mode, pre_backward_unshard)
@@ -112,6 +114,7 @@ class CapturedStep:
     batch_local_shapes: dict[str, tuple[int, ...]]
     global_params: dict[str, tuple[int, ...]]
     plan: Plan | None = None  # None for a user parallelisation function
+    partitioner: str = "min-cut"  # flint.capture.partition.PARTITIONERS
 
     def part(self, name: str) -> CapturedPart:
         return next(p for p in self.parts if p.name == name)
@@ -261,8 +264,10 @@ def _fused_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fals
         query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)[0]
 
 
-def _compile_part(module: nn.Module, args: Sequence[torch.Tensor], part: str) -> tuple[_Capture, torch.Tensor]:
-    """Run ``module(*args)`` and its backward through torch.compile, keeping the graphs."""
+def _compile_part(module: nn.Module, args: Sequence[torch.Tensor], part: str,
+                  partitioner: str = "min-cut") -> tuple[_Capture, torch.Tensor]:
+    """Run ``module(*args)`` and its backward through torch.compile, keeping the graphs; ``partitioner``
+    splits the joint graph (:mod:`flint.capture.partition`)."""
     cap = _Capture()
 
     def fw_compiler(gm: torch.fx.GraphModule, example_inputs: Any) -> Callable:
@@ -276,7 +281,7 @@ def _compile_part(module: nn.Module, args: Sequence[torch.Tensor], part: str) ->
         return make_boxed_func(gm.forward)
 
     aot = aot_autograd(fw_compiler=fw_compiler, bw_compiler=bw_compiler,
-                       partition_fn=min_cut_rematerialization_partition)
+                       partition_fn=partition_fn(partitioner))
 
     def backend(gm: torch.fx.GraphModule, example_inputs: Any) -> Callable:
         for node in gm.graph.nodes:
@@ -438,8 +443,8 @@ def _capture_optimizer(module: nn.Module, infos: dict[int, ParamInfo]) -> Captur
 
 def _capture_part(name: str, module: nn.Module, args: Sequence[torch.Tensor], input_kinds: Sequence[str],
                   repeat: int, infos: dict[int, ParamInfo], buffers: dict[int, str], optimizer: str | None,
-                  dp_group: str | None) -> tuple[CapturedPart, torch.Tensor]:
-    cap, out = _compile_part(module, args, name)
+                  dp_group: str | None, partitioner: str = "min-cut") -> tuple[CapturedPart, torch.Tensor]:
+    cap, out = _compile_part(module, args, name, partitioner)
     if dp_group is not None and _needs_backward_unshard(cap, dp_group):
         # FSDP2 re-gathers every group before its backward; AOTAutograd dropped an unused one.
         for sub in module.modules():
@@ -448,7 +453,7 @@ def _capture_part(name: str, module: nn.Module, args: Sequence[torch.Tensor], in
         torch._dynamo.reset()
         for p in module.parameters():
             p.grad = None
-        cap, out = _compile_part(module, args, name)
+        cap, out = _compile_part(module, args, name, partitioner)
     fsdp_groups = {g.group_name for g in module.modules() if isinstance(g, ParamGroup) and g.mode == "fsdp"}
     if cap.bwd is not None and fsdp_groups:
         pre_backward_unshard(cap.bwd, fsdp_groups)  # FSDP2 gathers before the unit's backward ops
@@ -498,6 +503,7 @@ def capture_step(
     loss: str = "auto",
     default_batch: tuple[int, int] = (1, 2048),
     parallelize: Callable[[nn.Module, Any], nn.Module | None] | None = None,
+    partitioner: str = "min-cut",
 ) -> CapturedStep:
     """Capture one training step of ``model_factory()`` as rank 0 of the plan's world.
 
@@ -538,6 +544,10 @@ def capture_step(
 
     if loss not in LOSSES:
         raise CaptureError("loss", f"unknown loss '{loss}'; known: {', '.join(LOSSES)}")
+    if partitioner not in PARTITIONERS:
+        raise CaptureError("partitioner", f"unknown partitioner {partitioner!r}; known: "
+                           + "; ".join(f"{k} ({v})" for k, v in PARTITIONERS.items()))
+    capture_part = partial(_capture_part, partitioner=partitioner)
     if parallelize is not None:
         if callable(plan) and not isinstance(plan, Plan):
             raise CaptureError("parallelize", "give either a plan function or parallelize=, not both")
@@ -588,10 +598,12 @@ def capture_step(
         if batch_shapes is None:
             raise CaptureError("inputs", "a pipeline needs the batch shapes (the first stage's input and the "
                                "loss target)")
-        return capture_pipeline(model_factory, parallelize, plan, mesh, batch_shapes,
+        step = capture_pipeline(model_factory, parallelize, plan, mesh, batch_shapes,
                                 torch_dtype=_DTYPES.get(dtype, dtype) if isinstance(dtype, str) else dtype,
-                                optimizer=optimizer, capture_part=_capture_part,
+                                optimizer=optimizer, capture_part=capture_part,
                                 plan_name=getattr(parallelize, "__name__", plan_name))
+        step.partitioner = partitioner
+        return step
     if not custom and plan.pp > 1:  # before any work: the schedule must be one torch runs
         from flint.pipeline.schedules import check
 
@@ -634,7 +646,7 @@ def capture_step(
                 plan.require(CAPTURE_FIELDS, "capture")
             parts, local = capture_generic(
                 model, dm, mesh, specs, parallelize=fn, plan=None if custom else plan, loss=loss, repeat=repeat,
-                capture_part=_capture_part, param_dtype=param_dtype, data_axes=data_axes,
+                capture_part=capture_part, param_dtype=param_dtype, data_axes=data_axes,
                 local_batch=_local_batch, optimizer=optimizer, buffers=buffers)
             axes = group_axes(dm)
             _check_groups(parts, axes)
@@ -642,7 +654,7 @@ def capture_step(
             if parallelize is not None and not custom:
                 plan_name = getattr(parallelize, "__name__", plan_name)
             return CapturedStep(parts, mesh, plan_name, axes, param_dtype, local, global_params,
-                                None if custom or parallelize is not None else plan)
+                                None if custom or parallelize is not None else plan, partitioner)
         if repeat:
             _check_layers(model.layers)
         _check_batch(batch_shapes, ("tokens", "labels"))
@@ -658,7 +670,7 @@ def capture_step(
         if not custom and plan.microbatches > 1:  # capture ONE microbatch; pipeline-split runs it M times
             plan.check_model(local_batch=next(iter(local.values()))[0])
             local = {k: (v[0] // plan.microbatches, *v[1:]) for k, v in local.items()}
-        kw = dict(infos=infos, buffers=buffers, optimizer=optimizer, dp_group=dp_group)
+        kw = dict(infos=infos, buffers=buffers, optimizer=optimizer, dp_group=dp_group, partitioner=partitioner)
         parts: list[CapturedPart] = []
         tokens = torch.zeros(local["tokens"], dtype=torch.long, device="meta")
         labels = torch.zeros(local["labels"], dtype=torch.long, device="meta")
@@ -691,7 +703,7 @@ def capture_step(
         axes = group_axes(dm)
         _check_groups(parts, axes)
         torch._dynamo.reset()
-    return CapturedStep(parts, mesh, plan_name, axes, param_dtype, local, global_params, plan)
+    return CapturedStep(parts, mesh, plan_name, axes, param_dtype, local, global_params, plan, partitioner)
 
 
 class _Stack(nn.Module):

@@ -68,14 +68,15 @@ def ac_cases(models, plans, world_sizes):
     return [Case(m, p, w, ac=a) for m, p, w, a in AC_CASES if m in models and p in plans and w in world_sizes]
 
 
-def memory_main(models, plans, world_sizes, ac_modes) -> int:
+def memory_main(models, plans, world_sizes, ac_modes, partitioners=("min-cut",)) -> int:
     """``--memory``: Flint's peak per rank vs PyTorch's memory tracker on fake tensors, one table."""
     from flint.validate.memory import MemoryCase, compare_in_subprocess, runtime_overheads, table
 
     results, failed = [], 0
     for case in cases(models, plans, world_sizes):
-        for ac in ac_modes:
-            mc = MemoryCase(case.model, case.plan, case.world_size, ac, tp=case.tp if case.tp > 1 else 2)
+        for ac, part in ((a, p) for p in partitioners for a in ac_modes):
+            mc = MemoryCase(case.model, case.plan, case.world_size, ac, tp=case.tp if case.tp > 1 else 2,
+                            partitioner=part)
             try:
                 r = compare_in_subprocess(mc)
             except FlintError as e:
@@ -108,6 +109,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "tensors (flint.validate.memory), one table on stdout")
     p.add_argument("--ac", default="none",
                    help="with --memory: comma-separated activation checkpointing modes (default: %(default)s)")
+    p.add_argument("--partitioner", default=None, metavar="NAMES",
+                   help="with --memory: comma-separated partitioners of Flint's capture: min-cut (what "
+                        "torch.compile saves for the backward; the default) and/or eager (what eager autograd "
+                        "saves, as the tracker's eager run does); see flint capture --partitioner")
     return p
 
 
@@ -148,7 +153,18 @@ def main(argv: list[str] | None = None) -> int:
             print(f"flint validate: error: --ac: unknown mode '{bad[0] if bad else args.ac}'; known: "
                   f"{', '.join(AC_MODES)}", file=sys.stderr)
             return 2
-        return memory_main([m for m in models if not is_hf(m)], plans, world_sizes, modes)
+        from flint.capture.partition import PARTITIONERS
+
+        parts = _csv(args.partitioner or "min-cut")
+        bad = [m for m in parts if m not in PARTITIONERS]
+        if bad or not parts:
+            print(f"flint validate: error: --partitioner: unknown partitioner '{bad[0] if bad else args.partitioner}'"
+                  f"; known: {', '.join(PARTITIONERS)}", file=sys.stderr)
+            return 2
+        return memory_main([m for m in models if not is_hf(m)], plans, world_sizes, modes, parts)
+    if args.partitioner is not None:
+        print("flint validate: error: --partitioner applies only with --memory", file=sys.stderr)
+        return 2
     todo = cases([m for m in models if not is_hf(m)], plans, world_sizes) + hf_cases(models, plans, world_sizes)
     if tuple(models) == DEFAULT_MODELS or any(m in models for m, *_ in AC_CASES):
         todo += ac_cases(models, plans, world_sizes)

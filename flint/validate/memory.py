@@ -29,7 +29,9 @@ world size and an activation-checkpointing mode. Two sides:
   count them (the whole embedding three times in Llama-3 8B's AdamW step),
   so it runs with a fake mode of its own here, as in a real run.
 - **Flint**: :func:`flint.capture.capture_step` of the same model, plan and
-  global batch, imported, the default pass pipeline ``flint estimate``
+  global batch (``MemoryCase.partitioner``: ``min-cut``, what ``torch.compile``
+  saves for the backward, or ``eager``, what eager autograd saves, as the
+  tracker's eager run does; :mod:`flint.capture.partition`), imported, the default pass pipeline ``flint estimate``
   applies (:func:`flint.schedule.pipelines.resolve`: FSDP2's prefetch, DDP
   bucketing), then :func:`flint.sim.lifetimes.step_memory`.
 
@@ -76,6 +78,7 @@ class MemoryCase:
     layers: int | None = None  # override the preset's depth (None: the preset's)
     batch: tuple[int, int] | None = None  # global (sequences, tokens); None: 2 sequences of 64 per DP rank
     tp: int = 2  # TP degree of 2-D recipes (fsdp+tp)
+    partitioner: str = "min-cut"  # Flint's capture: what the backward saves (flint.capture.partition)
 
     def flint_plan(self):
         from flint.plan import Plan, from_recipe
@@ -95,7 +98,8 @@ class MemoryCase:
     def label(self) -> str:
         ac = self.ac + (f"({self.ac_every})" if self.ac == "selective-layer" else "")
         depth = f" L{self.layers}" if self.layers is not None else ""
-        return f"{self.model}{depth} {self.plan} w{self.world_size} ac={ac}"
+        part = f" partitioner={self.partitioner}" if self.partitioner != "min-cut" else ""
+        return f"{self.model}{depth} {self.plan} w{self.world_size} ac={ac}{part}"
 
 
 @dataclass(frozen=True)
@@ -137,7 +141,8 @@ def flint_peak(case: MemoryCase) -> Peak:
 
     overrides = {"n_layers": case.layers} if case.layers is not None else {}
     b = case.global_batch()
-    step = capture_step(factory(case.model, **overrides), {"tokens": b, "labels": b}, plan=case.flint_plan())
+    step = capture_step(factory(case.model, **overrides), {"tokens": b, "labels": b}, plan=case.flint_plan(),
+                        partitioner=case.partitioner)
     module = import_step(step)
     run_pipeline(module, resolve(module, None))
     mem = step_memory(module)
