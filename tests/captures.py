@@ -117,3 +117,19 @@ def distributed_optimizer(reduce_dtype: str = "float32", microbatches: int = 2):
     batch = (2 * 2 * microbatches, SEQ)
     step = capture_step(factory("gpt2-tiny"), {"tokens": batch, "labels": batch}, plan=plan, dtype="float32")
     return step, import_step(step)
+
+
+@cache
+def captured_partitioner(partitioner: str, plan: str = "fsdp", world: int = 8, model: str = "llama-tiny", tp: int = 1):
+    """(captured step, its IR module) of :func:`captured`'s configuration with
+    ``capture_step(partitioner=...)`` (flint.capture.partition); ``"min-cut"`` is :func:`captured` itself.
+    Tests must not mutate the module."""
+    from flint.importer import import_step
+
+    if partitioner == "min-cut":
+        return imported(model, plan, world, tp)
+    dp = from_recipe(plan, world, tp).dp
+    batch = (2 * dp, SEQ)
+    step = capture_step(factory(model), {"tokens": batch, "labels": batch}, world_size=world, plan=plan, tp=tp,
+                        partitioner=partitioner)
+    return step, import_step(step)
