@@ -120,16 +120,18 @@ def distributed_optimizer(reduce_dtype: str = "float32", microbatches: int = 2):
 
 
 @cache
-def captured_partitioner(partitioner: str, plan: str = "fsdp", world: int = 8, model: str = "llama-tiny", tp: int = 1):
+def captured_partitioner(partitioner: str, plan: str = "fsdp", world: int = 8, model: str = "llama-tiny", tp: int = 1,
+                         ac: str = "none"):
     """(captured step, its IR module) of :func:`captured`'s configuration with
-    ``capture_step(partitioner=...)`` (flint.capture.partition); ``"min-cut"`` is :func:`captured` itself.
-    Tests must not mutate the module."""
+    ``capture_step(partitioner=...)`` (flint.capture.partition) and activation checkpointing ``ac``;
+    ``"min-cut"`` without AC is :func:`captured` itself. Tests must not mutate the module."""
+    import dataclasses
+
     from flint.importer import import_step
 
-    if partitioner == "min-cut":
+    if partitioner == "min-cut" and ac == "none":
         return imported(model, plan, world, tp)
-    dp = from_recipe(plan, world, tp).dp
-    batch = (2 * dp, SEQ)
-    step = capture_step(factory(model), {"tokens": batch, "labels": batch}, world_size=world, plan=plan, tp=tp,
-                        partitioner=partitioner)
+    p = dataclasses.replace(from_recipe(plan, world, tp), activation_checkpoint=ac)
+    batch = (2 * p.dp, SEQ)
+    step = capture_step(factory(model), {"tokens": batch, "labels": batch}, plan=p, partitioner=partitioner)
     return step, import_step(step)
