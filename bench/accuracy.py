@@ -97,7 +97,8 @@ DROPOUT = 0.1  # Megatron TransformerConfig: hidden_dropout = attention_dropout 
 # TP collectives and overlapped with backward (--overlap-grad-reduce): DP all-reduces (S rows), and
 # the distributed optimizer's reduce-scatters and parameter all-gathers (M rows, the gathers one
 # block ahead: --overlap-param-gather), on their own stream, waited for before the optimizer.
-PASSES = "reorder-all-gather{prefetch=1},sink-waits,assign-streams{all-reduce=dp data-parallel=dp}"
+PASSES = "sink-waits,assign-streams{all-reduce=dp data-parallel=dp}"
+GATHER_AHEAD = "reorder-all-gather{prefetch=1}"  # rows with sharded (dp_shard) parameters only
 # Rows of Megatron-Core 0.8 (Megatron-LM README, commit f2e5db402c): distributed optimizer, fp32 gradient
 # reduction (module docstring)
 DISTRIBUTED_OPTIMIZER_SOURCE = "Megatron-LM weak scaling"
@@ -293,7 +294,7 @@ def estimate(row: dict) -> Result:
     CanonicalizeDistPass().apply(ctx, module)
     if row.get("tp_comm_overlap") and row["tp"] > 1:  # after fuse-pointwise, which re-prices every op it sees
         MicroPipelineTPPass().apply(ctx, module)
-    run_pipeline(module, PASSES)
+    run_pipeline(module, f"{GATHER_AHEAD},{PASSES}" if plan.dp_shard > 1 else PASSES)
     LowerToChakraPass(device=row["device"]).apply(ctx, module)
     mesh = mesh_of(module)
     result = simulate(trace_from_ir(module), device, network, mesh, algorithm="auto")
