@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_pipeline_reuse import _lower as _reuse_lower
 from test_pipeline_reuse import _module
 from xdsl.context import Context
 from xdsl.parser import Parser
@@ -35,15 +36,7 @@ def _split(pp: int, layers: int, **options):
 
 
 def _lower(pp: int, layers: int, reuse: bool = True, **options):
-    module = _split(pp, layers, **options)
-    old = LowerToChakraPass.reuse_flat_runs
-    LowerToChakraPass.reuse_flat_runs = reuse
-    try:
-        LowerToChakraPass(device="a100-80gb").apply(Context(), module)
-    finally:
-        LowerToChakraPass.reuse_flat_runs = old
-    module.verify()
-    return module
+    return _reuse_lower(pp, layers, reuse, **options)
 
 
 def _sim(module, slow: float = 1.0, monkeypatch=None):
