@@ -36,14 +36,16 @@ states wins), and what Flint does not model:
   reduce_dtype=float32))`` on an fp32 model (plan ``dp_shard`` = DP, ``zero = 2``,
   ``param_dtype = "bfloat16"``, ``reduce_dtype = "float32"``; Megatron's bf16 model with fp32 main
   parameters in the optimizer): per block one bf16 parameter all-gather, issued one block ahead of its forward (``reorder-all-gather{prefetch=1}``:
-  Megatron's forward pre-hook waits for a bucket's gather and dispatches the next) in the first
+  Megatron's forward pre-hook waits for a bucket's gather and dispatches the next; under a
+  pipeline the chain runs across model chunks, as Megatron numbers its gather handles) in the first
   micro-batch only (the gathered parameters stay for the step: one gather per step, which in
   steady state is Megatron's gather overlapped with the next iteration's forward); one fp32
-  gradient reduce-scatter per block in the last micro-batch's backward; the fp32 AdamW step on the
-  1/DP shard. All data-parallel collectives run on their own stream (``assign-streams{data-parallel=dp}``:
-  Megatron's DP communicator, apart from the TP one). The S rows (2022): replicated parameters
-  with one gradient all-reduce per block, on its own communication stream, waited for before the
-  optimizer. Micro-batch: the row's (S rows); the M rows leave it unstated, so Megatron-LM's own
+  gradient reduce-scatter per block in the last micro-batch's backward, waited for only before the
+  optimizer (``lower-to-chakra{grad-sync=step}``: Megatron's ``finish_grad_sync``); the fp32 AdamW
+  step on the 1/DP shard. All data-parallel collectives run on their own stream
+  (``assign-streams{data-parallel=dp}``: Megatron's DP communicator, apart from the TP one); TP
+  collectives stay in the compute stream's order. The S rows (2022) have no data parallelism.
+  Micro-batch: the row's (S rows); the M rows leave it unstated, so Megatron-LM's own
   example (``examples/gpt3/train_gpt3_175b_distributed.sh``: ``--micro-batch-size 1``): the local
   batch runs as micro-batches of one sequence with gradient accumulation, gradients reduced once
   per step (after the last micro-batch), also without pipelining.
@@ -93,11 +95,13 @@ ROOT = Path(__file__).resolve().parent.parent
 ROWS = Path(__file__).with_name("accuracy_rows.toml")
 CAPTURE_LAYERS = 2  # blocks built and parallelized for capture; the IR repeats ONE block to the row's depth
 DROPOUT = 0.1  # Megatron TransformerConfig: hidden_dropout = attention_dropout = 0.1 (defaults)
-# Megatron runs the data-parallel gradient reduction on the DP communicator, concurrently with the
-# TP collectives and overlapped with backward (--overlap-grad-reduce): DP all-reduces (S rows), and
-# the distributed optimizer's reduce-scatters and parameter all-gathers (M rows, the gathers one
-# block ahead: --overlap-param-gather), on their own stream, waited for before the optimizer.
-PASSES = "sink-waits,assign-streams{all-reduce=dp data-parallel=dp}"
+# Megatron runs the data-parallel collectives on the DP communicator, concurrently with the TP
+# collectives and overlapped with backward (--overlap-grad-reduce): the distributed optimizer's
+# gradient reduce-scatters and parameter all-gathers (M rows, the gathers one block ahead:
+# --overlap-param-gather), on their own stream; the reductions are waited for before the optimizer
+# (finish_grad_sync: lower-to-chakra{grad-sync=step}). TP collectives stay in the compute stream's order.
+PASSES = "sink-waits,assign-streams{data-parallel=dp}"
+GRAD_SYNC = "step"
 GATHER_AHEAD = "reorder-all-gather{prefetch=1}"  # rows with sharded (dp_shard) parameters only
 # Rows of Megatron-Core 0.8 (Megatron-LM README, commit f2e5db402c): distributed optimizer, fp32 gradient
 # reduction (module docstring)
@@ -295,7 +299,7 @@ def estimate(row: dict) -> Result:
     if row.get("tp_comm_overlap") and row["tp"] > 1:  # after fuse-pointwise, which re-prices every op it sees
         MicroPipelineTPPass().apply(ctx, module)
     run_pipeline(module, f"{GATHER_AHEAD},{PASSES}" if plan.dp_shard > 1 else PASSES)
-    LowerToChakraPass(device=row["device"]).apply(ctx, module)
+    LowerToChakraPass(device=row["device"], grad_sync=GRAD_SYNC).apply(ctx, module)
     mesh = mesh_of(module)
     result = simulate(trace_from_ir(module), device, network, mesh, algorithm="auto")
     it_s = result.iteration_time_us * 1e-6

@@ -10,7 +10,7 @@ from xdsl.passes import ModulePass
 
 from flint.errors import FlintError
 from flint.ir import dist
-from flint.passes.scheduling import functions
+from flint.passes.scheduling import data_parallel_axes, functions
 
 
 @dataclass(frozen=True)
@@ -63,15 +63,7 @@ class AssignStreamsPass(ModulePass):
         names = {dist.AllGatherOp: self.all_gather, dist.ReduceScatterOp: self.reduce_scatter,
                  dist.AllReduceOp: self.all_reduce, dist.AllToAllOp: self.all_to_all,
                  dist.BroadcastOp: self.broadcast}
-        dp_axes: frozenset[int] = frozenset()
-        if self.data_parallel:
-            from flint.chakra.from_ir import mesh_of
-            from flint.plan import plan_of
-
-            plan = plan_of(op)
-            axis_names = mesh_of(op).axis_names
-            dp = set(plan.axes("dp")) if plan is not None else {"dp_shard", "dp_replicate"}
-            dp_axes = frozenset(i for i, n in enumerate(axis_names) if n in dp)
+        dp_axes = data_parallel_axes(op) if self.data_parallel else frozenset()
         for fn in functions(op):
             for o in fn.body.block.ops:
                 stream = names.get(type(o))

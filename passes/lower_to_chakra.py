@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from xdsl.context import Context
 from xdsl.dialects import func
 from xdsl.dialects.builtin import FlatSymbolRefAttr, FloatAttr, IntegerAttr, ModuleOp, StringAttr, TensorType, f64, i64
-from xdsl.ir import Block, BlockArgument, Operation, Region, SSAValue
+from xdsl.ir import Block, BlockArgument, OpResult, Operation, Region, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.utils.exceptions import VerifyException
 
@@ -16,7 +16,9 @@ from flint.cost import Device, load_device, tensor_bytes
 from flint.cost.opclass import VIEW, classify_target, split_target
 from flint.ir import chakra, dist
 from flint.ir.aten import AtenOp, get_schedule_entries, stage_roles
+from flint.errors import FlintError
 from flint.passes.annotate_cost import aten_op_cost
+from flint.passes.scheduling import data_parallel_axes
 
 # Function-argument roles (arg attribute `flint.role`) whose values exist
 # before the step starts, so nodes reading them need not wait for the
@@ -88,6 +90,8 @@ class _Streams:
 
 # What a function body lowering emits for ops marked `flint.prefetch` (see flint.ir.dist):
 ALL, PROLOGUE, STEADY, TAIL = "all", "prologue", "steady", "tail"
+# lower-to-chakra's grad-sync: where a part's unwaited gradient reductions are waited for
+GRAD_SYNC = ("part", "step")
 
 
 def _group_key(op: dist.DistCommOp) -> tuple:
@@ -113,16 +117,18 @@ def prefetch_depth(fn: func.FuncOp, count: int, cache: dict | None = None) -> in
     """Iterations ahead the prefetched ops of ``fn`` run when it repeats ``count`` times (0: none).
 
     ``cache``: per lowering, by function (a pipeline's schedules name the same functions many times)."""
-    if count < 2:
-        return 0
+    return 0 if count < 2 else min(prefetch_mark(fn, cache), count)
+
+
+def prefetch_mark(fn: func.FuncOp, cache: dict | None = None) -> int:
+    """The largest ``flint.prefetch`` of ``fn``'s ops (0: nothing prefetched)."""
     key = ("prefetch", id(fn))
     if cache is not None and key in cache:
-        k = cache[key][1]
-    else:
-        k = max((dist.prefetch_of(op) for op in fn.body.block.ops), default=0)
-        if cache is not None:
-            cache[key] = (fn, k)
-    return min(k, count)
+        return cache[key][1]
+    k = max((dist.prefetch_of(op) for op in fn.body.block.ops), default=0)
+    if cache is not None:
+        cache[key] = (fn, k)
+    return k
 
 
 def kept_gather_ops(fn: func.FuncOp, axes: frozenset[int], cache: dict | None = None) -> frozenset[Operation]:
@@ -159,6 +165,26 @@ def kept_gather_ops(fn: func.FuncOp, axes: frozenset[int], cache: dict | None = 
     if cache is not None:
         cache[key] = (fn, kept)
     return kept
+
+
+def _has_phase(fn: func.FuncOp, phase: str, cache: dict) -> bool:
+    """Whether ``fn`` has an `aten` op of ``phase`` (``cache``: per lowering, by function)."""
+    key = ("phase", id(fn), phase)
+    if key not in cache:
+        cache[key] = (fn, any(isinstance(o, AtenOp) and o.phase is not None and o.phase.data == phase
+                              for o in fn.body.block.ops))
+    return cache[key][1]
+
+
+def _is_grad_sync(node: SSAValue, dp_axes: frozenset[int]) -> bool:
+    """A gradient reduction's node: a reduce-scatter or all-reduce over data-parallel axes only (a repeat's
+    result: the node its body yields there)."""
+    op = node.owner
+    while isinstance(op, chakra.RepeatOp) and isinstance(node, OpResult):
+        node = op.body.block.last_op.operands[node.index]
+        op = node.owner
+    return (isinstance(op, chakra.CollOp) and op.kind.data in (chakra.CollKind.REDUCE_SCATTER, chakra.CollKind.ALL_REDUCE)
+            and bool(op.axes()) and set(op.axes()) <= dp_axes)
 
 
 def prefetched_ops(fn: func.FuncOp) -> list[Operation]:
@@ -528,18 +554,36 @@ class LowerToChakraPass(ModulePass):
     cuts nodes per rank about tenfold (a captured step has hundreds of small
     elementwise ops per layer).
 
+    ``grad-sync`` says where the compute stream waits for a gradient
+    reduction that a part leaves unwaited at its end (a data-parallel
+    reduce-scatter or all-reduce, over the plan's data-parallel axes only,
+    whose value only leaves the function for the optimizer):
+    ``part`` (default) at the next part's first compute node, as the wait's
+    place in the program says; ``step`` at the optimizer's first compute node
+    (the first part with ``optim`` ops), as Megatron-LM's ``finish_grad_sync``
+    waits for every bucket's reduction before the optimizer step and FSDP2's
+    final post-backward callback waits for the last reduce-scatter. Either
+    way the reductions keep their stream's and communicator's order.
+
     The `func.func`s are replaced by the graph; the grid stays. Options:
     ``device`` (preset name or TOML path, default ``h100-sxm``),
-    ``merge-compute`` (default true).
+    ``merge-compute`` (default true), ``grad-sync`` (``part`` or ``step``).
     """
 
     name = "lower-to-chakra"
 
     device: str = "h100-sxm"
     merge_compute: bool = True
+    grad_sync: str = "part"
+
+    def __post_init__(self) -> None:
+        if self.grad_sync not in GRAD_SYNC:
+            raise FlintError(f"{self.name}: option grad-sync=\"{self.grad_sync}\" is not one of "
+                             f"{', '.join(GRAD_SYNC)}")
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         device = load_device(self.device)
+        dp_axes = data_parallel_axes(op) if self.grad_sync == "step" else frozenset()
         funcs = {f.sym_name.data: f for f in op.ops if isinstance(f, func.FuncOp)}
         if not funcs:
             raise VerifyException("lower-to-chakra: the module has no func.func to lower")
@@ -556,7 +600,7 @@ class LowerToChakraPass(ModulePass):
         bodies: dict | None = {} if pipelined else None
         flats: dict = {}  # a pipeline's flat runs already lowered, to clone (_flat)
         graphs = [self._lower_schedule(funcs, get_schedule_entries(op, role), device, axis_index, costs, bodies,
-                                       pipelined, flats) for role in range(roles)]
+                                       pipelined, flats, dp_axes) for role in range(roles)]
         for f in funcs.values():
             op.body.block.erase_op(f)
         op.attributes.pop("flint.schedule", None)
@@ -569,13 +613,28 @@ class LowerToChakraPass(ModulePass):
 
     def _lower_schedule(self, funcs: dict[str, func.FuncOp], entries: list[tuple[str, int, dict]], device: Device,
                         axis_index: dict[str, int], costs: dict, bodies: dict | None, pipelined: bool,
-                        flats: dict | None = None) -> Block:
-        """One rank role's schedule (``[(function, count, options)]``) as one graph body."""
+                        flats: dict | None = None, dp_axes: frozenset[int] = frozenset()) -> Block:
+        """One rank role's schedule (``[(function, count, options)]``) as one graph body; ``dp_axes``:
+        ``grad-sync=step``'s data-parallel axes (empty: ``part``)."""
         graph_block = Block()
         s = _Streams(compute=None, comm={}, boundary=None)
         merge = self.merge_compute
         # an entry that skips its parameter gathers (nogather) has nothing to prefetch
         depth = [0 if o.get("nogather") else prefetch_depth(funcs[name], count, costs) for name, count, o in entries]
+        # ahead[e]: the entries whose prefetched ops entry e issues before its own ops
+        ahead: dict[int, list[int]] = {e: [e + 1] for e in range(len(entries) - 1)
+                                       if depth[e + 1] and entries[e][1] == 1}
+        if pipelined:
+            # A pipeline runs each function once per entry: the runs that gather, in schedule order, are
+            # one chain (Megatron-LM's parameter gathers, numbered across model chunks: each module's
+            # forward pre-hook waits for its gather and dispatches the next), each issuing the gathers of
+            # the K runs after it (K: the functions' flint.prefetch).
+            chain = [e for e, (name, count, o) in enumerate(entries)
+                     if count == 1 and not o.get("nogather") and prefetch_mark(funcs[name], costs)]
+            for i, e in enumerate(chain):
+                depth[e] = 1  # its own gathers: one prefetched set, issued by an earlier run (or itself)
+                k = prefetch_mark(funcs[entries[e][0]], costs)
+                ahead[e] = chain[i + 1:i + 1 + k]
         slots: dict[int, list[list[SSAValue]]] = {}
 
         def extra_of(e: int) -> dict:
@@ -596,19 +655,27 @@ class LowerToChakraPass(ModulePass):
             slots[e] = sets
 
         posted: dict[int, SSAValue] = {}  # tag -> an asynchronous recv's node not waited for yet
+        deferred: list[SSAValue] = []  # grad-sync=step: gradient reductions the optimizer waits for
         for e, (name, count, options) in enumerate(entries):
             fn = funcs[name]
+            if dp_axes:  # what the previous part left unwaited: its gradient reductions wait for the optimizer
+                deferred += [v for v in s.blocking if _is_grad_sync(v, dp_axes)]
+                s.blocking = [v for v in s.blocking if not _is_grad_sync(v, dp_axes)]
+                if deferred and _has_phase(fn, "optim", costs):
+                    s.blocking += deferred
+                    deferred = []
             extra = extra_of(e)
             for t in options.get("wait", ()):  # the entry's first compute waits for these recvs
                 if t not in posted:
                     raise VerifyException(f"lower-to-chakra: @{name} waits for the recv with tag {t}, which no "
                                           "earlier schedule entry posts asynchronously")
                 s.blocking.append(posted.pop(t))
-            if e + 1 < len(entries) and depth[e + 1] and count == 1:
-                prologue(e + 1)  # "K blocks ahead" reaches into the preceding part
+            if depth[e] and e not in slots:  # nothing issued it earlier: its own gathers first
+                prologue(e)
+            for later in ahead.get(e, ()):  # "K blocks ahead" reaches into the preceding part
+                if later not in slots:
+                    prologue(later)
             if depth[e]:
-                if e not in slots:
-                    prologue(e)
                 k = depth[e]
                 carried = slots[e]
                 if count > k:
@@ -695,9 +762,10 @@ class LowerToChakraPass(ModulePass):
         The repeat carries the end of every chain (compute, each stream, each
         communicator) and, with prefetch depth K, K sets of prefetched nodes:
         an iteration consumes the oldest set and appends what it issues (a
-        ``tail`` iteration issues nothing and repeats its newest set). In a
-        pipeline, a synchronous recv before the repeat gates its first compute
-        node: it is carried in and passed through unchanged. ``bodies`` caches
+        ``tail`` iteration issues nothing and repeats its newest set). What
+        the compute stream is blocked on before the repeat (a synchronous recv
+        in a pipeline, a wait left at the end of the previous part) gates its
+        first compute node: it is carried in and passed through unchanged. ``bodies`` caches
         lowered bodies by everything that shapes them (a pipeline runs one
         function from many schedule entries).
         """
@@ -711,7 +779,7 @@ class LowerToChakraPass(ModulePass):
         chains = s.carried()
         slots = slots or []
         flat = [v for sl in slots for v in sl]
-        pending = list(s.blocking) if pipelined else []
+        pending = list(s.blocking)
         width = len(slots[0]) if slots else 0
         operands = [v for _, v in chains] + flat + pending
         key = (fn.sym_name.data, extra.get("tag_offset", 0), extra.get("nosync_axes", frozenset()),

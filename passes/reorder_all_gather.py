@@ -118,6 +118,8 @@ class ReorderAllGatherPass(ModulePass):
         counts: dict[str, int] = {}
         for name, c in get_schedule(op):
             counts[name] = max(counts.get(name, 0), c)
+        # a pipeline's gathering runs form one chain across functions and entries (lower-to-chakra)
+        chained = "flint.pipeline" in op.attributes
         tops: dict[func.FuncOp, Operation | None] = {}
         for fn, gather, sl in gathers:
             start, wait = make_async(gather)
@@ -128,6 +130,6 @@ class ReorderAllGatherPass(ModulePass):
                 move_before([*sl, start, wait], anchor)
                 continue
             tops[fn] = move_to_top([*sl, start], block, tops.get(fn))
-            if self.prefetch and counts.get(fn.sym_name.data, 1) > 1:
+            if self.prefetch and (chained or counts.get(fn.sym_name.data, 1) > 1):
                 for o in (*sl, start):
                     o.attributes[dist.PREFETCH_ATTR] = IntegerAttr(self.prefetch, i64)

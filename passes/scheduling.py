@@ -24,6 +24,17 @@ def functions(module: ModuleOp) -> list[func.FuncOp]:
     return [op for op in module.ops if isinstance(op, func.FuncOp)]
 
 
+def data_parallel_axes(module: ModuleOp) -> frozenset[int]:
+    """Grid axes of ``module``'s data parallelism: the plan's ``dp`` axes, else the axes named
+    ``dp_shard`` / ``dp_replicate`` (a module without a plan)."""
+    from flint.chakra.from_ir import mesh_of
+    from flint.plan import plan_of
+
+    plan = plan_of(module)
+    dp = set(plan.axes("dp")) if plan is not None else {"dp_shard", "dp_replicate"}
+    return frozenset(i for i, n in enumerate(mesh_of(module).axis_names) if n in dp)
+
+
 def arg_roles(fn: func.FuncOp) -> dict[SSAValue, str]:
     attrs = fn.arg_attrs.data if fn.arg_attrs is not None else ()
     out = {}

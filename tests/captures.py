@@ -104,16 +104,17 @@ def captured_in(dtype: str, model: str, plan: str, world: int, tp: int, batch: i
 
 
 @cache
-def distributed_optimizer(reduce_dtype: str = "float32", microbatches: int = 2):
-    """(captured step, its IR module) of gpt2-tiny on 2 ranks as Megatron's distributed optimizer / FSDP2
-    ``fully_shard(reshard_after_forward=False, mp_policy=MixedPrecisionPolicy(bfloat16, reduce_dtype))``: fp32
-    master parameters sharded over dp_shard (ZeRO-2), gathered in bf16, ``microbatches`` micro-batches of 2
-    sequences of SEQ tokens. Tests must not mutate the module."""
+def distributed_optimizer(reduce_dtype: str = "float32", microbatches: int = 2, pp: int = 1):
+    """(captured step, its IR module) of gpt2-tiny on 2 data-parallel ranks (times ``pp`` pipeline stages) as
+    Megatron's distributed optimizer / FSDP2 ``fully_shard(reshard_after_forward=False,
+    mp_policy=MixedPrecisionPolicy(bfloat16, reduce_dtype))``: fp32 master parameters sharded over dp_shard
+    (ZeRO-2), gathered in bf16, ``microbatches`` micro-batches of 2 sequences of SEQ tokens. Tests must not
+    mutate the module."""
     from flint.importer import import_step
     from flint.plan import Plan
 
     plan = Plan.from_dict({"dp_shard": 2, "zero": 2, "param_dtype": "bfloat16", "reduce_dtype": reduce_dtype,
-                           "microbatches": microbatches}, world_size=2)
+                           "microbatches": microbatches, **({"pp": pp} if pp > 1 else {})}, world_size=2 * pp)
     batch = (2 * 2 * microbatches, SEQ)
     step = capture_step(factory("gpt2-tiny"), {"tokens": batch, "labels": batch}, plan=plan, dtype="float32")
     return step, import_step(step)

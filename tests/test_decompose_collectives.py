@@ -315,7 +315,7 @@ def test_decomposed_trace_runs_on_astra_sim(tmp_path, capsys, alg):
 def test_decomposed_fsdp_step_keeps_the_overlap(alg):
     """Asynchronous collectives stay asynchronous when decomposed: their steps start where the collective
     started, on channels of its stream, and the compute stream waits where its wait was; a FSDP step
-    (sink-waits, assign-streams) exposes no more communication than with whole collectives."""
+    (sink-waits, assign-streams) exposes no more communication than with whole collectives and is no slower."""
     from captures import imported
 
     from flint.cost import load_network
@@ -336,7 +336,10 @@ def test_decomposed_fsdp_step_keeps_the_overlap(alg):
         results.append(simulate_result(trace_from_ir(m), load_device("h100-sxm"), load_network("switch")))
     whole, decomposed = results
     assert float(max(decomposed.exposed_comm_us)) <= 1.05 * float(max(whole.exposed_comm_us))
-    assert decomposed.iteration_time_us == pytest.approx(whole.iteration_time_us, rel=0.05)
+    # no slower; it may be faster: the compute stream waits for a decomposed collective's sends (its waits),
+    # where it waits for a whole one to finish (the part after the blocks' backward waits for the last
+    # reduce-scatter: 2,088 us whole, 1,990 us ring, 1,977 us halving-doubling)
+    assert whole.iteration_time_us * 0.9 <= decomposed.iteration_time_us <= whole.iteration_time_us * 1.05
 
 
 def test_prefetched_collective_is_refused(tmp_path):

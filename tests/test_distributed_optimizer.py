@@ -209,3 +209,95 @@ def test_intercepted_fully_shard_reads_mp_policy_reduce_dtype():
     rs = sum(b for (kind, _, _), b in s.collective_bytes.items() if kind == "reduce_scatter")
     assert not any(kind == "all_gather" and phase == "bwd" for kind, _, phase in s.collectives)
     assert (ag, rs) == (PARAMS, 4 * PARAMS)
+
+
+# --------------------------------------------------------------------------- under a pipeline (Megatron's chain)
+
+
+def _pipelined(prefetch: bool, grad_sync: str = "part"):
+    """pp = 2 x dp_shard = 2, two micro-batches, lowered (one table per pipeline rank) and simulated."""
+    from xdsl.context import Context
+
+    from flint.chakra.from_ir import mesh_of, trace_from_ir
+    from flint.cost import load_device, load_network
+    from flint.passes.lower_to_chakra import LowerToChakraPass
+    from flint.schedule.pipelines import run_pipeline
+    from flint.sim import simulate
+
+    _, module = distributed_optimizer(pp=2)
+    m = module.clone()
+    run_pipeline(m, ("reorder-all-gather{prefetch=1}," if prefetch else "") + "sink-waits,"
+                 "assign-streams{data-parallel=dp}")
+    LowerToChakraPass(device="h100-sxm", grad_sync=grad_sync).apply(Context(), m)
+    trace = trace_from_ir(m)
+    return trace, simulate(trace, load_device("h100-sxm"), load_network("dgx-h100"), mesh_of(m))
+
+
+def _dp_rows(table, kind):
+    from flint.trace import NodeKind
+
+    return [i for i in range(len(table)) if table.kind[i] == NodeKind.COLL and table.comm_type[i] == kind
+            and table.stream_names[table.comm_stream[i]] == "dp"]
+
+
+def _first_reader(table, row: int) -> int:
+    from flint.trace import NodeKind
+
+    return next(i for i in range(row + 1, len(table)) if table.kind[i] == NodeKind.COMP and row in table.data_deps(i))
+
+
+def test_pipelined_parameter_gathers_chain_across_stages_functions():
+    """Each pipeline rank's gathering runs form one chain (Megatron numbers its gather handles across model
+    chunks and each forward pre-hook dispatches the next): the second gather of a rank's step is issued before
+    the first gather's reader, not when its own function starts. Same collectives, no longer an iteration."""
+    from flint.trace import CollKind
+
+    chained, fast = _pipelined(prefetch=True)
+    plain, slow = _pipelined(prefetch=False)
+    roles = {id(p.table): p.table for p in chained.ranks}
+    assert len(roles) == 2  # one table per pipeline rank
+    for table in roles.values():
+        ag = _dp_rows(table, CollKind.ALL_GATHER)
+        assert len(ag) == 2  # embedding + block on the first rank, block + head on the last
+        assert ag[1] < _first_reader(table, ag[0])
+    for table in {id(p.table): p.table for p in plain.ranks}.values():
+        ag = _dp_rows(table, CollKind.ALL_GATHER)
+        assert ag[1] > _first_reader(table, ag[0])
+
+    def colls(trace):
+        t = trace.ranks[0].table
+        return sorted((int(k), int(b)) for k, b in zip(t.comm_type, t.comm_bytes) if k >= 0)
+
+    assert colls(chained) == colls(plain)
+    assert fast.iteration_time_us <= slow.iteration_time_us
+
+
+def test_grad_sync_step_waits_for_the_reductions_at_the_optimizer():
+    """``lower-to-chakra{grad-sync=step}`` (Megatron's finish_grad_sync): one compute node, the optimizer's
+    first, waits for the data-parallel reduce-scatters a part leaves unwaited; with ``part`` the backward
+    parts after them wait too. Nothing else changes, and the step is no longer."""
+    from flint.trace import CollKind, NodeKind
+
+    def waiters(trace):
+        out = {}
+        for p in trace.ranks:
+            t = p.table
+            rs = set(_dp_rows(t, CollKind.REDUCE_SCATTER))
+            out[id(t)] = (len(rs), [i for i in range(len(t)) if t.kind[i] == NodeKind.COMP
+                                    and rs & set(t.ctrl_deps(i).tolist())])
+        return list(out.values())
+
+    step_trace, step = _pipelined(prefetch=True, grad_sync="step")
+    part_trace, part = _pipelined(prefetch=True, grad_sync="part")
+    assert all(n == 2 and len(w) == 1 for n, w in waiters(step_trace))
+    assert any(len(w) > 1 for _, w in waiters(part_trace))
+    assert step.iteration_time_us <= part.iteration_time_us
+    assert sum(len(p.table) for p in step_trace.ranks) == sum(len(p.table) for p in part_trace.ranks)
+
+
+def test_grad_sync_option_is_checked():
+    from flint.errors import FlintError
+    from flint.passes.lower_to_chakra import LowerToChakraPass
+
+    with pytest.raises(FlintError, match='lower-to-chakra: option grad-sync="optimizer" is not one of part, step'):
+        LowerToChakraPass(grad_sync="optimizer")
