@@ -17,6 +17,7 @@ from flint.cost.opclass import VIEW, classify_target, split_target
 from flint.ir import chakra, dist
 from flint.ir.aten import AtenOp, get_schedule_entries, stage_roles
 from flint.errors import FlintError
+from flint.grad_sync import GRAD_SYNC
 from flint.passes.annotate_cost import aten_op_cost
 from flint.passes.scheduling import data_parallel_axes
 
@@ -90,8 +91,6 @@ class _Streams:
 
 # What a function body lowering emits for ops marked `flint.prefetch` (see flint.ir.dist):
 ALL, PROLOGUE, STEADY, TAIL = "all", "prologue", "steady", "tail"
-# lower-to-chakra's grad-sync: where a part's unwaited gradient reductions are waited for
-GRAD_SYNC = ("part", "step")
 
 
 def _group_key(op: dist.DistCommOp) -> tuple:

@@ -379,3 +379,29 @@ def test_torchtitan_style_parallelize_unchanged(tmp_path, capsys):
     assert "_scaled_dot_product_flash_attention_for_cpu_backward" in text
     # blocks: 2 with reshard_after_forward (gathered again in backward); [norm, output] not resharded
     assert "block x2" in captured_io.out and "parallelize_llama" in captured_io.err
+
+
+def test_a_model_with_a_one_argument_head_is_not_staged():
+    """``embed`` / ``layers`` / ``head`` attributes alone do not make a StagedLM: a head that is a bare
+    ``nn.Linear`` (the loss computed in ``forward``) sends the model down the generic path (it used to be
+    captured as staged and fail with 'graph break in part head: too many positional arguments')."""
+    from torch import nn
+
+    from flint.models import build
+    from flint.models.base import is_staged
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed, self.layers, self.head = nn.Embedding(8, 4), nn.ModuleList([nn.Linear(4, 4)]), nn.Linear(4, 8)
+
+    class LossHead(nn.Module):
+        def forward(self, h, labels):
+            return h.sum()
+
+    assert is_staged(build("gpt2-tiny"))
+    assert not is_staged(Net())
+    duck = Net()
+    duck.head = LossHead()
+    assert is_staged(duck)
+    assert not is_staged(nn.Linear(2, 2))

@@ -301,3 +301,47 @@ def test_grad_sync_option_is_checked():
 
     with pytest.raises(FlintError, match='lower-to-chakra: option grad-sync="optimizer" is not one of part, step'):
         LowerToChakraPass(grad_sync="optimizer")
+
+
+def test_cli_grad_sync(tmp_path, capsys):
+    """``flint estimate`` and ``flint emit`` take ``--grad-sync``; a trace or a lowered IR refuses it by name."""
+    import json
+
+    from flint.tools.flint_cli import main
+
+    src = tmp_path / "step.mlir"
+    src.write_text(str(distributed_optimizer(pp=2)[1]))
+    times = {}
+    for mode in ("part", "step"):
+        assert main(["estimate", str(src), "--grad-sync", mode, "--json"]) == 0
+        times[mode] = json.loads(capsys.readouterr().out)["iteration_time_us"]
+    assert times["step"] <= times["part"]
+    assert main(["emit", str(src), "-o", str(tmp_path / "t"), "--grad-sync", "step"]) == 0
+    capsys.readouterr()
+    assert main(["estimate", str(tmp_path / "t" / "trace"), "--grad-sync", "step"]) == 1
+    assert "--grad-sync applies to step IR (.mlir)" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["estimate", str(src), "--grad-sync", "later"])
+    assert e.value.code == 2 and "invalid choice: 'later' (choose from" in capsys.readouterr().err
+
+
+def test_generic_path_applies_zero_and_mixed_precision():
+    """A model Flint has no recipe for (Hugging Face GPT-2, the generic path's preset fully_shard): the plan's
+    zero = 2, param_dtype and reduce_dtype reach fully_shard (reshard_after_forward=False,
+    MixedPrecisionPolicy), as on the recipe path: no backward gathers, bf16 gathers, fp32 reduce-scatters.
+    (They were ignored: the preset called fully_shard(module, mesh=...) alone.)"""
+    import os
+
+    from flint.capture import capture_step
+    from flint.capture.byom import user_function
+
+    path = os.path.join(os.path.dirname(__file__), "data", "byom", "hf_models.py")
+    fn, _ = user_function(f"{path}:gpt2", "--model", "model_factory", "a model factory")
+    params = sum(p.numel() for p in fn().parameters())
+    plan = Plan.from_dict({"dp_shard": 2, "zero": 2, "param_dtype": "bfloat16", "reduce_dtype": "float32"},
+                          world_size=2)
+    step = capture_step(fn, {"input_ids": (4, 32), "labels": (4, 32)}, plan=plan, dtype="float32")
+    s = step.summary()
+    assert {k for k in s.collectives if k[0] == "all_gather"} == {("all_gather", ("dp_shard",), "fwd")}
+    assert s.collective_bytes["all_gather", ("dp_shard",), "fwd"] == 2 * params // 2  # bf16 half-shards
+    assert s.collective_bytes["reduce_scatter", ("dp_shard",), "bwd"] == 4 * params  # fp32 gradients

@@ -567,7 +567,17 @@ def preset_parallelize(plan, model: nn.Module, blocks_path: str | None) -> Calla
                 blocks._modules[keys[i]] = ac_wrap(blocks._modules[keys[i]], plan)
         if plan.dp_shard > 1:
             dp_mesh = mesh["dp_replicate", "dp_shard"] if plan.dp_replicate > 1 else mesh["dp_shard"]
-            wrap = lambda m: fsdp_mod.fully_shard(m, mesh=dp_mesh)  # noqa: E731
+            # the plan's ZeRO stage and mixed precision, as fully_shard takes them
+            kw: dict[str, Any] = {"reshard_after_forward": False} if plan.zero == 2 else {}
+            mp = {f"{k}_dtype": getattr(torch, v) for k, v in (("param", plan.param_dtype),
+                                                                ("reduce", plan.reduce_dtype)) if v != "param"}
+            if mp:
+                kw["mp_policy"] = fsdp_mod.MixedPrecisionPolicy(**mp)
+            wrap = lambda m: fsdp_mod.fully_shard(m, mesh=dp_mesh, **kw)  # noqa: E731
+        elif plan.reduce_dtype != "param":
+            raise CaptureError("reduce_dtype", f"'{plan.reduce_dtype}' with replicate (dp_replicate only) on a model "
+                               "Flint has no recipe for: torch's replicate takes no reduce dtype; use dp_shard "
+                               "(FSDP2's MixedPrecisionPolicy) or --parallelize", where_defined(model))
         elif plan.dp_replicate > 1:
             wrap = lambda m: replicate(m, device_mesh=mesh["dp_replicate"])  # noqa: E731
         else:

@@ -63,6 +63,7 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 
 from flint.capture import opclass
 from flint.capture.errors import CaptureError
+from flint.models.base import is_staged
 from flint.plan import Plan, PlanError
 
 RECIPES = ("dp", "fsdp", "tp", "tp+sp", "dp+tp", "fsdp+tp", "fsdp+tp+sp")
@@ -574,7 +575,7 @@ def apply(plan: Plan, model: nn.Module, mesh: DeviceMesh) -> tuple[dict[int, Par
     parallelism of a model that is not a StagedLM).
     """
     plan.require(CAPTURE_FIELDS, "capture")
-    staged = all(hasattr(model, a) for a in ("embed", "layers", "head"))
+    staged = is_staged(model)
     infos: dict[int, ParamInfo] = {}
     for name, p in model.named_parameters():
         infos[id(p)] = ParamInfo(name, tuple(p.shape), tuple(p.shape), p.dtype)

@@ -43,6 +43,7 @@ from flint.capture.fake_dist import device_mesh, fake_world, group_axes
 from flint.capture.recipes import (CAPTURE_FIELDS, RECIPES, ParamGroup, ParamInfo, ac_layers, apply, check_ac,
                                    data_parallel_mode, pre_backward_unshard)
 from flint.mesh import Mesh
+from flint.models.base import is_staged
 from flint.plan import Plan, from_recipe
 
 
@@ -632,7 +633,7 @@ def capture_step(
         param_dtype = next(model.parameters()).dtype
         global_params = {n: tuple(p.shape) for n, p in model.named_parameters()}
         buffers = {id(b): n for n, b in model.named_buffers()}
-        staged = all(hasattr(model, a) for a in ("embed", "layers", "head"))
+        staged = is_staged(model)
         if not custom:
             check_ac(plan, model, staged and parallelize is None)
             apply_float8(model, plan)  # torchao's Float8Linear, before parallelism (torchtitan's order)

@@ -8,6 +8,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from torch import nn
 
@@ -30,6 +32,21 @@ class StagedLM(nn.Module):
         for layer in self.layers:
             h = layer(h)
         return self.head(h, labels)
+
+
+def is_staged(model: nn.Module) -> bool:
+    """Whether ``model`` has :class:`StagedLM`'s shape: ``embed``, ``layers`` and a ``head`` that takes the
+    hidden state and the labels (duck-typed; a model whose ``head`` is, say, a bare ``nn.Linear`` and which
+    computes its loss in ``forward`` is not staged, and is captured as any module is)."""
+    if not all(hasattr(model, a) for a in ("embed", "layers", "head")):
+        return False
+    if isinstance(model, StagedLM):
+        return True
+    try:
+        inspect.signature(model.head.forward).bind(None, None)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 class CrossEntropyHead(nn.Module):
