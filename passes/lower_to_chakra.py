@@ -624,12 +624,14 @@ class LowerToChakraPass(ModulePass):
         ahead: dict[int, list[int]] = {e: [e + 1] for e in range(len(entries) - 1)
                                        if depth[e + 1] and entries[e][1] == 1}
         if pipelined:
-            # A pipeline runs each function once per entry: the runs that gather, in schedule order, are
-            # one chain (Megatron-LM's parameter gathers, numbered across model chunks: each module's
+            # A pipeline runs each function once per entry: the forward runs that gather, in schedule order,
+            # are one chain (Megatron-LM's parameter gathers, numbered across model chunks: each module's
             # forward pre-hook waits for its gather and dispatches the next), each issuing the gathers of
-            # the K runs after it (K: the functions' flint.prefetch).
+            # the K runs after it (K: the functions' flint.prefetch). A backward's gathers (ZeRO-3) stay at
+            # its start: FSDP2 issues them in the pre-backward hook, once the gradient has arrived.
             chain = [e for e, (name, count, o) in enumerate(entries)
-                     if count == 1 and not o.get("nogather") and prefetch_mark(funcs[name], costs)]
+                     if count == 1 and not o.get("nogather") and prefetch_mark(funcs[name], costs)
+                     and not _has_phase(funcs[name], "bwd", costs)]
             for i, e in enumerate(chain):
                 depth[e] = 1  # its own gathers: one prefetched set, issued by an earlier run (or itself)
                 k = prefetch_mark(funcs[entries[e][0]], costs)

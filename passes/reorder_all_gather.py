@@ -78,7 +78,11 @@ class ReorderAllGatherPass(ModulePass):
       gathered parameters live from K blocks before their use: peak memory
       rises by one block's gathered parameters per extra block of prefetch.
       In a function that runs once, the gather moves to the top (K has no
-      earlier iteration to reach).
+      earlier iteration to reach). Under a pipeline (``flint.pipeline``: each
+      function runs once per schedule entry) every gather is marked:
+      ``lower-to-chakra`` chains a rank's forward runs that gather, each
+      issuing the gathers of the K such runs after it (Megatron-LM's gather
+      handles, numbered across model chunks).
     - ``prefetch=0``: the gather and its copy-in move to the top of their
       function (issued when the block starts, as FSDP2 does without prefetch).
     - ``prefetch=0 delay=true``: the memory-saving variant: each gather moves

@@ -115,7 +115,10 @@ iterations early: iteration ``j``'s gathered parameters are allocated at the
 prefetched start's position in iteration ``j - K`` (for ``j < K``: at the
 start of the preceding part, where ``lower-to-chakra`` puts the prologue)
 and freed after their last use in iteration ``j``. Prefetching one block
-further keeps one more block's gathered parameters live.
+further keeps one more block's gathered parameters live. Under a pipeline
+(each function runs once per schedule entry) a rank's forward runs that
+gather form one chain, as in ``lower-to-chakra``: a run's gathered
+parameters are allocated at the start of the run K gathering runs before it.
 
 Approximations (say them when you quote a number): no allocator caching or
 fragmentation, no kernel workspaces, no memory for ``dist.send`` buffers
@@ -680,6 +683,18 @@ def step_memory(module: ModuleOp, capacity_bytes: int | None = None, role: int =
     accumulate_from: dict[str, int] = {}  # backward name -> its first schedule entry
     for e, (name, _) in enumerate(schedule):
         accumulate_from.setdefault(name, e)
+    # A pipeline's forward gathering runs are one chain (lower-to-chakra): a run's prefetched gathers are
+    # issued at the start of the run K gathering runs before it.
+    chained_from: dict[int, int] = {}
+    if "flint.pipeline" in module.attributes:
+        from flint.passes.lower_to_chakra import prefetch_mark
+
+        chain = [e for e, (name, c) in enumerate(schedule) if c == 1 and not options[e].get("nogather")
+                 and not is_bwd(profiles[name]) and prefetch_mark(funcs[name])]
+        for i, e in enumerate(chain):
+            k = prefetch_mark(funcs[schedule[e][0]])
+            if i >= k:
+                chained_from[e] = chain[i - k]
     cols_bytes, cols_pos, cols_free, cols_cat = [], [], [], []
     for e, (name, c) in enumerate(schedule):
         p = nosync_profiles.get(e, profiles[name])
@@ -702,6 +717,8 @@ def step_memory(module: ModuleOp, capacity_bytes: int | None = None, role: int =
             c_prev = schedule[e - 1][1]
             issued = offsets[e - 1] + (c_prev - k_prev) * profiles[schedule[e - 1][0]].n_pos
             alloc[:, p.param_gathers] = issued
+        if e in chained_from and p.param_gathers:
+            alloc[:, p.param_gathers] = offsets[chained_from[e]]
         free = np.maximum(start[:, None] + ll[None, :], prologue)
         # outputs leaving the function
         own_pair = pairs.get(e)
