@@ -175,6 +175,21 @@ def _has_phase(fn: func.FuncOp, phase: str, cache: dict) -> bool:
     return cache[key][1]
 
 
+def gather_chain(funcs: dict[str, func.FuncOp], entries: list[tuple[str, int, dict]],
+                 cache: dict | None = None) -> dict[int, list[int]]:
+    """A pipelined schedule's gather chain: for each forward run that gathers (an entry run once, without
+    ``nogather``, whose function has ops marked ``flint.prefetch = K``), the K such runs after it, whose
+    gathers it issues before its own ops. Megatron-LM's parameter gathers are numbered across model
+    chunks and each module's forward pre-hook waits for its gather and dispatches the next. A backward's
+    gathers (ZeRO-3) are not in the chain: FSDP2 issues them in the pre-backward hook, once the gradient
+    has arrived. The lowering and the memory model (:mod:`flint.sim.lifetimes`) both read it."""
+    cache = {} if cache is None else cache
+    chain = [e for e, (name, count, o) in enumerate(entries)
+             if count == 1 and not o.get("nogather") and prefetch_mark(funcs[name], cache)
+             and not _has_phase(funcs[name], "bwd", cache)]
+    return {e: chain[i + 1:i + 1 + prefetch_mark(funcs[entries[e][0]], cache)] for i, e in enumerate(chain)}
+
+
 def _is_grad_sync(node: SSAValue, dp_axes: frozenset[int]) -> bool:
     """A gradient reduction's node: a reduce-scatter or all-reduce over data-parallel axes only (a repeat's
     result: the node its body yields there)."""
@@ -623,19 +638,10 @@ class LowerToChakraPass(ModulePass):
         # ahead[e]: the entries whose prefetched ops entry e issues before its own ops
         ahead: dict[int, list[int]] = {e: [e + 1] for e in range(len(entries) - 1)
                                        if depth[e + 1] and entries[e][1] == 1}
-        if pipelined:
-            # A pipeline runs each function once per entry: the forward runs that gather, in schedule order,
-            # are one chain (Megatron-LM's parameter gathers, numbered across model chunks: each module's
-            # forward pre-hook waits for its gather and dispatches the next), each issuing the gathers of
-            # the K runs after it (K: the functions' flint.prefetch). A backward's gathers (ZeRO-3) stay at
-            # its start: FSDP2 issues them in the pre-backward hook, once the gradient has arrived.
-            chain = [e for e, (name, count, o) in enumerate(entries)
-                     if count == 1 and not o.get("nogather") and prefetch_mark(funcs[name], costs)
-                     and not _has_phase(funcs[name], "bwd", costs)]
-            for i, e in enumerate(chain):
+        if pipelined:  # each function runs once per entry: the forward gathering runs are one chain
+            for e, later in gather_chain(funcs, entries, costs).items():
                 depth[e] = 1  # its own gathers: one prefetched set, issued by an earlier run (or itself)
-                k = prefetch_mark(funcs[entries[e][0]], costs)
-                ahead[e] = chain[i + 1:i + 1 + k]
+                ahead[e] = later
         slots: dict[int, list[list[SSAValue]]] = {}
 
         def extra_of(e: int) -> dict:

@@ -683,18 +683,15 @@ def step_memory(module: ModuleOp, capacity_bytes: int | None = None, role: int =
     accumulate_from: dict[str, int] = {}  # backward name -> its first schedule entry
     for e, (name, _) in enumerate(schedule):
         accumulate_from.setdefault(name, e)
-    # A pipeline's forward gathering runs are one chain (lower-to-chakra): a run's prefetched gathers are
-    # issued at the start of the run K gathering runs before it.
+    # A pipeline's forward gathering runs are one chain (lower-to-chakra's gather_chain): a run's gathers
+    # are allocated at the start of the first run that issues them.
     chained_from: dict[int, int] = {}
     if "flint.pipeline" in module.attributes:
-        from flint.passes.lower_to_chakra import prefetch_mark
+        from flint.passes.lower_to_chakra import gather_chain
 
-        chain = [e for e, (name, c) in enumerate(schedule) if c == 1 and not options[e].get("nogather")
-                 and not is_bwd(profiles[name]) and prefetch_mark(funcs[name])]
-        for i, e in enumerate(chain):
-            k = prefetch_mark(funcs[schedule[e][0]])
-            if i >= k:
-                chained_from[e] = chain[i - k]
+        for e, later in gather_chain(funcs, get_schedule_entries(module, role)).items():
+            for f in later:
+                chained_from.setdefault(f, e)
     cols_bytes, cols_pos, cols_free, cols_cat = [], [], [], []
     for e, (name, c) in enumerate(schedule):
         p = nosync_profiles.get(e, profiles[name])
