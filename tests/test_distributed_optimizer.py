@@ -246,8 +246,8 @@ def _first_reader(table, row: int) -> int:
     return next(i for i in range(row + 1, len(table)) if table.kind[i] == NodeKind.COMP and row in table.data_deps(i))
 
 
-def test_pipelined_parameter_gathers_chain_across_stages_functions():
-    """Each pipeline rank's gathering runs form one chain (Megatron numbers its gather handles across model
+def test_pipelined_parameter_gathers_chain_across_functions():
+    """Each pipeline rank's forward gathering runs form one chain (Megatron numbers its gather handles across model
     chunks and each forward pre-hook dispatches the next): the second gather of a rank's step is issued before
     the first gather's reader, not when its own function starts. Same collectives, no longer an iteration."""
     from flint.trace import CollKind
