@@ -20,8 +20,10 @@ activation checkpointing, ...) is listed with the reason the plan or capture giv
 Defaults where a row leaves a detail unstated (Megatron's own defaults; what a row's source
 states wins), and what Flint does not model:
 
-- Model: Megatron's GPT: learned absolute positions, LayerNorm, GELU MLP of 4h, biases, untied
-  embeddings, ``hidden_dropout`` = ``attention_dropout`` = 0.1 (TransformerConfig defaults).
+- Model: Megatron's GPT: learned absolute positions, LayerNorm, one fused QKV projection
+  (``linear_qkv``, heads interleaved; in every Megatron version, so in the S rows too), GELU MLP of
+  4h, biases, untied embeddings, ``hidden_dropout`` = ``attention_dropout`` = 0.1 (TransformerConfig
+  defaults).
   Megatron-Core 0.8 rows (M) use fused (flash) attention with dropout; the 2022 A100 rows (S,
   ``attention = "unfused"``) Megatron's core attention of then: QK^T, fused scale-mask-softmax,
   dropout, xV, materialized per head. Korthikanti's selective recomputation checkpoints exactly
@@ -66,9 +68,12 @@ states wins), and what Flint does not model:
 - TP communication overlap: rows with ``tp_comm_overlap = true`` (the M rows; their source states
   ``--tp-comm-overlap``) run ``micro-pipeline-tp`` (PyTorch's async TP: each all-gather -> GEMM and
   GEMM -> reduce-scatter as n - 1 peer-to-peer steps under 1/n-row GEMMs), after ``fuse-pointwise``.
-  What torch's pass does not match stays exposed: the backward reduce-scatter of a sum of GEMMs
-  (DTensor's separate wq/wk/wv data gradients), which Megatron's fused QKV and Transformer Engine's
-  bulk dgrad/wgrad overlap would hide (the ``if comm hidden`` column bounds what is left).
+  With Megatron's fused QKV projection every tensor-parallel reduce-scatter is a GEMM's and is
+  pipelined (three separate projections left the sum of their data gradients exposed). What stays
+  exposed: the all-gather of the logits along the vocabulary (the loss is computed on replicated
+  logits; Megatron's vocab-parallel cross-entropy, torch's ``loss_parallel``, is not used yet), the
+  embedding's all-reduce and the sequence-parallel norms' gradient all-reduces (the ``if comm hidden``
+  column bounds what is left).
 - Not modelled: Transformer Engine's bulk overlaps beyond torch's patterns (above); compute slowed
   by communication kernels sharing the SMs. Megatron's distributed optimizer keeps a persistent bf16
   copy of the whole model and the whole fp32 gradient buffer (memory only; this report prices time),
@@ -188,7 +193,9 @@ def plan_of(row: dict):
 def megatron_gpt(row: dict):
     """Factory of the row's GPT as Megatron runs it (module docstring): flint's GPT-2 zoo model
     (module names kept, so TP rules and parameter groups apply unchanged) with Megatron's
-    dropout (``hidden_dropout`` = ``attention_dropout`` = 0.1, TransformerConfig's defaults) and,
+    dropout (``hidden_dropout`` = ``attention_dropout`` = 0.1, TransformerConfig's defaults), one fused
+    QKV projection ``wqkv`` (Megatron's ``linear_qkv``: its output holds q, k, v head by head, so a
+    colwise TP shard holds whole heads and the data gradient is one GEMM) and,
     for rows that predate fused attention (``attention = "unfused"``: Korthikanti et al. 2022),
     Megatron's core attention: QK^T, fused scale-mask-softmax, attention dropout, xV, which is
     also what its selective recomputation checkpoints (``recompute = "selective"``)."""
@@ -215,9 +222,8 @@ def megatron_gpt(row: dict):
 
         def forward(self, x):
             bsz, seq, _ = x.shape
-            q = self.wq(x).view(bsz, seq, -1, self.head_dim).transpose(1, 2)
-            k = self.wk(x).view(bsz, seq, -1, self.head_dim).transpose(1, 2)
-            v = self.wv(x).view(bsz, seq, -1, self.head_dim).transpose(1, 2)
+            qkv = self.wqkv(x).view(bsz, seq, -1, 3 * self.head_dim)
+            q, k, v = (t.transpose(1, 2) for t in qkv.split(self.head_dim, dim=-1))
             out = checkpoint(self.core, q, k, v, use_reentrant=False) if selective else self.core(q, k, v)
             return F.dropout(self.wo(out.transpose(1, 2).reshape(bsz, seq, -1)), p)
 
@@ -233,6 +239,10 @@ def megatron_gpt(row: dict):
             old = block.attention
             new = MegatronAttention.__new__(MegatronAttention)
             new.__dict__.update(old.__dict__)
+            h = row["hidden"]
+            for name in ("wq", "wk", "wv"):
+                del new._modules[name]
+            new.wqkv = torch.nn.Linear(h, 3 * h)
             block.attention = new
             mlp = block.feed_forward
             mlp.forward = mlp_forward.__get__(mlp)

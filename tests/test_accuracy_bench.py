@@ -99,3 +99,18 @@ def test_report_header_names_only_flags_that_differ_from_the_defaults():
     assert acc.command_line(acc._parser().parse_args(["--out", "/tmp/x"])) == ".venv/bin/python bench/accuracy.py"
     assert acc.command_line(acc._parser().parse_args(["--rows", "M1,S1-full", "--max-stage-passes", "8000"])) \
         == ".venv/bin/python bench/accuracy.py --rows M1,S1-full --max-stage-passes 8000"
+
+
+def test_megatron_gpt_has_one_fused_qkv_projection_and_tp_pipelines_its_gradient(capfd):
+    """Megatron's GPT projects q, k and v with one ``linear_qkv`` (heads interleaved, so a colwise shard
+    holds whole heads); its data gradient is one matmul, so under TP the backward reduce-scatter is
+    micro-pipelined like the others. With three separate projections it was a sum of three matmuls,
+    which micro-pipeline-tp leaves exposed (one reduce-scatter per block left unchanged)."""
+    acc = _bench()
+    row = dict(ROW, id="tiny-tp", tp=2, pp=1, gpus=2, layers=2, global_batch=2, tp_comm_overlap=True)
+    attention = acc.megatron_gpt(row)().layers[0].attention
+    assert attention.wqkv.weight.shape == (3 * row["hidden"], row["hidden"])
+    assert not any(hasattr(attention, name) for name in ("wq", "wk", "wv"))
+    assert acc.estimate(row).status == "estimated"
+    report = [line for line in capfd.readouterr().err.splitlines() if line.startswith("micro-pipeline-tp:")]
+    assert len(report) == 1 and "and 0 reduce-scatters unchanged" in report[0], report

@@ -27,7 +27,8 @@ plan                    what it does
 both                    HSDP: shards on ``dp_shard``, and the gradient shard is
                         all-reduced over ``dp_replicate`` (as FSDP2's HSDP does)
 ``tp`` (``sp``)         Megatron tensor parallel with ``parallelize_module``:
-                        colwise wq/wk/wv/w1/w3, rowwise wo/w2 (all-reduce); with
+                        colwise wq/wk/wv/w1/w3 (or one fused wqkv, Megatron's
+                        head-interleaved linear_qkv), rowwise wo/w2 (all-reduce); with
                         ``sp``, sequence-parallel norms (all-gather before,
                         reduce-scatter after attention and MLP), on axis ``tp``
 ======================  ==========================================================
@@ -120,7 +121,10 @@ def _tp_styles(float8: bool) -> tuple:
 def _block_plan(block: nn.Module, sp: bool, float8: bool = False) -> dict:
     colwise, rowwise, prepare = _tp_styles(float8)
     rowwise_out = Shard(1) if sp else Replicate()
-    plan: dict = {sub: colwise() for sub in ("attention.wq", "attention.wk", "attention.wv", "feed_forward.w1")}
+    # a fused projection (Megatron's linear_qkv) shards colwise as one: its output must be laid out head by
+    # head ([q, k, v] of head 0, then of head 1, ...) so that each shard holds whole heads
+    qkv = ("attention.wqkv",) if hasattr(block.attention, "wqkv") else ("attention.wq", "attention.wk", "attention.wv")
+    plan: dict = {sub: colwise() for sub in (*qkv, "feed_forward.w1")}
     if hasattr(block.feed_forward, "w3"):
         plan["feed_forward.w3"] = colwise()
     plan["attention.wo"] = rowwise(output_layouts=rowwise_out)
