@@ -29,7 +29,9 @@ states wins), and what Flint does not model:
   dropout, xV, materialized per head. Korthikanti's selective recomputation checkpoints exactly
   that core attention (``torch.utils.checkpoint`` in the captured model); full recomputation is
   the plan's ``activation_checkpoint = "full"``.
-- Parallelism: sequence parallelism whenever TP > 1. Data parallelism of the M rows (Megatron-Core
+- Parallelism: sequence parallelism whenever TP > 1, and Megatron's vocab-parallel cross-entropy
+  (the plan's ``loss_parallel``: torch's ``loss_parallel``; fp32 on the vocabulary shards, per-token
+  max and sum all-reduces, no all-gather of the logits). Data parallelism of the M rows (Megatron-Core
   0.8): the distributed optimizer with gradients reduced in fp32 (the README's command for these
   runs states ``--overlap-grad-reduce --overlap-param-gather``, and ``megatron/training/arguments.py``
   allows ``--overlap-param-gather`` only with ``--use-distributed-optimizer`` and forces
@@ -70,10 +72,8 @@ states wins), and what Flint does not model:
   GEMM -> reduce-scatter as n - 1 peer-to-peer steps under 1/n-row GEMMs), after ``fuse-pointwise``.
   With Megatron's fused QKV projection every tensor-parallel reduce-scatter is a GEMM's and is
   pipelined (three separate projections left the sum of their data gradients exposed). What stays
-  exposed: the all-gather of the logits along the vocabulary (the loss is computed on replicated
-  logits; Megatron's vocab-parallel cross-entropy, torch's ``loss_parallel``, is not used yet), the
-  embedding's all-reduce and the sequence-parallel norms' gradient all-reduces (the ``if comm hidden``
-  column bounds what is left).
+  exposed: the embedding's all-reduce and the sequence-parallel norms' gradient all-reduces (the
+  ``if comm hidden`` column bounds what is left).
 - Not modelled: Transformer Engine's bulk overlaps beyond torch's patterns (above); compute slowed
   by communication kernels sharing the SMs. Megatron's distributed optimizer keeps a persistent bf16
   copy of the whole model and the whole fp32 gradient buffer (memory only; this report prices time),
@@ -174,6 +174,8 @@ def plan_of(row: dict):
     dp = row["gpus"] // (tp * pp)
     local = row["global_batch"] // dp
     fields = {"tp": tp, "sp": bool(row.get("sequence_parallel", tp > 1)), "pp": pp, "dp_replicate": dp}
+    if tp > 1:  # Megatron's vocab-parallel cross-entropy (tensor_parallel/cross_entropy.py), every version
+        fields["loss_parallel"] = True
     if row["source"] == DISTRIBUTED_OPTIMIZER_SOURCE and dp > 1:
         # Megatron's distributed optimizer: FSDP2 reshard_after_forward=False, gradients reduced in fp32
         # (fp32 master parameters, which the optimizer steps, gathered and computed in bf16)

@@ -76,6 +76,13 @@ send/recv as the schedule runs them (``schedule``, the default), ``overlap``
 torch's runtime runs too) or ``blocking`` (each send and recv waited where
 torch's order issues it, the recv issued after the compute before it).
 
+Loss parallelism (``loss_parallel``, needs ``tp`` > 1; a capture option for zoo models): the output
+projection keeps the logits sharded over the vocabulary (``ColwiseParallel(output_layouts=Shard(-1))``)
+and the cross-entropy runs on the shards under ``torch.distributed.tensor.parallel.loss_parallel``:
+per-token max and sum-of-exponentials all-reduces instead of an all-gather of the logits and a
+replicated loss. torchtitan's default with TP; Megatron-LM's vocab-parallel cross-entropy. Off by
+default (the loss is computed on replicated logits).
+
 Validation happens once, in :meth:`Plan.validate` (called by every
 constructor here) and :meth:`Plan.check_model` (against a model's shape),
 before any work; errors are :class:`PlanError` naming the field and the
@@ -142,6 +149,7 @@ class Plan:
     # (GShard / Switch capacity; 1.0 = exactly the balanced routing, as torchtitan's dropless EP sends)
     capacity_factor: float = 1.0
     sp: bool = False
+    loss_parallel: bool = False  # cross-entropy on vocabulary-sharded logits (torch's loss_parallel; needs tp > 1)
     zero: int = 3  # ZeRO stage of the dp_shard axis: 1 optimizer state, 2 + gradients, 3 + parameters
     order: tuple[str, ...] = DEFAULT_ORDER  # mesh axes, innermost first
     microbatches: int = 1
@@ -250,6 +258,8 @@ class Plan:
             raise PlanError("zero", f"must be one of {', '.join(map(str, ZERO_STAGES))}, got {self.zero}", src)
         if self.sp and self.tp == 1:
             raise PlanError("sp", "sequence parallelism needs tp > 1", src)
+        if self.loss_parallel and self.tp == 1:
+            raise PlanError("loss_parallel", "shards the logits over the tensor-parallel axis: it needs tp > 1", src)
         if self.tp_style not in TP_STYLES:
             raise PlanError("tp_style", f"unknown value '{self.tp_style}'; known: {', '.join(TP_STYLES)}", src)
         if self.grad_sync not in GRAD_SYNC:
@@ -470,6 +480,8 @@ class Plan:
             extra.append(f"params gathered in {self.param_dtype}")
         if self.reduce_dtype != "param":
             extra.append(f"grads reduced in {self.reduce_dtype}")
+        if self.loss_parallel:
+            extra.append("loss parallel")
         if self.activation_checkpoint != "none":
             extra.append(f"AC {self.activation_checkpoint}")
         if self.fp8 != "none":
@@ -477,7 +489,7 @@ class Plan:
         return text + (f" [{', '.join(extra)}]" if extra else "") + f" = {self.world_size} ranks"
 
 
-_BOOL_FIELDS = {"sp"}
+_BOOL_FIELDS = {"sp", "loss_parallel"}
 _STR_FIELDS = {"grad_sync", "pp_schedule", "activation_checkpoint", "tp_style", "fp8", "reduce_dtype", "param_dtype",
                "pp_p2p"}
 _LIST_FIELDS = {"order": str, "pp_layers": int, "fp8_filter_fqns": str}

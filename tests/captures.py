@@ -136,3 +136,15 @@ def captured_partitioner(partitioner: str, plan: str = "fsdp", world: int = 8, m
     batch = (2 * p.dp, SEQ)
     step = capture_step(factory(model), {"tokens": batch, "labels": batch}, plan=p, partitioner=partitioner)
     return step, import_step(step)
+
+
+@cache
+def loss_parallel(on: bool, model: str = "llama-tiny"):
+    """(step, IR module) of ``model`` under tp 2 with sequence parallelism, with or without torch's
+    ``loss_parallel`` (two sequences of SEQ tokens)."""
+    from flint.importer import import_step
+    from flint.plan import Plan
+
+    plan = Plan.from_dict({"tp": 2, "sp": True, "loss_parallel": on}, world_size=2)
+    step = capture_step(factory(model), {"tokens": (2, SEQ), "labels": (2, SEQ)}, plan=plan)
+    return step, import_step(step)

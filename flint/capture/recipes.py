@@ -64,12 +64,12 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 
 from flint.capture import opclass
 from flint.capture.errors import CaptureError
-from flint.models.base import is_staged
+from flint.models.base import CrossEntropyHead, is_staged
 from flint.plan import Plan, PlanError
 
 RECIPES = ("dp", "fsdp", "tp", "tp+sp", "dp+tp", "fsdp+tp", "fsdp+tp+sp")
 # Plan fields the capture recipes implement; others are refused by Plan.require.
-CAPTURE_FIELDS = ("dp_replicate", "dp_shard", "tp", "sp",
+CAPTURE_FIELDS = ("dp_replicate", "dp_shard", "tp", "sp", "loss_parallel",
                   # pipeline and microbatches: one microbatch is captured, pipeline-split schedules it
                   "pp", "microbatches", "grad_sync", "pp_schedule", "pp_virtual_stages", "pp_layers", "pp_p2p",
                   # activation checkpointing of the blocks (torchtitan's modes, flint.capture.recipes.apply_ac)
@@ -137,9 +137,12 @@ def _block_plan(block: nn.Module, sp: bool, float8: bool = False) -> dict:
     return plan
 
 
-def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sp: bool, float8: bool = False) -> None:
+def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sp: bool, float8: bool = False,
+             loss_parallel: bool = False) -> None:
     """Tensor (and sequence) parallelism with ``parallelize_module``, torchtitan's Llama plan
-    (``float8``: the blocks' linears are tensorwise ``Float8Linear``, see :func:`_tp_styles`)."""
+    (``float8``: the blocks' linears are tensorwise ``Float8Linear``, see :func:`_tp_styles`;
+    ``loss_parallel``: the output projection returns vocabulary-sharded DTensor logits, which the head's
+    cross-entropy reduces under torch's ``loss_parallel``, as torchtitan's plan does)."""
     _check_heads(model, tp_mesh.size())
     out_layout = Shard(1) if sp else Replicate()
     emb_plan = {"tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=out_layout)}
@@ -149,7 +152,9 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sp: bool, float8: bool = Fal
     parallelize_module(model.embed, tp_mesh, emb_plan)
     for block in model.layers:
         parallelize_module(block, tp_mesh, _block_plan(block, sp, float8))
-    head_plan: dict = {"output": ColwiseParallel(input_layouts=out_layout, output_layouts=Replicate())}
+    head_plan: dict = {"output": ColwiseParallel(input_layouts=out_layout, output_layouts=Shard(-1),
+                                                 use_local_output=False) if loss_parallel
+                       else ColwiseParallel(input_layouts=out_layout, output_layouts=Replicate())}
     if sp:
         head_plan["norm"] = SequenceParallel()
     parallelize_module(model.head, tp_mesh, head_plan)
@@ -587,7 +592,11 @@ def apply(plan: Plan, model: nn.Module, mesh: DeviceMesh) -> tuple[dict[int, Par
         if not staged:
             raise CaptureError("plan", "tensor parallelism needs a StagedLM (embed, layers, head); "
                                "pass a parallelisation function instead")
-        apply_tp(model, mesh["tp"], plan.sp, float8=plan.fp8 == "tensorwise")
+        if plan.loss_parallel and not isinstance(model.head, CrossEntropyHead):
+            raise PlanError("loss_parallel", f"needs the zoo's cross-entropy head (flint.models.base.CrossEntropyHead), "
+                            f"which computes its loss on the sharded logits; this model's head is "
+                            f"{type(model.head).__name__}", plan.source)
+        apply_tp(model, mesh["tp"], plan.sp, float8=plan.fp8 == "tensorwise", loss_parallel=plan.loss_parallel)
         by_name = {info.name: info for info in infos.values()}
         infos.clear()
         for name, p in model.named_parameters():

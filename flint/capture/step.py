@@ -18,6 +18,7 @@ repeated blocks found, parts ``model`` and ``block``).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 import traceback
@@ -32,6 +33,7 @@ from torch import nn
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import loss_parallel
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from flint.capture import opclass
@@ -44,7 +46,7 @@ from flint.capture.recipes import (CAPTURE_FIELDS, RECIPES, ParamGroup, ParamInf
                                    data_parallel_mode, pre_backward_unshard)
 from flint.mesh import Mesh
 from flint.models.base import is_staged
-from flint.plan import Plan, from_recipe
+from flint.plan import Plan, PlanError, from_recipe
 
 
 @dataclass
@@ -645,6 +647,10 @@ def capture_step(
             fn = plan if custom else parallelize
             if not custom and parallelize is None:
                 plan.require(CAPTURE_FIELDS, "capture")
+                if plan.loss_parallel:
+                    raise PlanError("loss_parallel", "a model outside the zoo computes its own loss, which Flint "
+                                    "captures as written; loss_parallel applies to zoo models (their "
+                                    "CrossEntropyHead)", plan.source)
             parts, local = capture_generic(
                 model, dm, mesh, specs, parallelize=fn, plan=None if custom else plan, loss=loss, repeat=repeat,
                 capture_part=capture_part, param_dtype=param_dtype, data_axes=data_axes,
@@ -699,7 +705,9 @@ def capture_step(
             part, h = _capture_part("layers", _Stack(model.layers), (h,), ("activation",), 1, **kw)
             parts.append(part)
         h = h.detach().requires_grad_()
-        part, _ = _capture_part("head", model.head, (h, labels), ("activation", "input"), 1, **kw)
+        # torch's loss_parallel: the cross-entropy's forward and backward on vocabulary-sharded logits
+        with loss_parallel() if plan.loss_parallel else contextlib.nullcontext():
+            part, _ = _capture_part("head", model.head, (h, labels), ("activation", "input"), 1, **kw)
         parts.append(part)
         axes = group_axes(dm)
         _check_groups(parts, axes)

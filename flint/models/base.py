@@ -12,6 +12,7 @@ import inspect
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 
 class StagedLM(nn.Module):
@@ -59,6 +60,8 @@ class CrossEntropyHead(nn.Module):
 
     def forward(self, h: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         logits = self.output(self.norm(h))
+        if isinstance(logits, DTensor):  # vocabulary-sharded (the plan's loss_parallel): torch's parallel loss
+            return nn.functional.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
         # cross_entropy spelled out: under torch.compile on meta tensors (torch 2.13) the
         # fused aten::nll_loss has no autograd kernel and silently yields zero gradients.
         logp = nn.functional.log_softmax(logits.float(), dim=-1)
