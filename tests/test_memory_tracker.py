@@ -130,3 +130,21 @@ def test_fsdp_tp_without_ac_eager_partition_within_five_percent():
     assert r.within(0.05), (r.flint, r.tracker)
     assert r.flint.categories["params"] == r.tracker.raw["Sharded Param"]
     assert "partitioner=eager" in r.case.label()
+
+
+@pytest.mark.slow
+def test_loss_parallel_memory_drop_against_the_tracker():
+    """The plan's loss_parallel against FSDPMemTracker running torch's loss_parallel eagerly, on a model whose
+    peak is the head's backward (GPT-2 small, 2 layers, 1,024 tokens x 50,257 words per rank, fsdp+tp 4).
+    Without it Flint equals the tracker (0.00%). With it both peaks drop (tracker 1,057 -> 851 MB), Flint's
+    more (-> 748 MB, -12.1%): eager DTensor's nll_loss backward handler keeps grad_input and the saved shifted
+    logits alive until it returns, so four logits-sized fp32 buffers meet at its last multiply; the captured
+    graph frees each after its last use (three at most). A known gap, README "Not there yet"."""
+    base = dict(layers=2, batch=(4, 512), partitioner="eager")
+    off = compare_in_subprocess(MemoryCase("gpt2-small", "fsdp+tp", 4, **base))
+    on = compare_in_subprocess(MemoryCase("gpt2-small", "fsdp+tp", 4, loss_parallel=True, **base))
+    assert off.within(0.01), (off.flint, off.tracker)
+    assert on.tracker.total_bytes < 0.85 * off.tracker.total_bytes
+    assert on.flint.total_bytes < on.tracker.total_bytes
+    logits = 1024 * (50257 + 1) // 2 * 4  # one rank's fp32 logits shard (the vocabulary padded to an even split)
+    assert on.tracker.total_bytes - on.flint.total_bytes <= logits + 2**20

@@ -44,6 +44,7 @@ reported next to the peak, never part of the comparison.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import tomllib
@@ -79,6 +80,7 @@ class MemoryCase:
     batch: tuple[int, int] | None = None  # global (sequences, tokens); None: 2 sequences of 64 per DP rank
     tp: int = 2  # TP degree of 2-D recipes (fsdp+tp)
     partitioner: str = "min-cut"  # Flint's capture: what the backward saves (flint.capture.partition)
+    loss_parallel: bool = False  # the plan's loss_parallel (TP recipes): the loss on vocabulary-sharded logits
 
     def flint_plan(self):
         from flint.plan import Plan, from_recipe
@@ -90,7 +92,7 @@ class MemoryCase:
         else:
             p = from_recipe(self.plan, self.world_size, self.tp)
         every = self.ac_every if self.ac == "selective-layer" else 1
-        return dataclasses.replace(p, activation_checkpoint=self.ac, ac_every=every)
+        return dataclasses.replace(p, activation_checkpoint=self.ac, ac_every=every, loss_parallel=self.loss_parallel)
 
     def global_batch(self) -> tuple[int, int]:
         return self.batch if self.batch is not None else (2 * self.flint_plan().dp, 64)
@@ -99,6 +101,7 @@ class MemoryCase:
         ac = self.ac + (f"({self.ac_every})" if self.ac == "selective-layer" else "")
         depth = f" L{self.layers}" if self.layers is not None else ""
         part = f" partitioner={self.partitioner}" if self.partitioner != "min-cut" else ""
+        part += " loss_parallel" if self.loss_parallel else ""
         return f"{self.model}{depth} {self.plan} w{self.world_size} ac={ac}{part}"
 
 
@@ -206,6 +209,7 @@ def tracker_peak(case: MemoryCase) -> tuple[Peak, str]:
     from torch.distributed._tools.mem_tracker import MemTracker
     from torch.distributed.tensor import _sharding_prop
     from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor.parallel import loss_parallel
 
     from flint.capture.fake_dist import device_mesh, fake_world
     from flint.capture.recipes import ac_layers, ac_wrap, data_parallel_mode
@@ -250,8 +254,10 @@ def tracker_peak(case: MemoryCase) -> tuple[Peak, str]:
             # a real run it uses a FakeTensorMode of its own, which the tracker skips; so here too.
             with tracker, mock.patch.object(_sharding_prop, "detect_fake_mode", lambda *a, **k: None):
                 for it in range(2):  # the first step creates the optimizer state
-                    loss = model(tokens, labels)
-                    loss.backward()
+                    # torchtitan's train context: forward and backward under loss_parallel
+                    with loss_parallel() if plan.loss_parallel else contextlib.nullcontext():
+                        loss = model(tokens, labels)
+                        loss.backward()
                     opt.step()
                     opt.zero_grad(set_to_none=True)
                     if it == 0:

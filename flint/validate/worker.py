@@ -54,7 +54,7 @@ def parallelize(model: nn.Module, plan: Plan, mesh: DeviceMesh) -> None:
     from torch.distributed.fsdp import fully_shard
 
     if plan.tp > 1:
-        apply_tp(model, mesh["tp"], plan.sp)
+        apply_tp(model, mesh["tp"], plan.sp, loss_parallel=plan.loss_parallel)
     for i in ac_layers(plan, len(model.layers)):
         model.layers[i] = ac_wrap(model.layers[i], plan)
     mode = data_parallel_mode(plan)
