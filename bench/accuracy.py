@@ -72,8 +72,10 @@ states wins), and what Flint does not model:
   GEMM -> reduce-scatter as n - 1 peer-to-peer steps under 1/n-row GEMMs), after ``fuse-pointwise``.
   With Megatron's fused QKV projection every tensor-parallel reduce-scatter is a GEMM's and is
   pipelined (three separate projections left the sum of their data gradients exposed). What stays
-  exposed: the embedding's all-reduce and the sequence-parallel norms' gradient all-reduces (the
-  ``if comm hidden`` column bounds what is left).
+  exposed: the embedding's all-reduce (as in Megatron-Core: with learned positions its
+  ``LanguageModelEmbedding`` all-reduces, then scatters to the sequence shards) and the
+  sequence-parallel norms' gradient all-reduces (DTensor's, per layer and micro-batch; Megatron
+  coalesces them once per step) (the ``if comm hidden`` column bounds what is left).
 - Not modelled: Transformer Engine's bulk overlaps beyond torch's patterns (above); compute slowed
   by communication kernels sharing the SMs. Megatron's distributed optimizer keeps a persistent bf16
   copy of the whole model and the whole fp32 gradient buffer (memory only; this report prices time),
