@@ -20,7 +20,8 @@ def _head(on: bool, phase: str):
     return getattr(part, phase)
 
 
-def _collectives(graph) -> list[tuple[str, tuple]]:
+def _collectives(graph) -> list[tuple[str, tuple, object]]:
+    """(kind, input shape, reduce op or group size) of each collective the graph issues."""
     out = []
     for n in graph.nodes():
         name = str(n.target)
