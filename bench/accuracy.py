@@ -76,12 +76,14 @@ states wins), and what Flint does not model:
   ``LanguageModelEmbedding`` all-reduces, then scatters to the sequence shards) and the
   sequence-parallel norms' gradient all-reduces (DTensor's, per layer and micro-batch; Megatron
   coalesces them once per step) (the ``if comm hidden`` column bounds what is left).
-- Not modelled: Transformer Engine's bulk overlaps beyond torch's patterns (above); compute slowed
-  by communication kernels sharing the SMs. Megatron's distributed optimizer keeps a persistent bf16
-  copy of the whole model and the whole fp32 gradient buffer (memory only; this report prices time),
-  writes weight gradients straight into that buffer (Flint: FSDP2's copy-in and copy-out around the
-  gather, on the compute stream, once per step); its buckets (about one block each at DP 48) are
-  Flint's per-block groups.
+- SM sharing: compute slows while a collective of its rank is in flight (the device calibration's
+  ``comm_sms``: NCCL's CTAs hold 24 of the H100's 132 SMs, 16 of the A100's 108); point-to-point
+  transfers (pipeline sends, async-TP steps) do not hold SMs in Flint's model.
+- Not modelled: Transformer Engine's bulk overlaps beyond torch's patterns (above). Megatron's
+  distributed optimizer keeps a persistent bf16 copy of the whole model and the whole fp32 gradient
+  buffer (memory only; this report prices time), writes weight gradients straight into that buffer
+  (Flint: FSDP2's copy-in and copy-out around the gather, on the compute stream, once per step); its
+  buckets (about one block each at DP 48) are Flint's per-block groups.
 
 Capture cost does not grow with depth: every row is captured with two blocks and the repeated
 block's count set to the row's depth (``capture_row``), which gives the same estimate as a

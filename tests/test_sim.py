@@ -53,6 +53,67 @@ def test_partial_overlap_exposed_part():
     assert r.exposed_comm_us[0] == pytest.approx(15.0)
 
 
+def _sharing(comm_sms=24):
+    """The H100 (132 SMs) with collectives holding ``comm_sms`` SMs each."""
+    return load_device("h100-sxm").calibrated({"comm_sms": comm_sms})
+
+
+def test_compute_under_a_collective_runs_on_the_sms_it_leaves():
+    b = NodeTableBuilder()
+    b.add_comp("c", duration_us=100.0)
+    b.add_coll("ar", CollKind.ALL_REDUCE, AR_2, 0)  # 0..40: compute at 108/132 of its speed meanwhile
+    r = simulate(spmd(b.build()), _sharing(), NET)
+    slowed = 100.0 + 40.0 * 24 / 132
+    assert r.iteration_time_us == pytest.approx(slowed)
+    assert r.compute_busy_us[0] == pytest.approx(slowed)  # the busy time is the slowed one
+    assert r.exposed_comm_us[0] == pytest.approx(0.0)
+    assert simulate(spmd(b.build()), _sharing(0), NET).iteration_time_us == pytest.approx(100.0)
+    # two collectives on one stream hold one kernel's SMs at a time: 80 us at 108/132
+    b.add_coll("ar2", CollKind.ALL_REDUCE, AR_2, 0)
+    assert simulate(spmd(b.build()), _sharing(), NET).iteration_time_us == pytest.approx(100.0 + 80.0 * 24 / 132)
+
+
+def test_sm_sharing_leaves_serialized_communication_alone():
+    b = NodeTableBuilder()
+    c = b.add_comp("c", duration_us=100.0)
+    ar = b.add_coll("ar", CollKind.ALL_REDUCE, AR_2, 0, data_deps=[c])
+    b.add_comp("d", duration_us=10.0, data_deps=[ar])
+    r = simulate(spmd(b.build()), _sharing(), NET)
+    assert r.iteration_time_us == pytest.approx(150.0) and r.compute_busy_us[0] == pytest.approx(110.0)
+
+
+def test_a_collective_waiting_for_its_peer_holds_its_sms():
+    """NCCL's kernel occupies its SMs from launch, while it waits for a late peer too."""
+    def table(pre_us):
+        b = NodeTableBuilder()
+        if pre_us:
+            pre = b.add_comp("pre", duration_us=pre_us)
+            b.add_coll("ar", CollKind.ALL_REDUCE, AR_2, 0, data_deps=[pre])
+        else:
+            b.add_coll("ar", CollKind.ALL_REDUCE, AR_2, 0)  # issued at 0, runs 50..90
+            b.add_comp("c", duration_us=100.0)
+        return b.build()
+
+    gid = np.array([1])
+    trace = Trace(2, [RankProgram(table(p), gid, np.zeros(0, dtype=np.int64)) for p in (0.0, 50.0)], {1: (0, 1)})
+    r = simulate(trace, _sharing(), NET)
+    rate = 108 / 132
+    assert r.finish_us[0] == pytest.approx(90.0 + (100.0 - 90.0 * rate))
+    assert r.finish_us[1] == pytest.approx(90.0)
+
+
+def test_comm_sms_is_checked_against_the_device():
+    from flint.errors import FlintError
+
+    with pytest.raises(FlintError, match=r"comm_sms = 132 needs sm_count above it"):
+        _sharing(132)
+    with pytest.raises(FlintError, match=r"comm_sms = -1 is out of range \(valid: 0 <= comm_sms <= 1024"):
+        _sharing(-1)
+    assert load_device("h100-sxm").compute_rate(2) == pytest.approx(84 / 132)
+    assert load_device("h100-sxm").compute_rate(9) == pytest.approx(24 / 132)  # never below one kernel's share
+    assert load_device("b200").compute_rate(1) == 1.0  # no sourced comm_sms: no sharing
+
+
 def test_two_collectives_on_one_stream_serialize():
     b = NodeTableBuilder()
     b.add_coll("ar1", CollKind.ALL_REDUCE, AR_2, 0)

@@ -6,6 +6,8 @@ every number with its source (vendor documents, published microbenchmarks),
 never fitted to a workload. Schema (``[table] key``: valid range)::
 
     kernel_floor_us                 0 <= x <= 1000   shortest kernel, launch gap included (us)
+    comm_sms                        0 <= x <= 1024   SMs one NCCL collective kernel holds while in flight
+                                                     (optional; 0 or absent: compute never shares SMs)
     [gemm]  peak_fraction           0 < x <= 1       MAMF / dense peak (bf16 / fp16 / tf32): the ceiling
             mainloop_fraction       0 < x <= 1       one SM's main-loop throughput / its share of the peak
                                                      (>= peak_fraction)
@@ -45,6 +47,7 @@ _CLASSES = set(COST_CLASSES) | {"default"}
 # (table, key) -> (lo, hi, lo_inclusive, kind, unit)
 _SCALARS: dict[tuple[str, str], tuple[float, float, bool, type, str]] = {
     ("", "kernel_floor_us"): (0.0, 1000.0, True, float, "us"),
+    ("", "comm_sms"): (0, 1024, True, int, "SMs"),
     ("gemm", "peak_fraction"): (0.0, 1.0, False, float, "fraction of the dense peak"),
     ("gemm", "fp8_peak_fraction"): (0.0, 1.0, False, float, "fraction of the dense fp8 peak"),
     ("gemm", "mainloop_fraction"): (0.0, 1.0, False, float, "fraction of the per-SM dense peak"),
@@ -58,7 +61,7 @@ _SCALARS: dict[tuple[str, str], tuple[float, float, bool, type, str]] = {
 _TABLE_KEYS = {"gemm": ("peak_fraction", "fp8_peak_fraction", "mainloop_fraction", "tiles", "k_overhead",
                         "max_split_k", "latency_us"),
                "attention": ("fwd_fraction", "bwd_fraction", "seq_half")}
-TOP_KEYS = {"device", "description", "kernel_floor_us", "gemm", "attention", "compute_efficiency",
+TOP_KEYS = {"device", "description", "kernel_floor_us", "comm_sms", "gemm", "attention", "compute_efficiency",
             "memory_efficiency"}
 
 
@@ -72,11 +75,14 @@ class Calibration:
     gemm: GemmModel | None = None
     gemm_fp8_peak_fraction: float | None = None
     attention: AttentionModel | None = None
+    comm_sms: int = 0  # SMs a collective kernel holds while in flight (the simulator slows compute meanwhile)
     source: str = field(default="", compare=False)
 
     def to_toml(self) -> str:
         """This calibration as a complete TOML document (round-trips through :func:`parse_calibration`)."""
         lines = [f"kernel_floor_us = {float(self.kernel_floor_us)!r}"]
+        if self.comm_sms:
+            lines.append(f"comm_sms = {self.comm_sms}")
         if self.gemm is not None:
             g = self.gemm
             tiles = ", ".join(f"[{tm}, {tn}, {float(rel)!r}]" for tm, tn, rel in g.tiles)
@@ -191,8 +197,9 @@ def parse_calibration(data: Mapping[str, Any], where: str, *, needs_fp8: bool = 
         if "default" not in e:
             raise FlintError(f"{where}: missing [{table}] default (valid: 0 < default <= 1, a fraction)")
         effs[table] = e
-    return _build(floor, tables["gemm"], tables["attention"], effs["compute_efficiency"], effs["memory_efficiency"],
-                  where)
+    cal = _build(floor, tables["gemm"], tables["attention"], effs["compute_efficiency"], effs["memory_efficiency"],
+                 where)
+    return replace(cal, comm_sms=_scalar(where, "", "comm_sms", data["comm_sms"])) if "comm_sms" in data else cal
 
 
 def _build(floor, g, a, ce, me, where) -> Calibration:
@@ -202,7 +209,7 @@ def _build(floor, g, a, ce, me, where) -> Calibration:
     gemm = GemmModel(g["peak_fraction"], g["tiles"], g["k_overhead"], g["max_split_k"], g["mainloop_fraction"],
                      g["latency_us"]) if g else None
     att = AttentionModel(a["fwd_fraction"], a["bwd_fraction"], a["seq_half"]) if a else None
-    return Calibration(float(floor), ce, me, gemm, g.get("fp8_peak_fraction") if g else None, att, where)
+    return Calibration(float(floor), ce, me, gemm, g.get("fp8_peak_fraction") if g else None, att, source=where)
 
 
 def merge_calibration(base: Calibration, data: Mapping[str, Any], where: str) -> Calibration:
@@ -235,7 +242,8 @@ def merge_calibration(base: Calibration, data: Mapping[str, Any], where: str) ->
     ce.update(_efficiency_table(where, "compute_efficiency", data.get("compute_efficiency", {})))
     me = dict(base.memory_efficiency)
     me.update(_efficiency_table(where, "memory_efficiency", data.get("memory_efficiency", {})))
-    return replace(_build(floor, g, a, ce, me, where), source=f"{base.source} + {where}")
+    sms = _scalar(where, "", "comm_sms", data["comm_sms"]) if "comm_sms" in data else base.comm_sms
+    return replace(_build(floor, g, a, ce, me, where), comm_sms=sms, source=f"{base.source} + {where}")
 
 
 def read_toml(path: str | Path, what: str) -> dict[str, Any]:

@@ -12,7 +12,7 @@ Device keys, all with units in their names::
     sm_count                                          streaming multiprocessors / compute units
     power_limit_w                                     board power limit the peaks and calibration assume
     calibration                                       a shipped calibration name or a .toml path
-    kernel_floor_us, [compute_efficiency], [memory_efficiency], [gemm], [attention]
+    kernel_floor_us, comm_sms, [compute_efficiency], [memory_efficiency], [gemm], [attention]
                                                       inline calibration (a custom device without a file)
 
 A device without ``calibration`` and without ``[gemm]`` uses the plain
@@ -30,6 +30,12 @@ FLOPs and bytes)::
 has a GEMM or attention model (:mod:`flint.cost.compute`; GEMMs in the
 matrix-unit dtypes bf16, fp16, tf32 and fp8), and falls back to the roofline
 otherwise (fp32 / fp64 GEMMs at the GEMM model's peak fraction). ``view``-class ops launch no kernel and cost 0.
+
+SM sharing (:meth:`Device.compute_rate`): a collective kernel holds the
+calibration's ``comm_sms`` SMs from its launch to its end (NCCL's CTAs never
+share an SM with other kernels), so a compute kernel meanwhile runs on the
+rest: at ``(sm_count - n * comm_sms) / sm_count`` of its speed with ``n``
+collectives in flight, never below ``comm_sms / sm_count``.
 """
 
 from __future__ import annotations
@@ -54,7 +60,7 @@ DEVICES_DIR = Path(__file__).resolve().parent.parent / "devices"
 _PEAK_KEY = {"f64": "fp64", "f32": "fp32", "tf32": "tf32", "bf16": "bf16", "f16": "fp16",
              "f8e4m3fn": "fp8", "f8e5m2": "fp8", "f8e4m3fnuz": "fp8", "f8e5m2fnuz": "fp8"}
 _TENSOR_CORE = {"bf16", "fp16", "tf32", "fp8"}  # dtypes whose GEMMs run on tiled matrix units
-_CAL_KEYS = {"kernel_floor_us", "compute_efficiency", "memory_efficiency", "gemm", "attention"}
+_CAL_KEYS = {"kernel_floor_us", "comm_sms", "compute_efficiency", "memory_efficiency", "gemm", "attention"}
 _TOP_KEYS = {"name", "description", "hbm_capacity_gib", "hbm_bandwidth_gbytes_per_s", "sm_count", "power_limit_w",
              "calibration"} | _CAL_KEYS | {f"peak_tflops_{k}" for k in set(_PEAK_KEY.values())}
 
@@ -73,9 +79,23 @@ class Device:
     description: str = ""
     source: str = field(default="", compare=False)
 
+    def __post_init__(self) -> None:
+        sms = self.calibration.comm_sms
+        if sms and (self.sm_count is None or sms >= self.sm_count):
+            raise FlintError(f"device '{self.name}': comm_sms = {sms} needs sm_count above it "
+                             f"(sm_count = {self.sm_count}; valid: 0 <= comm_sms < sm_count)")
+
     @property
     def kernel_floor_us(self) -> float:
         return self.calibration.kernel_floor_us
+
+    def compute_rate(self, collectives: int) -> float:
+        """Speed of a compute kernel, relative to the device alone, while ``collectives`` collective
+        kernels hold ``comm_sms`` SMs each (module docstring); 1.0 without ``comm_sms``."""
+        sms = self.calibration.comm_sms
+        if not sms or collectives <= 0:
+            return 1.0
+        return max(self.sm_count - collectives * sms, sms) / self.sm_count
 
     @property
     def compute_efficiency(self) -> Mapping[str, float]:

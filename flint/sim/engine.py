@@ -34,7 +34,16 @@ port on the outermost network dimension it crosses; transfers sharing a
 port share its bandwidth max-min fairly (:class:`_Ports`). With one send
 and one recv queue per rank (no channels) a port never carries two
 transfers, so only channels see the sharing. There is no contention inside
-the network (uncongested fabric) and none between compute streams. Compute durations are the node's
+the network (uncongested fabric) and none between compute streams.
+
+SM sharing: on a device whose calibration gives ``comm_sms``, every
+collective holds that many SMs from its issue (NCCL's kernel is launched and
+spins while its peers arrive) to its finish, and a compute-stream node runs
+meanwhile at :meth:`Device.compute_rate` of its speed: its remaining work is
+re-timed whenever a collective of its rank is issued or finishes, and its
+duration is the slowed one. Sends and recvs do not hold SMs here (torch's
+async TP copies with the copy engines; NCCL's point-to-point CTA count has no
+sourced figure). Compute durations are the node's
 ``duration_us`` when present, else the device roofline from ``flops`` and
 ``tensor_bytes`` (class ``gemm`` when the node has FLOPs, else
 ``elementwise``), else 0. Collective and send/recv durations always come
@@ -118,6 +127,8 @@ class _TablePlan:
     coll_rows: np.ndarray  # rows of COLL nodes
     p2p_rows: np.ndarray   # rows of SEND / RECV nodes
     stream_names: tuple[str, ...] = STREAM_NAMES
+    shares_sms: list[bool] | None = None  # compute-stream rows that run on the SMs collectives leave
+    is_coll: list[bool] | None = None
 
 
 def _plan_table(t: NodeTable, device: Device | None, dtype: str) -> _TablePlan:
@@ -175,7 +186,8 @@ def _plan_table(t: NodeTable, device: Device | None, dtype: str) -> _TablePlan:
     stream = stream_arr.tolist()
     rows = [np.nonzero(stream_arr == k)[0].tolist() for k in range(len(names))]
     return _TablePlan(t, stream, rows, succ, npred, dur, np.nonzero(kind == NodeKind.COLL)[0],
-                      np.nonzero(p2p)[0], names)
+                      np.nonzero(p2p)[0], names, ((stream_arr == COMPUTE) & is_comp & (dur > 0)).tolist(),
+                      (kind == NodeKind.COLL).tolist())
 
 
 class _Groups:
@@ -686,6 +698,39 @@ def _run(trace, device, network, mesh, algorithm, dtype, symmetric) -> RawSim:
     ports = _Ports()
     seq = 0
     push = heapq.heappush
+    # SM sharing (Device.compute_rate): collective kernels in flight per simulated rank, from issue to
+    # finish; each running compute node's [work left at full speed, since, speed, seq of its event]
+    rate_of = device.compute_rate if device is not None and device.calibration.comm_sms else None
+    held = [0] * S
+    running: list[dict[int, list]] = [{} for _ in range(S)]
+    live: list[dict[int, int]] = [{} for _ in range(S)]  # compute row -> seq of its current finish event
+
+    def rerate(s: int, now: float) -> None:
+        """The collectives in flight on ``s`` changed: its running compute nodes change speed."""
+        nonlocal seq
+        r = rate_of(held[s])
+        for row, st in running[s].items():
+            if st[2] != r:
+                st[0] = max(0.0, st[0] - (now - st[1]) * st[2])
+                st[1], st[2] = now, r
+                live[s][row] = seq
+                push(heap, (now + st[0] / r, seq, s, row))
+                seq += 1
+
+    def on_finish(now: float, ev: int, s: int, row: int) -> bool:
+        """False for a finish event a speed change made stale."""
+        st = running[s].get(row)
+        if st is not None:
+            if live[s][row] != ev:
+                return False
+            del running[s][row]
+            durs[s][row] = now - start[s][row]
+        elif row in live[s]:
+            return False  # the node finished at a later estimate already
+        elif plans[s].is_coll[row]:
+            held[s] -= 1
+            rerate(s, now)
+        return True
 
     def try_issue(s: int, k: int, now: float) -> None:
         nonlocal seq
@@ -703,9 +748,18 @@ def _run(trace, device, network, mesh, algorithm, dtype, symmetric) -> RawSim:
         inst = sync[s][row]
         if inst < 0:
             start[s][row] = now
-            push(heap, (now + durs[s][row], seq, s, row))
+            d = durs[s][row]
+            if rate_of is not None and plans[s].shares_sms[row]:
+                r = rate_of(held[s])
+                running[s][row] = [d, now, r, seq]
+                live[s][row] = seq
+                d /= r
+            push(heap, (now + d, seq, s, row))
             seq += 1
             return
+        if rate_of is not None and plans[s].is_coll[row]:  # its kernel holds SMs from launch, waiting included
+            held[s] += 1
+            rerate(s, now)
         arrived = inst_arrived[inst]
         arrived.append((s, row))
         if inst in eager:
@@ -796,7 +850,8 @@ def _run(trace, device, network, mesh, algorithm, dtype, symmetric) -> RawSim:
             ports.event[f2] = seq
             seq += 1
 
-    events = _loop(heap, plans, ptr, busy, pending, finish, try_issue, sum(len(p.table) for p in plans), flow_done)
+    events = _loop(heap, plans, ptr, busy, pending, finish, try_issue, sum(len(p.table) for p in plans), flow_done,
+                   on_finish if rate_of is not None else None)
 
     for s in range(S):
         if ptr[s] != [len(x) for x in plans[s].stream_rows]:
@@ -903,10 +958,12 @@ _PROGRESS_MIN_EVENTS = 500_000
 _PROGRESS_EVERY = 1 << 16
 
 
-def _loop(heap, plans, ptr, busy, pending, finish, try_issue, total: int = 0, flow_done=None) -> int:
+def _loop(heap, plans, ptr, busy, pending, finish, try_issue, total: int = 0, flow_done=None, on_finish=None) -> int:
     """Pop completion events in time order until none is left; returns the event count.
 
-    Simulations of at least 500,000 node events show a progress bar (:mod:`flint.progress`)."""
+    ``on_finish(now, event, rank, row)``, if given, sees every node's finish event first and drops it by
+    returning False (a stale estimate). Simulations of at least 500,000 node events show a progress bar
+    (:mod:`flint.progress`)."""
     from flint.progress import enabled
 
     bar = None
@@ -920,6 +977,8 @@ def _loop(heap, plans, ptr, busy, pending, finish, try_issue, total: int = 0, fl
         now, ev, s, row = pop(heap)
         if s < 0:
             flow_done(now, row, ev)
+            continue
+        if on_finish is not None and not on_finish(now, ev, s, row):
             continue
         events += 1
         if bar is not None and not events % _PROGRESS_EVERY:
