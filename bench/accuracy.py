@@ -45,7 +45,7 @@ states wins), and what Flint does not model:
   micro-batch only (the gathered parameters stay for the step: one gather per step, which in
   steady state is Megatron's gather overlapped with the next iteration's forward); one fp32
   gradient reduce-scatter per block in the last micro-batch's backward, waited for only before the
-  optimizer (``lower-to-chakra{grad-sync=step}``: Megatron's ``finish_grad_sync``); the fp32 AdamW
+  optimizer (``lower-to-chakra{grad-wait=optimizer}``: Megatron's ``finish_grad_sync``); the fp32 AdamW
   step on the 1/DP shard. All data-parallel collectives run on their own stream
   (``assign-streams{data-parallel=dp}``: Megatron's DP communicator, apart from the TP one); TP
   collectives stay in the compute stream's order. The S rows (2022) have no data parallelism.
@@ -108,9 +108,9 @@ DROPOUT = 0.1  # Megatron TransformerConfig: hidden_dropout = attention_dropout 
 # collectives and overlapped with backward (--overlap-grad-reduce): the distributed optimizer's
 # gradient reduce-scatters and parameter all-gathers (M rows, the gathers one block ahead:
 # --overlap-param-gather), on their own stream; the reductions are waited for before the optimizer
-# (finish_grad_sync: lower-to-chakra{grad-sync=step}). TP collectives stay in the compute stream's order.
+# (finish_grad_sync: lower-to-chakra{grad-wait=optimizer}). TP collectives stay in the compute stream's order.
 PASSES = "sink-waits,assign-streams{data-parallel=dp}"
-GRAD_SYNC = "step"
+GRAD_WAIT = "optimizer"
 GATHER_AHEAD = "reorder-all-gather{prefetch=1}"  # rows with sharded (dp_shard) parameters only
 # Rows of Megatron-Core 0.8 (Megatron-LM README, commit f2e5db402c): distributed optimizer, fp32 gradient
 # reduction (module docstring)
@@ -315,7 +315,7 @@ def estimate(row: dict) -> Result:
     if row.get("tp_comm_overlap") and row["tp"] > 1:  # after fuse-pointwise, which re-prices every op it sees
         MicroPipelineTPPass().apply(ctx, module)
     run_pipeline(module, f"{GATHER_AHEAD},{PASSES}" if plan.dp_shard > 1 else PASSES)
-    LowerToChakraPass(device=row["device"], grad_sync=GRAD_SYNC).apply(ctx, module)
+    LowerToChakraPass(device=row["device"], grad_wait=GRAD_WAIT).apply(ctx, module)
     mesh = mesh_of(module)
     result = simulate(trace_from_ir(module), device, network, mesh, algorithm="auto")
     it_s = result.iteration_time_us * 1e-6

@@ -17,7 +17,7 @@ from flint.cost.opclass import VIEW, classify_target, split_target
 from flint.ir import chakra, dist
 from flint.ir.aten import AtenOp, get_schedule_entries, stage_roles
 from flint.errors import FlintError
-from flint.grad_sync import GRAD_SYNC
+from flint.grad_wait import GRAD_WAIT
 from flint.passes.annotate_cost import aten_op_cost
 from flint.passes.scheduling import data_parallel_axes
 
@@ -568,36 +568,38 @@ class LowerToChakraPass(ModulePass):
     cuts nodes per rank about tenfold (a captured step has hundreds of small
     elementwise ops per layer).
 
-    ``grad-sync`` says where the compute stream waits for a gradient
+    ``grad-wait`` says where the compute stream waits for a gradient
     reduction that a part leaves unwaited at its end (a data-parallel
     reduce-scatter or all-reduce, over the plan's data-parallel axes only,
     whose value only leaves the function for the optimizer):
     ``part`` (default) at the next part's first compute node, as the wait's
-    place in the program says; ``step`` at the optimizer's first compute node
+    place in the program says; ``optimizer`` at the optimizer's first compute node
     (the first part with ``optim`` ops), as Megatron-LM's ``finish_grad_sync``
     waits for every bucket's reduction before the optimizer step and FSDP2's
     final post-backward callback waits for the last reduce-scatter. Either
-    way the reductions keep their stream's and communicator's order.
+    way the reductions keep their stream's and communicator's order. (How
+    often gradients are reduced is the plan's ``grad_sync``, a capture and
+    ``pipeline-split`` choice; this option only places the wait.)
 
     The `func.func`s are replaced by the graph; the grid stays. Options:
     ``device`` (preset name or TOML path, default ``h100-sxm``),
-    ``merge-compute`` (default true), ``grad-sync`` (``part`` or ``step``).
+    ``merge-compute`` (default true), ``grad-wait`` (``part`` or ``optimizer``).
     """
 
     name = "lower-to-chakra"
 
     device: str = "h100-sxm"
     merge_compute: bool = True
-    grad_sync: str = "part"
+    grad_wait: str = "part"
 
     def __post_init__(self) -> None:
-        if self.grad_sync not in GRAD_SYNC:
-            raise FlintError(f"{self.name}: option grad-sync=\"{self.grad_sync}\" is not one of "
-                             f"{', '.join(GRAD_SYNC)}")
+        if self.grad_wait not in GRAD_WAIT:
+            raise FlintError(f"{self.name}: option grad-wait=\"{self.grad_wait}\" is not one of "
+                             f"{', '.join(GRAD_WAIT)}")
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         device = load_device(self.device)
-        dp_axes = data_parallel_axes(op) if self.grad_sync == "step" else frozenset()
+        dp_axes = data_parallel_axes(op) if self.grad_wait == "optimizer" else frozenset()
         funcs = {f.sym_name.data: f for f in op.ops if isinstance(f, func.FuncOp)}
         if not funcs:
             raise VerifyException("lower-to-chakra: the module has no func.func to lower")
@@ -629,7 +631,7 @@ class LowerToChakraPass(ModulePass):
                         axis_index: dict[str, int], costs: dict, bodies: dict | None, pipelined: bool,
                         flats: dict | None = None, dp_axes: frozenset[int] = frozenset()) -> Block:
         """One rank role's schedule (``[(function, count, options)]``) as one graph body; ``dp_axes``:
-        ``grad-sync=step``'s data-parallel axes (empty: ``part``)."""
+        ``grad-wait=optimizer``'s data-parallel axes (empty: ``part``)."""
         graph_block = Block()
         s = _Streams(compute=None, comm={}, boundary=None)
         merge = self.merge_compute
@@ -662,7 +664,7 @@ class LowerToChakraPass(ModulePass):
             slots[e] = sets
 
         posted: dict[int, SSAValue] = {}  # tag -> an asynchronous recv's node not waited for yet
-        deferred: list[SSAValue] = []  # grad-sync=step: gradient reductions the optimizer waits for
+        deferred: list[SSAValue] = []  # grad-wait=optimizer: gradient reductions the optimizer waits for
         for e, (name, count, options) in enumerate(entries):
             fn = funcs[name]
             if dp_axes:  # what the previous part left unwaited: its gradient reductions wait for the optimizer

@@ -214,7 +214,7 @@ def test_intercepted_fully_shard_reads_mp_policy_reduce_dtype():
 # --------------------------------------------------------------------------- under a pipeline (Megatron's chain)
 
 
-def _pipelined(prefetch: bool, grad_sync: str = "part"):
+def _pipelined(prefetch: bool, grad_wait: str = "part"):
     """pp = 2 x dp_shard = 2, two micro-batches, lowered (one table per pipeline rank) and simulated."""
     from xdsl.context import Context
 
@@ -228,7 +228,7 @@ def _pipelined(prefetch: bool, grad_sync: str = "part"):
     m = module.clone()
     run_pipeline(m, ("reorder-all-gather{prefetch=1}," if prefetch else "") + "sink-waits,"
                  "assign-streams{data-parallel=dp}")
-    LowerToChakraPass(device="h100-sxm", grad_sync=grad_sync).apply(Context(), m)
+    LowerToChakraPass(device="h100-sxm", grad_wait=grad_wait).apply(Context(), m)
     trace = trace_from_ir(m)
     return trace, simulate(trace, load_device("h100-sxm"), load_network("dgx-h100"), mesh_of(m))
 
@@ -272,8 +272,8 @@ def test_pipelined_parameter_gathers_chain_across_functions():
     assert fast.iteration_time_us <= slow.iteration_time_us
 
 
-def test_grad_sync_step_waits_for_the_reductions_at_the_optimizer():
-    """``lower-to-chakra{grad-sync=step}`` (Megatron's finish_grad_sync): one compute node, the optimizer's
+def test_grad_wait_optimizer_waits_for_the_reductions_at_the_optimizer():
+    """``lower-to-chakra{grad-wait=optimizer}`` (Megatron's finish_grad_sync): one compute node, the optimizer's
     first, waits for the data-parallel reduce-scatters a part leaves unwaited; with ``part`` the backward
     parts after them wait too. Nothing else changes, and the step is no longer."""
     from flint.trace import CollKind, NodeKind
@@ -287,24 +287,24 @@ def test_grad_sync_step_waits_for_the_reductions_at_the_optimizer():
                                     and rs & set(t.ctrl_deps(i).tolist())])
         return list(out.values())
 
-    step_trace, step = _pipelined(prefetch=True, grad_sync="step")
-    part_trace, part = _pipelined(prefetch=True, grad_sync="part")
+    step_trace, step = _pipelined(prefetch=True, grad_wait="optimizer")
+    part_trace, part = _pipelined(prefetch=True, grad_wait="part")
     assert all(n == 2 and len(w) == 1 for n, w in waiters(step_trace))
     assert any(len(w) > 1 for _, w in waiters(part_trace))
     assert step.iteration_time_us <= part.iteration_time_us
     assert sum(len(p.table) for p in step_trace.ranks) == sum(len(p.table) for p in part_trace.ranks)
 
 
-def test_grad_sync_option_is_checked():
+def test_grad_wait_option_is_checked():
     from flint.errors import FlintError
     from flint.passes.lower_to_chakra import LowerToChakraPass
 
-    with pytest.raises(FlintError, match='lower-to-chakra: option grad-sync="optimizer" is not one of part, step'):
-        LowerToChakraPass(grad_sync="optimizer")
+    with pytest.raises(FlintError, match='lower-to-chakra: option grad-wait="step" is not one of part, optimizer'):
+        LowerToChakraPass(grad_wait="step")
 
 
-def test_cli_grad_sync(tmp_path, capsys):
-    """``flint estimate`` and ``flint emit`` take ``--grad-sync``; a trace or a lowered IR refuses it by name."""
+def test_cli_grad_wait(tmp_path, capsys):
+    """``flint estimate`` and ``flint emit`` take ``--grad-wait``; a trace or a lowered IR refuses it by name."""
     import json
 
     from flint.tools.flint_cli import main
@@ -312,16 +312,16 @@ def test_cli_grad_sync(tmp_path, capsys):
     src = tmp_path / "step.mlir"
     src.write_text(str(distributed_optimizer(pp=2)[1]))
     times = {}
-    for mode in ("part", "step"):
-        assert main(["estimate", str(src), "--grad-sync", mode, "--json"]) == 0
+    for mode in ("part", "optimizer"):
+        assert main(["estimate", str(src), "--grad-wait", mode, "--json"]) == 0
         times[mode] = json.loads(capsys.readouterr().out)["iteration_time_us"]
-    assert times["step"] <= times["part"]
-    assert main(["emit", str(src), "-o", str(tmp_path / "t"), "--grad-sync", "step"]) == 0
+    assert times["optimizer"] <= times["part"]
+    assert main(["emit", str(src), "-o", str(tmp_path / "t"), "--grad-wait", "optimizer"]) == 0
     capsys.readouterr()
-    assert main(["estimate", str(tmp_path / "t" / "trace"), "--grad-sync", "step"]) == 1
-    assert "--grad-sync applies to step IR (.mlir)" in capsys.readouterr().err
+    assert main(["estimate", str(tmp_path / "t" / "trace"), "--grad-wait", "optimizer"]) == 1
+    assert "--grad-wait applies to step IR (.mlir)" in capsys.readouterr().err
     with pytest.raises(SystemExit) as e:
-        main(["estimate", str(src), "--grad-sync", "later"])
+        main(["estimate", str(src), "--grad-wait", "later"])
     assert e.value.code == 2 and "invalid choice: 'later' (choose from" in capsys.readouterr().err
 
 

@@ -26,7 +26,7 @@ from typing import Sequence
 
 from flint.errors import FlintError, run_cli
 from flint.fileio import check_writable, write_text_atomic
-from flint.grad_sync import GRAD_SYNC, GRAD_SYNC_HELP
+from flint.grad_wait import GRAD_WAIT, GRAD_WAIT_HELP
 from flint.limits import MAX_WORLD_SIZE
 from flint.units import fmt_bytes
 
@@ -293,14 +293,14 @@ def cmd_emit(args: argparse.Namespace) -> int:
     module = load_ir(args.input)
     spec = ""
     if any(op.name == "chakra.graph" for op in module.ops):
-        for flag, value in (("--passes", args.passes), ("--grad-sync", args.grad_sync)):
+        for flag, value in (("--passes", args.passes), ("--grad-wait", args.grad_wait)):
             if value:
                 raise FlintError(f"{flag}: {args.input} is already lowered to chakra.graph; give the aten + dist IR")
     else:
         spec = resolve(module, args.passes)
         run_pipeline(module, spec, args.input)
         CanonicalizeDistPass().apply(Context(), module)
-        LowerToChakraPass(device=args.device, grad_sync=args.grad_sync or GRAD_SYNC[0]).apply(Context(), module)
+        LowerToChakraPass(device=args.device, grad_wait=args.grad_wait or GRAD_WAIT[0]).apply(Context(), module)
         module.verify()
     trace = trace_from_ir(module)
     require_sound(trace, args.input, "nothing was written")
@@ -480,7 +480,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="pass pipeline to run before lowering, flint-opt -p syntax; '' runs none; default: the "
                            "plan's default pipeline (FSDP: reorder-all-gather{prefetch=1},sink-waits,assign-streams; "
                            "DDP: bucket-collectives{bytes=26214400},sink-waits; otherwise none)")
-    emit.add_argument("--grad-sync", choices=GRAD_SYNC, default=None, help=GRAD_SYNC_HELP)
+    emit.add_argument("--grad-wait", choices=GRAD_WAIT, default=None, help=GRAD_WAIT_HELP)
     emit.add_argument("--json", action="store_true", help="print what was written (and the pipeline that ran) as JSON")
     emit.set_defaults(func=cmd_emit)
 

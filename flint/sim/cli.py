@@ -37,7 +37,7 @@ import numpy as np
 
 from flint.chakra.check import require_sound
 from flint.errors import FlintError, run_cli
-from flint.grad_sync import GRAD_SYNC, GRAD_SYNC_HELP
+from flint.grad_wait import GRAD_WAIT, GRAD_WAIT_HELP
 
 DEFAULT_DEVICE = "h100-sxm"
 PASSES_HELP = ("step IR only: pass pipeline to run before lowering, flint-opt -p syntax, e.g. "
@@ -88,20 +88,20 @@ def _is_ir(path: str) -> bool:
 
 
 def load_input(path: str, device_name: str, calibration: str | None, *, want_memory: bool = True,
-               comm_groups: str | None = None, passes: str | None = None, grad_sync: str | None = None) -> Loaded:
+               comm_groups: str | None = None, passes: str | None = None, grad_wait: str | None = None) -> Loaded:
     """Read ``path`` (IR or trace) into a :class:`Loaded` (module docstring).
 
     ``comm_groups`` (trace input only) overrides the comm-group file found beside the rank files.
     ``passes`` (step IR only) is the pass pipeline to run before lowering (:mod:`flint.schedule.pipelines`):
-    ``None`` runs the default pipeline of the module's plan, ``""`` none. ``grad_sync`` (step IR only) is
+    ``None`` runs the default pipeline of the module's plan, ``""`` none. ``grad_wait`` (step IR only) is
     ``lower-to-chakra``'s option (``None``: its default).
     """
     if _is_ir(path):
         if comm_groups is not None:
             raise FlintError(f"--comm-groups applies to trace input; {path} is IR, whose groups come from its grid")
-        return _load_ir_input(path, device_name, calibration, want_memory, passes, grad_sync)
-    if grad_sync:
-        raise FlintError(f"--grad-sync applies to step IR (.mlir); {path} is a Chakra trace")
+        return _load_ir_input(path, device_name, calibration, want_memory, passes, grad_wait)
+    if grad_wait:
+        raise FlintError(f"--grad-wait applies to step IR (.mlir); {path} is a Chakra trace")
     if path.endswith(".mlir"):
         raise FlintError(f"IR file {path} does not exist")
     if passes:
@@ -116,7 +116,7 @@ def load_input(path: str, device_name: str, calibration: str | None, *, want_mem
 
 
 def _load_ir_input(path: str, device_name: str, calibration: str | None, want_memory: bool,
-                   passes: str | None = None, grad_sync: str | None = None) -> Loaded:
+                   passes: str | None = None, grad_wait: str | None = None) -> Loaded:
     from xdsl.context import Context
     from xdsl.utils.exceptions import VerifyException
 
@@ -140,8 +140,8 @@ def _load_ir_input(path: str, device_name: str, calibration: str | None, want_me
     if lowered:
         if passes:
             raise FlintError(f"--passes: {path} is already lowered to chakra.graph; give the aten + dist IR")
-        if grad_sync:
-            raise FlintError(f"--grad-sync: {path} is already lowered to chakra.graph; give the aten + dist IR")
+        if grad_wait:
+            raise FlintError(f"--grad-wait: {path} is already lowered to chakra.graph; give the aten + dist IR")
         note = "the IR is already lowered to chakra.graph; give the aten + dist IR for memory"
         durations = "from the lowered IR"
     else:
@@ -167,7 +167,7 @@ def _load_ir_input(path: str, device_name: str, calibration: str | None, want_me
             device_arg = tmp
         try:
             CanonicalizeDistPass().apply(Context(), module)
-            LowerToChakraPass(device=device_arg, grad_sync=grad_sync or GRAD_SYNC[0]).apply(Context(), module)
+            LowerToChakraPass(device=device_arg, grad_wait=grad_wait or GRAD_WAIT[0]).apply(Context(), module)
             module.verify()
         except VerifyException as e:
             raise FlintError(f"{path}: error: {str(e).splitlines()[0]}") from None
@@ -220,7 +220,7 @@ def _common_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--comm-groups", metavar="JSON", help=COMM_GROUPS_HELP)
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
     ap.add_argument("--passes", default=None, metavar="PIPELINE", help=PASSES_HELP)
-    ap.add_argument("--grad-sync", choices=GRAD_SYNC, default=None, help="step IR only: " + GRAD_SYNC_HELP)
+    ap.add_argument("--grad-wait", choices=GRAD_WAIT, default=None, help="step IR only: " + GRAD_WAIT_HELP)
 
 
 def _models(args):
@@ -241,7 +241,7 @@ def _native(args, want_memory: bool) -> tuple[dict, object]:
 
         check_writable(args.timeline)
     loaded = load_input(args.input, args.device, args.calibration, want_memory=want_memory, comm_groups=args.comm_groups,
-                        passes=args.passes, grad_sync=args.grad_sync)
+                        passes=args.passes, grad_wait=args.grad_wait)
     result = simulate(loaded.trace, device, network, loaded.mesh, algorithm=algorithm, dtype=args.dtype)
     rep = estimate_report(result, source=args.input, device=device.name, network=network.name, algorithm=algorithm,
                           dtype=args.dtype, memory=loaded.memory, memory_note=loaded.memory_note,

@@ -1,6 +1,7 @@
 // RUN: flint-opt %s -p lower-to-chakra | filecheck %s --check-prefix=PART
-// RUN: flint-opt %s -p 'lower-to-chakra{grad-sync=step}' | filecheck %s --check-prefix=STEP
-// RUN: not flint-opt %s -p 'lower-to-chakra{grad-sync=later}' 2>&1 | filecheck %s --check-prefix=BAD
+// RUN: flint-opt %s -p 'lower-to-chakra{grad-wait=optimizer}' | filecheck %s --check-prefix=STEP
+// RUN: not flint-opt %s -p 'lower-to-chakra{grad-wait=later}' 2>&1 | filecheck %s --check-prefix=BAD
+// RUN: not flint-opt %s -p 'lower-to-chakra{grad-sync=step}' 2>&1 | filecheck %s --check-prefix=OLD
 // flint-opt verifies the module after every pass.
 
 // A backward that ends with its gradient reduce-scatter over the data-parallel axis (0) and a
@@ -37,7 +38,7 @@ builtin.module attributes {flint.schedule = [["block_bwd", 1], ["embed_bwd", 1],
 // PART:      chakra.repeat 1 (%{{[0-9]+}}, %{{[0-9]+}}, %{{[0-9]+}}, %{{[0-9]+}}, %{{[0-9]+}}) {
 // PART:      chakra.comp "aten.add.Tensor" {{.*}} data(%{{[0-9]+}}){{$}}
 
-// step: the data-parallel reduce-scatter (a gradient reduction) is waited for by the optimizer's first
+// optimizer: the data-parallel reduce-scatter (a gradient reduction) is waited for by the optimizer's first
 // compute node, as Megatron-LM's finish_grad_sync; the tensor-parallel all-reduce still by the next part.
 // STEP:      %[[MM:.*]] = chakra.comp "aten.mm.default +1"
 // STEP-NEXT: %[[RS:.*]] = chakra.coll reduce_scatter "dist.reduce_scatter" on @mesh grid_axes = [0]
@@ -49,4 +50,6 @@ builtin.module attributes {flint.schedule = [["block_bwd", 1], ["embed_bwd", 1],
 // STEP-NEXT: ^{{.*}}(%{{.*}}, %[[W2:.*]]: !chakra.node):
 // STEP-NEXT: chakra.comp "aten.add.Tensor" {{.*}} ctrl(%[[W2]]){{$}}
 
-// BAD: lower-to-chakra: option grad-sync="later" is not one of part, step
+// BAD: lower-to-chakra: option grad-wait="later" is not one of part, optimizer
+// the option's name before session 25 (the plan's grad_sync is how often gradients are reduced):
+// OLD: flint-opt: error: Provided arguments ["grad_sync"] not found in expected arguments ["device", "merge_compute", "grad_wait"]
