@@ -165,3 +165,18 @@ def test_comm_groups_option_on_trace_input(tmp_path, step_ir, capsys):
     assert rc == 0 and "iteration time" in out, err
     rc, _, err = run(estimate_main, [step_ir, "--comm-groups", tmp_path / "g.json"], capsys)
     assert rc == 1 and "--comm-groups applies to trace input" in err
+
+
+def test_sm_sharing_is_reported_and_a_calibration_turns_it_off(tmp_path, capsys):
+    """The H100's collectives hold 24 of its 132 SMs while in flight; ``comm_sms = 0`` turns that off."""
+    ir = tmp_path / "train.mlir"
+    ir.write_text(TRAIN)
+    off = tmp_path / "off.toml"
+    off.write_text("comm_sms = 0\n")
+    rc, text, err = run(estimate_main, [ir, "--network", "ring"], capsys)
+    assert rc == 0, err
+    assert "SM sharing: a collective in flight holds 24 of 132 SMs; compute meanwhile runs on the rest" in text
+    shared = json.loads(run(estimate_main, [ir, "--network", "ring", "--json"], capsys)[1])
+    alone = json.loads(run(estimate_main, [ir, "--network", "ring", "--json", "--calibration", off], capsys)[1])
+    assert alone["sm_sharing"] == "off"
+    assert shared["compute_time_us"]["mean"] > alone["compute_time_us"]["mean"]  # the gather overlaps compute

@@ -248,6 +248,9 @@ def _native(args, want_memory: bool) -> tuple[dict, object]:
                           durations=loaded.durations, pipeline=loaded.pipeline)
     if loaded.passes is not None:
         rep["passes"] = loaded.passes
+    sms = device.calibration.comm_sms
+    rep["sm_sharing"] = (f"a collective in flight holds {sms} of {device.sm_count} SMs; compute meanwhile runs on "
+                         "the rest" if sms else "off")
     if getattr(args, "timeline", None):
         from flint.sim.chrome import write_chrome_trace
 

@@ -151,6 +151,8 @@ def format_report(rep: dict) -> str:
              f"network {rep['network']}, algorithm {rep['algorithm']}, compute durations {rep['compute_durations']}"]
     if "passes" in rep:
         lines.append(f"  passes: {rep['passes'] or '(none)'}")
+    if "sm_sharing" in rep:
+        lines.append(f"  SM sharing: {rep['sm_sharing']}")
     lines.append("")
     unit, scale = _time_unit(rep["iteration_time_us"])
 
