@@ -28,6 +28,8 @@ DEFAULT_WORLD_SIZES = (2, 4)
 HF_CASES = (("hf-llama-tiny", "fsdp", 2),)
 # Activation checkpointing (torchtitan's modes, checkpoint_wrapper in the real run): model, recipe, world, mode.
 AC_CASES = (("llama-tiny", "fsdp", 2, "full"), ("llama-tiny", "fsdp", 2, "selective-op"))
+# The plan's loss_parallel (torch's loss_parallel in the real run): model, recipe, world.
+LOSS_PARALLEL_CASES = (("llama-tiny", "tp", 2),)
 DEFAULT_OUT = "docs/validation.md"
 DEFAULT_CHART = "docs/validation_ratios.png"
 COMMAND = "flint validate"
@@ -66,6 +68,14 @@ def ac_cases(models, plans, world_sizes):
     from flint.validate.compare import Case
 
     return [Case(m, p, w, ac=a) for m, p, w, a in AC_CASES if m in models and p in plans and w in world_sizes]
+
+
+def loss_parallel_cases(models, plans, world_sizes):
+    """The cases of LOSS_PARALLEL_CASES whose model, plan and world size are selected."""
+    from flint.validate.compare import Case
+
+    return [Case(m, p, w, loss_parallel=True) for m, p, w in LOSS_PARALLEL_CASES
+            if m in models and p in plans and w in world_sizes]
 
 
 def memory_main(models, plans, world_sizes, ac_modes, partitioners=("min-cut",)) -> int:
@@ -168,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     todo = cases([m for m in models if not is_hf(m)], plans, world_sizes) + hf_cases(models, plans, world_sizes)
     if tuple(models) == DEFAULT_MODELS or any(m in models for m, *_ in AC_CASES):
         todo += ac_cases(models, plans, world_sizes)
+    todo += loss_parallel_cases(models, plans, world_sizes)
     if not todo:
         print("flint validate: error: no case to run (2-D recipes need world size 4)", file=sys.stderr)
         return 2

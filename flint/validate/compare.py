@@ -37,6 +37,7 @@ class Case:
     world_size: int
     batch: tuple[int, int] = (GLOBAL_BATCH, SEQ_LEN)
     ac: str = "none"  # activation checkpointing mode (selective-layer: every second block)
+    loss_parallel: bool = False  # the plan's loss_parallel (torch's loss_parallel; needs TP)
 
     @property
     def tp(self) -> int:
@@ -53,7 +54,8 @@ class Case:
         return mesh.shape, mesh.axis_names
 
     def label(self) -> str:
-        return f"{self.model} {self.plan} w{self.world_size}" + (f" ac={self.ac}" if self.ac != "none" else "")
+        return (f"{self.model} {self.plan} w{self.world_size}" + (f" ac={self.ac}" if self.ac != "none" else "")
+                + (" loss_parallel" if self.loss_parallel else ""))
 
 
 @dataclass
@@ -79,17 +81,16 @@ def flint_counts(case: Case) -> FlintCounts:
     else:
         batch = {"tokens": case.batch, "labels": case.batch}
         model_factory = factory(case.model)
-    if case.ac == "none":
+    if case.ac == "none" and not case.loss_parallel:
         step = capture_step(model_factory, batch, world_size=case.world_size, plan=case.plan, tp=case.tp,
                             repeat=False)
     else:
-        from flint.plan import from_recipe
-        from flint.validate.worker import with_ac
+        from flint.validate.worker import case_plan
 
         # one graph per block, as Flint estimates it: in one graph of the whole stack AOTAutograd's
         # partitioner recomputes a checkpointed block's output (the next block's input), which eager
         # checkpoint_wrapper saves (one more GEMM per block boundary than the real run)
-        plan = with_ac(from_recipe(case.plan, case.world_size, case.tp), case.ac)
+        plan = case_plan(case.plan, case.world_size, case.tp, case.ac, case.loss_parallel)
         step = capture_step(model_factory, batch, plan=plan, repeat=True)
     summary = step.summary()
     colls, coll_bytes = Counter(), Counter()

@@ -6,7 +6,12 @@ PyTorch``. The counts are read from the host JSON because the converter
 (mlc-chakra 1.0.0) keeps a node's caller in ``ctrl_deps`` only when the caller
 happened to be converted first (about one node in eight in our runs), and the
 nesting is what the counting rule needs
-(:func:`flint.validate.classify.innermost_of_class`). Node ids are the same in
+(:func:`flint.validate.classify.innermost_of_class`), minus the ops a Python
+dispatch mode served without running them: an op whose call went into a
+``PythonDispatchMode`` and ran nothing of its class below it. That is
+selective activation checkpointing's cache: on recompute, its mode hands back
+the output the forward saved (the trace still records the ``aten::mm`` call,
+whose only callees are two ``detach`` and the mode). Node ids are the same in
 both files; :func:`check_against_converted` verifies every counted op is in
 the converted trace under the same name.
 
@@ -81,6 +86,9 @@ def count_host_trace(path: str | Path, rank: int, kineto: str | Path | None = No
     schemas = [_attr(n, "op_schema") for n in nodes]
     classes = [executed_class(n["name"], s) for n, s in zip(nodes, schemas)]
     counts = innermost_of_class(classes, parents)
+    for i, p in enumerate(parents):  # served by a dispatch mode (module docstring): no kernel ran
+        if p >= 0 and counts[p] and nodes[i]["name"] == "PythonDispatchMode":
+            counts[p] = False
 
     phase, phases = "fwd", []
     for n in nodes:

@@ -20,7 +20,8 @@ class Expected:
 
     ``cls`` and ``phase`` (None: any) must equal the difference's; ``op`` is a
     regex on the base operator name; ``plans`` (None: any) a regex on the recipe;
-    ``models`` (None: any) a regex on the model preset.
+    ``models`` (None: any) a regex on the model preset; a ``loss_parallel`` rule
+    explains only cases that run the plan's ``loss_parallel``.
     """
 
     key: str
@@ -30,9 +31,12 @@ class Expected:
     reason: str
     plans: str | None = None
     models: str | None = None
+    loss_parallel: bool = False
 
-    def matches(self, cls: str, phase: str, op: str, plan: str = "", model: str = "") -> bool:
+    def matches(self, cls: str, phase: str, op: str, plan: str = "", model: str = "",
+                loss_parallel: bool = False) -> bool:
         return (cls == self.cls and (self.phase is None or phase == self.phase)
+                and (loss_parallel or not self.loss_parallel)
                 and re.fullmatch(self.op, op) is not None
                 and (self.plans is None or re.fullmatch(self.plans, plan) is not None)
                 and (self.models is None or re.fullmatch(self.models, model) is not None))
@@ -41,6 +45,14 @@ class Expected:
 _DATA_PARALLEL = r"(dp|fsdp)(\+.*)?"
 _FSDP = r"fsdp(\+.*)?"
 _HF = r"hf-.*"  # Hugging Face models (flint.models.hf)
+_LOSS_PARALLEL = (
+    "torch's loss_parallel runs DTensor's own handlers for log_softmax, nll_loss and their joint backward "
+    "(torch/distributed/tensor/parallel/loss.py): per-token max and sum-of-exponentials over the vocabulary "
+    "shards, masks for targets outside the local shard (lt, ge, bitwise_or) and for ignore_index (ne), and in "
+    "backward _log_softmax_backward_data and nll_loss_backward on the shard. Eager runs those ops as the "
+    "handlers call them; Flint's capture traces the same handlers through AOTAutograd, whose joint graph is "
+    "decomposed (the backward as exp / sub / where chains) and partitioned (masks recomputed or saved). "
+    "The three loss all-reduces and every GEMM match on both sides. ")
 _HF_TRACED_MASK = (
     "Hugging Face's mask creation cannot read position_ids under torch.compile (find_packed_sequence_indices "
     "skips its data-dependent 'no packed sequences' check when traced), so the traced model builds an explicit "
@@ -79,6 +91,10 @@ EXPECTED: tuple[Expected, ...] = (
              "wants no mask) and repeats the key/value heads itself (repeat_kv: expand + reshape); the expand's "
              "backward sums the gradient over the repeated heads, one sum for K and one for V per block. Eager "
              "(no mask) passes enable_gqa=True and has no expand.", models=_HF),
+    Expected("loss-parallel-handlers", "elementwise", r"aten::(add|sub|exp|where|ne|ge|lt|bitwise_or)", None,
+             _LOSS_PARALLEL, loss_parallel=True),
+    Expected("loss-parallel-handlers", "reduction", r"aten::(_log_softmax_backward_data|nll_loss_backward)", "bwd",
+             _LOSS_PARALLEL, loss_parallel=True),
     Expected("hf-recomputed-rope", "elementwise", r"aten::(cos|sin)", "bwd",
              "Hugging Face's rotary embedding computes cos and sin of the positions in forward; AOTAutograd's "
              "min-cut partitioner recomputes them in the backward (cheap, no gradient) instead of saving them.",
@@ -91,9 +107,11 @@ def base_op(name: str) -> str:
     return name[:-1] if name.endswith("_") and not name.endswith("__") else name
 
 
-def explain(cls: str, phase: str, op: str, plan: str = "", model: str = "") -> Expected | None:
-    """The first rule explaining an op-level difference of ``model`` under recipe ``plan``, or ``None``."""
-    return next((e for e in EXPECTED if e.matches(cls, phase, base_op(op), plan, model)), None)
+def explain(cls: str, phase: str, op: str, plan: str = "", model: str = "",
+            loss_parallel: bool = False) -> Expected | None:
+    """The first rule explaining an op-level difference of ``model`` under recipe ``plan`` (with the plan's
+    ``loss_parallel`` or not), or ``None``."""
+    return next((e for e in EXPECTED if e.matches(cls, phase, base_op(op), plan, model, loss_parallel)), None)
 
 
 @dataclass(frozen=True)

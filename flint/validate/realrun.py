@@ -56,6 +56,7 @@ class RunSpec:
     port: int | None = None  # None: pick a free one
     fail_ranks: tuple[int, ...] = ()  # testing: ranks that raise before joining
     ac: str = "none"  # activation checkpointing mode (flint.plan AC_MODES; selective-layer: every 2nd block)
+    loss_parallel: bool = False  # the plan's loss_parallel: torch's loss_parallel around forward and backward
 
 
 @dataclass

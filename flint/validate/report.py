@@ -142,7 +142,7 @@ def markdown(results: Sequence[CaseResult], *, command: str, chart: str | None,
             if cls in COMPARED_COLLECTIVES:
                 continue  # compared by count and bytes above; the two sides name them differently
             for phase, op, a, b in op_deltas(res.flint, res.ranks[0], cls):
-                rule = explain(cls, phase, op, res.case.plan, res.case.model)
+                rule = explain(cls, phase, op, res.case.plan, res.case.model, res.case.loss_parallel)
                 if rule:
                     reasons[rule.key] = rule.reason
                 rows.append(f"| {_SHORT[cls]} | {phase} | `{op}` | {a} | {b} | {rule.key if rule else '**unexplained**'} |")

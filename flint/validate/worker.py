@@ -1,11 +1,13 @@
 """One rank of a real training step on CPU (gloo), recorded with PyTorch's execution trace.
 
 Run by :mod:`flint.validate.realrun` as ``python -m flint.validate.worker SPEC.json RANK``;
-never imported by the parent process for anything but :func:`parallelize`.
+never imported by the parent process for anything but :func:`parallelize`, :func:`with_ac` and
+:func:`case_plan`.
 
 The step: build the model (seed 0, fp32, CPU), parallelize it with PyTorch's
 own APIs exactly as the Flint recipe of the same name describes it, run one
-untraced warm-up step (lazy FSDP init, AdamW state creation), then one step
+untraced warm-up step (lazy FSDP init, AdamW state creation; forward and backward inside torch's
+``loss_parallel`` context when the plan sets it, as torchtitan's train context does), then one step
 under the CPU profiler with an ``ExecutionTraceObserver``: the host execution
 trace goes to ``<dir>/host.<rank>.json``, the profiler's (Kineto) trace, which
 has the operator durations (matched by record-function id), to
@@ -16,6 +18,7 @@ process exits with status 1. A rank whose parent dies exits at once.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -28,6 +31,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.tensor.parallel import loss_parallel
 
 from flint.capture.recipes import ac_layers, ac_wrap, apply_tp, data_parallel_mode
 from flint.plan import Plan
@@ -74,6 +78,15 @@ def with_ac(plan: Plan, mode: str) -> Plan:
     return dataclasses.replace(plan, activation_checkpoint=mode, ac_every=2 if mode == "selective-layer" else 1)
 
 
+def case_plan(recipe: str, world_size: int, tp: int, ac: str = "none", loss_parallel: bool = False) -> Plan:
+    """The plan of a validated case: the recipe's, with activation checkpointing ``ac`` and ``loss_parallel``."""
+    import dataclasses
+
+    from flint.plan import from_recipe
+
+    return dataclasses.replace(with_ac(from_recipe(recipe, world_size, tp), ac), loss_parallel=loss_parallel)
+
+
 def run(spec: dict, rank: int) -> None:
     """One rank of the real run described by ``spec`` (see :class:`flint.validate.realrun.RunSpec`)."""
     from flint.models import build
@@ -85,9 +98,8 @@ def run(spec: dict, rank: int) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{spec['port']}", rank=rank,
                             world_size=spec["world_size"], timeout=timedelta(seconds=spec["timeout_s"]))
     try:
-        from flint.plan import from_recipe
-
-        plan = with_ac(from_recipe(spec["plan"], spec["world_size"], spec.get("tp", 1)), spec.get("ac", "none"))
+        plan = case_plan(spec["plan"], spec["world_size"], spec.get("tp", 1), spec.get("ac", "none"),
+                         spec.get("loss_parallel", False))
         fmesh = plan.mesh()
         mesh = init_device_mesh("cpu", fmesh.shape, mesh_dim_names=fmesh.axis_names)
         torch.manual_seed(0)
@@ -118,8 +130,10 @@ def run(spec: dict, rank: int) -> None:
                                 foreach=False)
 
         def step() -> None:
-            loss = model(input_ids=tokens, labels=labels).loss if hf else model(tokens, labels)
-            loss.backward()
+            # torchtitan's train context: forward and backward inside loss_parallel
+            with loss_parallel() if plan.loss_parallel else contextlib.nullcontext():
+                loss = model(input_ids=tokens, labels=labels).loss if hf else model(tokens, labels)
+                loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
 
