@@ -83,6 +83,17 @@ def estimate(module, spec: str, network) -> tuple[float, float, float]:
     return res.iteration_time_us / 1e3, float(res.exposed_comm_us.mean()) / 1e3, mem.peak_bytes / GIB
 
 
+def _write_keeping_reading(path: Path, text: str) -> None:
+    """Write the generated table; a hand-written ``## Reading`` section the page already has is kept after it
+    (and flagged on stderr: its figures are the previous run's until someone rereads it)."""
+    old = path.read_text() if path.exists() else ""
+    at = old.find("\n## Reading")
+    if at >= 0:
+        text = text.rstrip("\n") + "\n\n" + old[at + 1:]
+        print(f"kept the '## Reading' section of {path}: check its figures against the new table", file=sys.stderr)
+    path.write_text(text)
+
+
 def _table(header: list[str], rows: list[list[str]]) -> str:
     out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     out += ["| " + " | ".join(r) + " |" for r in rows]
@@ -115,7 +126,7 @@ def study_scale(models: list[str], worlds: list[int]) -> None:
           _table(["model", "GPUs", "schedule", "iteration (ms)", "exposed comm (ms)", "time vs FSDP2 default",
                   "peak memory / rank (GiB)"], rows), "", "![iteration time and peak memory](fsdp_reorder_scale.png)", ""]
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "fsdp_reorder_scale.md").write_text("\n".join(md))
+    _write_keeping_reading(OUT / "fsdp_reorder_scale.md", "\n".join(md))
     _plot_scale(results, models, worlds)
     print(f"wrote {OUT / 'fsdp_reorder_scale.md'} and fsdp_reorder_scale.png")
 
@@ -170,7 +181,7 @@ def study_bandwidth(model: str, world: int, bandwidths: list[float]) -> None:
           _table(["GB/s per GPU", "schedule", "iteration (ms)", "exposed comm (ms)", "gain vs captured order",
                   "peak memory / rank (GiB)"], rows), "", "![iteration time vs bandwidth](fsdp_reorder_bandwidth.png)", ""]
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "fsdp_reorder_bandwidth.md").write_text("\n".join(md))
+    _write_keeping_reading(OUT / "fsdp_reorder_bandwidth.md", "\n".join(md))
     import matplotlib
 
     matplotlib.use("Agg")
