@@ -323,6 +323,11 @@ def test_cli_grad_wait(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["estimate", str(src), "--grad-wait", "later"])
     assert e.value.code == 2 and "invalid choice: 'later' (choose from" in capsys.readouterr().err
+    for command in (["estimate", str(src)], ["emit", str(src), "-o", str(tmp_path / "u")]):  # the old name
+        with pytest.raises(SystemExit) as e:
+            main(command + ["--grad-sync", "step"])
+        assert e.value.code == 2 and "--grad-sync is now --grad-wait" in capsys.readouterr().err
+    assert not (tmp_path / "u").exists()
 
 
 def test_generic_path_applies_zero_and_mixed_precision():

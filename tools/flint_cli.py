@@ -26,7 +26,7 @@ from typing import Sequence
 
 from flint.errors import FlintError, run_cli
 from flint.fileio import check_writable, write_text_atomic
-from flint.grad_wait import GRAD_WAIT, GRAD_WAIT_HELP
+from flint.grad_wait import GRAD_WAIT, add_grad_wait_flag
 from flint.limits import MAX_WORLD_SIZE
 from flint.units import fmt_bytes
 
@@ -480,7 +480,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="pass pipeline to run before lowering, flint-opt -p syntax; '' runs none; default: the "
                            "plan's default pipeline (FSDP: reorder-all-gather{prefetch=1},sink-waits,assign-streams; "
                            "DDP: bucket-collectives{bytes=26214400},sink-waits; otherwise none)")
-    emit.add_argument("--grad-wait", choices=GRAD_WAIT, default=None, help=GRAD_WAIT_HELP)
+    add_grad_wait_flag(emit)
     emit.add_argument("--json", action="store_true", help="print what was written (and the pipeline that ran) as JSON")
     emit.set_defaults(func=cmd_emit)
 

@@ -37,7 +37,7 @@ import numpy as np
 
 from flint.chakra.check import require_sound
 from flint.errors import FlintError, run_cli
-from flint.grad_wait import GRAD_WAIT, GRAD_WAIT_HELP
+from flint.grad_wait import GRAD_WAIT, add_grad_wait_flag
 
 DEFAULT_DEVICE = "h100-sxm"
 PASSES_HELP = ("step IR only: pass pipeline to run before lowering, flint-opt -p syntax, e.g. "
@@ -220,7 +220,7 @@ def _common_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--comm-groups", metavar="JSON", help=COMM_GROUPS_HELP)
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
     ap.add_argument("--passes", default=None, metavar="PIPELINE", help=PASSES_HELP)
-    ap.add_argument("--grad-wait", choices=GRAD_WAIT, default=None, help="step IR only: " + GRAD_WAIT_HELP)
+    add_grad_wait_flag(ap, "step IR only: ")
 
 
 def _models(args):
