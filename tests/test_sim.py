@@ -196,6 +196,29 @@ def test_symmetric_reduction_equals_full_simulation():
     assert fast.mfu == pytest.approx(3 * 2 * 4096 ** 3 / (fast.iteration_time_us * 1e-6 * 989.4e12))
 
 
+def test_symmetric_reduction_is_exact_with_sm_sharing():
+    """A DP all-reduce overlapping TP-synchronized compute: one simulated rank per class gives the full
+    simulation's timeline with collectives holding SMs, and sharing makes it longer."""
+    mesh = Mesh((4, 4), ("dp", "tp"))
+    net = Network("two", (NetworkDim("nv", 4, Link(450.0, 1.0)), NetworkDim("ib", 0, Link(50.0, 3.0))))
+    groups, lookup = assign_group_ids(mesh, [(1,), (0,)])
+    b = NodeTableBuilder()
+    b.add_coll("dp_ar", CollKind.ALL_REDUCE, 64 * 2 ** 20, 1)  # issued at once, overlaps the layers
+    prev = []
+    for layer in range(3):
+        c = b.add_comp(f"mm{layer}", flops=2 * 4096 ** 3, tensor_bytes=3 * 4096 * 4096 * 2, data_deps=prev)
+        prev = [b.add_coll(f"tp_ar{layer}", CollKind.ALL_REDUCE, 8 * 2 ** 20, 0, data_deps=[c])]
+    t = b.build()
+    trace = Trace(16, [RankProgram(t, np.array([lookup[(1,)][r], lookup[(0,)][r]]), np.zeros(0, dtype=np.int64))
+                       for r in range(16)], groups)
+    fast = simulate(trace, _sharing(), net, mesh)
+    full = simulate(trace, _sharing(), net, mesh, symmetric=False)
+    assert fast.symmetric and not full.symmetric
+    assert fast.iteration_time_us == pytest.approx(full.iteration_time_us)
+    assert np.allclose(fast.compute_busy_us, full.compute_busy_us)
+    assert fast.compute_busy_us[0] > simulate(trace, _sharing(0), net, mesh).compute_busy_us[0] * 1.01
+
+
 def test_roofline_used_without_duration_and_duration_wins():
     dev = load_device("h100-sxm")
     b = NodeTableBuilder()
