@@ -26,4 +26,3 @@ def add_grad_wait_flag(parser, prefix: str = "") -> None:
 
     parser.add_argument("--grad-wait", choices=GRAD_WAIT, default=None, help=prefix + GRAD_WAIT_HELP)
     parser.add_argument("--grad-sync", action=_Renamed, help=argparse.SUPPRESS)
-

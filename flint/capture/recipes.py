@@ -42,6 +42,7 @@ with ``fully_shard``: the embedding, each transformer block, and the head
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import operator
@@ -59,6 +60,7 @@ from torch.distributed.tensor.parallel import (
     SequenceParallel,
     parallelize_module,
 )
+from torch.distributed.tensor.parallel import loss_parallel as torch_loss_parallel
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
@@ -135,6 +137,13 @@ def _block_plan(block: nn.Module, sp: bool, float8: bool = False) -> dict:
         plan["attention"] = prepare(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
         plan["feed_forward"] = prepare(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
     return plan
+
+
+def loss_context(plan: Plan):
+    """What the loss's forward and backward run inside: torch's ``loss_parallel`` with the plan's
+    ``loss_parallel`` (the cross-entropy on vocabulary-sharded logits, as torchtitan's train context
+    runs it), else nothing."""
+    return torch_loss_parallel() if plan.loss_parallel else contextlib.nullcontext()
 
 
 def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sp: bool, float8: bool = False,

@@ -18,7 +18,6 @@ repeated blocks found, parts ``model`` and ``block``).
 
 from __future__ import annotations
 
-import contextlib
 import math
 import re
 import traceback
@@ -33,7 +32,6 @@ from torch import nn
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 from torch.distributed.tensor import DTensor
-from torch.distributed.tensor.parallel import loss_parallel
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from flint.capture import opclass
@@ -43,7 +41,7 @@ from flint.capture.float8 import apply_float8
 from flint.capture.partition import PARTITIONERS, partition_fn
 from flint.capture.fake_dist import device_mesh, fake_world, group_axes
 from flint.capture.recipes import (CAPTURE_FIELDS, RECIPES, ParamGroup, ParamInfo, ac_layers, apply, check_ac,
-                                   data_parallel_mode, pre_backward_unshard)
+                                   data_parallel_mode, loss_context, pre_backward_unshard)
 from flint.mesh import Mesh
 from flint.models.base import is_staged
 from flint.plan import Plan, PlanError, from_recipe
@@ -706,7 +704,7 @@ def capture_step(
             parts.append(part)
         h = h.detach().requires_grad_()
         # torch's loss_parallel: the cross-entropy's forward and backward on vocabulary-sharded logits
-        with loss_parallel() if plan.loss_parallel else contextlib.nullcontext():
+        with loss_context(plan):
             part, _ = _capture_part("head", model.head, (h, labels), ("activation", "input"), 1, **kw)
         parts.append(part)
         axes = group_axes(dm)

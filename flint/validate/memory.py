@@ -44,7 +44,6 @@ reported next to the peak, never part of the comparison.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 import tomllib
@@ -209,10 +208,9 @@ def tracker_peak(case: MemoryCase) -> tuple[Peak, str]:
     from torch.distributed._tools.mem_tracker import MemTracker
     from torch.distributed.tensor import _sharding_prop
     from torch.distributed.fsdp import FSDPModule
-    from torch.distributed.tensor.parallel import loss_parallel
 
     from flint.capture.fake_dist import device_mesh, fake_world
-    from flint.capture.recipes import ac_layers, ac_wrap, data_parallel_mode
+    from flint.capture.recipes import ac_layers, ac_wrap, data_parallel_mode, loss_context
     from flint.models import build
     from flint.validate.worker import BETAS, EPS, LR, WEIGHT_DECAY, parallelize
 
@@ -255,7 +253,7 @@ def tracker_peak(case: MemoryCase) -> tuple[Peak, str]:
             with tracker, mock.patch.object(_sharding_prop, "detect_fake_mode", lambda *a, **k: None):
                 for it in range(2):  # the first step creates the optimizer state
                     # torchtitan's train context: forward and backward under loss_parallel
-                    with loss_parallel() if plan.loss_parallel else contextlib.nullcontext():
+                    with loss_context(plan):
                         loss = model(tokens, labels)
                         loss.backward()
                     opt.step()

@@ -1,8 +1,7 @@
 """One rank of a real training step on CPU (gloo), recorded with PyTorch's execution trace.
 
 Run by :mod:`flint.validate.realrun` as ``python -m flint.validate.worker SPEC.json RANK``;
-never imported by the parent process for anything but :func:`parallelize`, :func:`with_ac` and
-:func:`case_plan`.
+never imported by the parent process for anything but :func:`parallelize` and :func:`case_plan`.
 
 The step: build the model (seed 0, fp32, CPU), parallelize it with PyTorch's
 own APIs exactly as the Flint recipe of the same name describes it, run one
@@ -18,7 +17,6 @@ process exits with status 1. A rank whose parent dies exits at once.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import sys
@@ -31,9 +29,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.tensor.parallel import loss_parallel
 
-from flint.capture.recipes import ac_layers, ac_wrap, apply_tp, data_parallel_mode
+from flint.capture.recipes import ac_layers, ac_wrap, apply_tp, data_parallel_mode, loss_context
 from flint.plan import Plan
 
 LR, BETAS, EPS, WEIGHT_DECAY = 3e-4, (0.9, 0.95), 1e-8, 0.1  # flint.capture.step.adamw_step defaults
@@ -71,20 +68,15 @@ def parallelize(model: nn.Module, plan: Plan, mesh: DeviceMesh) -> None:
             wrap(module, mesh=dp_mesh)
 
 
-def with_ac(plan: Plan, mode: str) -> Plan:
-    """``plan`` with activation checkpointing ``mode`` (selective-layer: every second block)."""
-    import dataclasses
-
-    return dataclasses.replace(plan, activation_checkpoint=mode, ac_every=2 if mode == "selective-layer" else 1)
-
-
 def case_plan(recipe: str, world_size: int, tp: int, ac: str = "none", loss_parallel: bool = False) -> Plan:
-    """The plan of a validated case: the recipe's, with activation checkpointing ``ac`` and ``loss_parallel``."""
+    """The plan of a validated case: the recipe's, with activation checkpointing ``ac`` (selective-layer: every
+    second block) and ``loss_parallel``."""
     import dataclasses
 
     from flint.plan import from_recipe
 
-    return dataclasses.replace(with_ac(from_recipe(recipe, world_size, tp), ac), loss_parallel=loss_parallel)
+    return dataclasses.replace(from_recipe(recipe, world_size, tp), activation_checkpoint=ac,
+                               ac_every=2 if ac == "selective-layer" else 1, loss_parallel=loss_parallel)
 
 
 def run(spec: dict, rank: int) -> None:
@@ -131,7 +123,7 @@ def run(spec: dict, rank: int) -> None:
 
         def step() -> None:
             # torchtitan's train context: forward and backward inside loss_parallel
-            with loss_parallel() if plan.loss_parallel else contextlib.nullcontext():
+            with loss_context(plan):
                 loss = model(input_ids=tokens, labels=labels).loss if hf else model(tokens, labels)
                 loss.backward()
             opt.step()
