@@ -26,7 +26,8 @@ program order, as inductor's scheduler does:
   groups) is refused.
 
 Pricing: a group is one kernel whose ``bytes`` are its *external* inputs
-(values produced outside the group, each counted once) plus its external
+(values produced outside the group, each counted once; a value only
+gathered from reads just the selected elements) plus its external
 outputs (values used outside the group or returned); its duration is the
 device roofline of those bytes (``reduction`` efficiency if the group
 reduces, else ``elementwise``), at least the kernel floor. The group's last
@@ -37,7 +38,14 @@ work as 0).
 Every member gets ``fusion_group = "<function>:<n>"``. Ops outside any group
 of two or more are annotated as by ``annotate-cost``.
 
-Options: ``device`` (preset or TOML path, as ``annotate-cost``).
+Options: ``device`` (preset or TOML path, as ``annotate-cost``); ``parts``
+(comma-separated captured part names, default all): fuse only in these
+parts' functions (``<part>_fwd``, ``<part>_bwd``, ``<part>_optim``) and price
+every other op on its own, as ``annotate-cost`` does. This is how a program
+that compiles only some of its modules runs: torchtitan's ``apply_compile``
+compiles each transformer block and leaves the embedding and the loss eager;
+Megatron fuses its layers' pointwise ops by hand and runs its cross-entropy
+eagerly. A name that is no part of the module is an error naming the parts.
 
 Guarantees: no op is added, removed or reordered; FLOPs are conserved; the
 bytes of every group are at most the sum of its members' own bytes; every
@@ -57,8 +65,10 @@ from xdsl.dialects import func
 from xdsl.dialects.builtin import FloatAttr, IntegerAttr, ModuleOp, StringAttr, TensorType, f64, i64
 from xdsl.ir import Operation, SSAValue
 from xdsl.passes import ModulePass
+from xdsl.utils.exceptions import VerifyException
 
 from flint.cost import load_device, tensor_bytes
+from flint.cost.flops import GATHERS, gathered_bytes
 from flint.cost.opclass import ELEMENTWISE, MEMORY, OTHER, REDUCTION, VIEW, classify_target, split_target
 from flint.ir.aten import AtenOp
 from flint.passes.annotate_cost import BYTES_ATTR, DURATION_ATTR, FLOPS_ATTR, aten_op_cost
@@ -248,18 +258,32 @@ def _nodes_of(ops: list[AtenOp]) -> list[FusionNode]:
 class FusePointwisePass(ModulePass):
     """Group pointwise and reduction chains into fused kernels and price each as one (module docstring).
 
-    Options: ``device`` (a preset name such as ``h100-sxm``, or a TOML path).
+    Options: ``device`` (a preset name such as ``h100-sxm``, or a TOML path); ``parts`` (the captured
+    parts to fuse in, default all; the others run eagerly, one kernel per op).
     """
 
     name = "fuse-pointwise"
 
     device: str = "h100-sxm"
+    parts: tuple[str, ...] = ()
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         device = load_device(self.device)
-        for fn in op.walk():
-            if isinstance(fn, func.FuncOp):
+        funcs = [fn for fn in op.walk() if isinstance(fn, func.FuncOp)]
+        if self.parts:
+            known = sorted({part_of(fn.sym_name.data) for fn in funcs})
+            unknown = [p for p in self.parts if p not in known]
+            if unknown:
+                raise VerifyException(f"fuse-pointwise: parts={','.join(self.parts)}: "
+                                      f"{', '.join(repr(p) for p in unknown)} is no part of this module; "
+                                      f"its parts are {', '.join(known)}")
+        for fn in funcs:
+            if not self.parts or part_of(fn.sym_name.data) in self.parts:
                 self._fuse(fn, device)
+            else:  # eager: every op its own kernel
+                for o in fn.walk():
+                    if isinstance(o, AtenOp):
+                        _annotate(o, *aten_op_cost(_fresh(o), device))
 
     def _fuse(self, fn: func.FuncOp, device) -> None:
         ops = [o for o in fn.walk() if isinstance(o, AtenOp)]
@@ -298,6 +322,15 @@ class FusePointwisePass(ModulePass):
             _annotate(carrier, flops, nbytes, duration)
 
 
+def part_of(function: str) -> str:
+    """The captured part a function belongs to: ``block_ac_bwd`` -> ``block_ac`` (the importer names
+    functions ``<part>_<phase>``)."""
+    for phase in ("_fwd", "_bwd", "_optim"):
+        if function.endswith(phase):
+            return function[: -len(phase)]
+    return function
+
+
 def _fresh(op: Operation) -> Operation:
     for key in (FLOPS_ATTR, BYTES_ATTR, DURATION_ATTR, GROUP_ATTR):
         op.attributes.pop(key, None)
@@ -328,11 +361,14 @@ def _group_bytes(group_ops: list[AtenOp]) -> tuple[int, bool]:
     for o in group_ops:
         if classify_target(o.overload) == VIEW:
             continue
-        for v in o.inputs:
+        for i, v in enumerate(o.inputs):
             r = root(v)
             owner = r.owner if isinstance(r.owner, AtenOp) else None
             if owner not in members:
-                ext_in.setdefault(r, _value_bytes(v))
+                read = _value_bytes(v)
+                if i == 0 and o.overload in GATHERS and o.outputs:  # reads only the selected elements
+                    read = gathered_bytes(read, str(v.type.element_type), _numel(o.outputs[0]))
+                ext_in[r] = max(ext_in.get(r, 0), read)
     ext_out = 0
     for o in group_ops:
         if classify_target(o.overload) == VIEW:

@@ -90,3 +90,34 @@ def test_kernel_groups_agree_with_inductors_scheduler():
     assert {r.graph for r in results} == {"llama-tiny fwd", "llama-tiny bwd", "gpt2-tiny fwd", "gpt2-tiny bwd"}
     # measured: 17 of 29 inductor kernels formed exactly (0.59); pair precision 0.95, recall 0.84
     assert t.kernel_agreement >= 0.5 and t.pair_precision >= 0.9 and t.pair_recall >= 0.8
+
+
+GATHER_IR = """
+func.func @g(%logp: tensor<8x4096xf32>, %idx: tensor<8x1xi64>) -> tensor<8x1xf32> {
+  %0 = aten.op "aten.gather.default"(%logp, %idx) args = {dim = 1 : i64} : (tensor<8x4096xf32>, tensor<8x1xi64>) -> tensor<8x1xf32>
+  %1 = aten.op "aten.neg.default"(%0) : (tensor<8x1xf32>) -> tensor<8x1xf32>
+  func.return %1 : tensor<8x1xf32>
+}
+"""
+
+
+@pytest.mark.parametrize("pass_", [FusePointwisePass(), AnnotateCostPass()], ids=["fused", "per-op"])
+def test_a_gather_reads_only_the_selected_elements(tmp_path, pass_):
+    """The loss's target-logit gather reads 8 of 8 x 4,096 log-probabilities (and the index), not the
+    whole tensor; it used to be priced as a read of all 128 KiB, fused or not."""
+    m = parse_ir(GATHER_IR, tmp_path)
+    pass_.apply(Context(), m)
+    m.verify()
+    gather, neg = [o for o in m.walk() if isinstance(o, AtenOp)]
+    total = _attr(gather, "bytes") + _attr(neg, "bytes")
+    if isinstance(pass_, FusePointwisePass):  # one kernel: 8 f32 gathered + 8 i64 index + 8 f32 written
+        assert _attr(gather, "fusion_group") == "g:0" and total == 8 * 4 + 8 * 8 + 8 * 4
+    else:  # gather: 8 gathered + index + 8 written; neg: 8 read + 8 written
+        assert total == (8 * 4 + 8 * 8 + 8 * 4) + 2 * 8 * 4
+
+
+def test_part_of_strips_the_phase_the_importer_appends():
+    from flint.passes.fuse_pointwise import part_of
+
+    assert [part_of(f) for f in ("block_ac_bwd", "block_fwd", "head_optim", "lone")] == \
+        ["block_ac", "block", "head", "lone"]

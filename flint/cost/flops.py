@@ -210,6 +210,11 @@ def _flatten(shapes: Sequence[Any], dtypes: Sequence[Any] | Any) -> list[tuple[t
     return out
 
 
+def _first(dtypes: Sequence[Any] | Any) -> Any:
+    """The first operand's dtype of a per-operand list, or the one dtype given for all."""
+    return dtypes[0] if isinstance(dtypes, (list, tuple)) else dtypes
+
+
 def op_bytes(in_shapes: Sequence[Any], in_dtypes: Sequence[Any] | Any,
              out_shapes: Sequence[Shape], out_dtypes: Sequence[Any] | Any) -> int:
     """Bytes an op moves: the sum of its input and output tensor bytes.
@@ -239,6 +244,20 @@ def inplace_scatter_bytes(in_shapes: Sequence[Any], in_dtypes: Sequence[Any]) ->
     touched = math.prod(int(d) for d in index_shape)
     return (tensor_bytes(index_shape, index_dtype) + touched * dtype_bytes(src_dtype)
             + 2 * touched * dtype_bytes(self_dtype))
+
+
+# Gathers read only the elements they select from their source (the first tensor operand), one per
+# output element, plus the whole index: an embedding lookup of 4,096 tokens reads 4,096 rows of its
+# table, not the table (ATen's gather / index_select / indexing kernels load ``src[index]`` per output
+# element; inductor generates the same indirect load).
+GATHERS = frozenset({"aten.gather.default", "aten.index_select.default", "aten.embedding.default",
+                     "aten.index.Tensor", "aten._unsafe_index.Tensor"})
+
+
+def gathered_bytes(src_bytes: int, src_dtype: Any, out_numel: int) -> int:
+    """Bytes a gather reads from a source of ``src_bytes``: one element per output element, at most
+    the whole source."""
+    return min(src_bytes, out_numel * dtype_bytes(src_dtype))
 
 
 @dataclass(frozen=True)
@@ -272,6 +291,10 @@ def op_cost(target: str, in_shapes: Sequence[Any], in_dtypes: Sequence[Any] | An
         return OpCost(cls, 0, 0)
     flops = op_flops(target, in_shapes, out_shapes, args)
     nbytes = op_bytes(in_shapes, in_dtypes, out_shapes, out_dtypes)
+    if target in GATHERS and in_shapes and out_shapes:
+        (src_shape, src_dtype), = _flatten(in_shapes[:1], _first(in_dtypes))
+        src = tensor_bytes(src_shape, src_dtype)
+        nbytes += gathered_bytes(src, src_dtype, math.prod(_shape(out_shapes[0]))) - src
     frac = 1.0
     dims = attn = None
     if cls == GEMM:
