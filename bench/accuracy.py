@@ -5,7 +5,8 @@
 Every row of ``bench/accuracy_rows.toml`` (the project's public rows: Megatron-LM's weak-scaling
 table on H100, Korthikanti et al.'s iteration times on A100) is estimated from its stated
 configuration only: the GPT model with the row's shape is captured with PyTorch on fake tensors
-under the row's plan, ``fuse-pointwise`` groups its pointwise chains into compiled kernels,
+under the row's plan, ``fuse-pointwise{parts=block}`` groups the blocks' pointwise chains into fused
+kernels (Megatron fuses its layers by hand; its embedding and loss run eagerly, one kernel per op),
 ``lower-to-chakra`` prices it with the device's calibration, and the simulator runs one iteration
 on the row's network with NCCL's algorithm choice (``auto``). No parameter is fitted to any row:
 the device calibrations (flint/devices/calibration/) and network curves (flint/networks/) are the
@@ -29,6 +30,13 @@ states wins), and what Flint does not model:
   dropout, xV, materialized per head. Korthikanti's selective recomputation checkpoints exactly
   that core attention (``torch.utils.checkpoint`` in the captured model); full recomputation is
   the plan's ``activation_checkpoint = "full"``.
+- Eager execution: Megatron runs without ``torch.compile``. Its layers' pointwise ops are fused by
+  hand (fused LayerNorm, bias-GELU, bias-dropout-add, scale-mask-softmax), which ``fuse-pointwise``
+  stands for inside the blocks; the embedding and the loss run one kernel per op. At TP 1 the loss is
+  Megatron's own cross-entropy (``megatron/core/tensor_parallel/cross_entropy.py``: fp32 copy of the
+  logits, max, subtract, exp, sum, divide, the softmax saved for backward, which scales it by the
+  incoming gradient: ``_megatron_cross_entropy``). The backward reads what eager autograd saved
+  (``capture_step(partitioner="eager")``), not what torch.compile's min-cut partitioner would keep.
 - Parallelism: sequence parallelism whenever TP > 1, and Megatron's vocab-parallel cross-entropy
   (the plan's ``loss_parallel``: torch's ``loss_parallel``; fp32 on the vocabulary shards, per-token
   max and sum all-reduces, no all-gather of the logits). Data parallelism of the M rows (Megatron-Core
@@ -111,6 +119,12 @@ DROPOUT = 0.1  # Megatron TransformerConfig: hidden_dropout = attention_dropout 
 # (finish_grad_sync: lower-to-chakra{grad-wait=optimizer}). TP collectives stay in the compute stream's order.
 PASSES = "sink-waits,assign-streams{data-parallel=dp}"
 GRAD_WAIT = "optimizer"
+# Megatron fuses its layers' pointwise ops by hand (bias-GELU, bias-dropout-add, fused LayerNorm, fused
+# softmax) and runs the embedding and the cross-entropy eagerly, one kernel per op
+BLOCK_PARTS = ("block",)
+# Megatron runs eagerly: the backward reads what autograd saved (AOTAutograd's default partitioner), not
+# what torch.compile's min-cut partitioner would save and recompute
+PARTITIONER = "eager"
 GATHER_AHEAD = "reorder-all-gather{prefetch=1}"  # rows with sharded (dp_shard) parameters only
 # Rows of Megatron-Core 0.8 (Megatron-LM README, commit f2e5db402c): distributed optimizer, fp32 gradient
 # reduction (module docstring)
@@ -196,6 +210,38 @@ def plan_of(row: dict):
     return Plan.from_dict(fields, world_size=row["gpus"])
 
 
+def _megatron_cross_entropy():
+    import torch
+
+    class MegatronCrossEntropy(torch.autograd.Function):
+        """Megatron's cross-entropy as it runs eagerly (``megatron/core/tensor_parallel/cross_entropy.py``,
+        one tensor-parallel rank): an fp32 copy of the logits; its max subtracted; the target logit
+        picked; exp; the sum over the vocabulary; loss = log(sum) - target logit; the softmax (exp / sum)
+        saved for backward, which subtracts one at each target and scales by the incoming gradient.
+        Megatron updates the fp32 copy in place; the captured graph has the same reads and writes out
+        of place. The backward scales first and subtracts the target's gradient after (the same values;
+        the subtraction touches one element per token, as Megatron's indexed update does)."""
+
+        @staticmethod
+        def forward(ctx, logits, target):
+            x = logits.float()
+            x = x - x.max(dim=-1, keepdim=True)[0]
+            predicted = x.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+            x = x.exp()
+            sum_exp = x.sum(dim=-1)
+            loss = torch.log(sum_exp) - predicted
+            ctx.save_for_backward(x / sum_exp.unsqueeze(-1), target)
+            return loss
+
+        @staticmethod
+        def backward(ctx, grad):
+            softmax, target = ctx.saved_tensors
+            g = softmax * grad.unsqueeze(-1)
+            return g.scatter_add(-1, target.unsqueeze(-1), -grad.unsqueeze(-1)), None
+
+    return MegatronCrossEntropy
+
+
 def megatron_gpt(row: dict):
     """Factory of the row's GPT as Megatron runs it (module docstring): flint's GPT-2 zoo model
     (module names kept, so TP rules and parameter groups apply unchanged) with Megatron's
@@ -212,6 +258,7 @@ def megatron_gpt(row: dict):
     from flint.models import factory
     from flint.models.gpt2 import Attention
 
+    MegatronCrossEntropy = _megatron_cross_entropy()
     p = float(row.get("dropout", DROPOUT))
     unfused = row.get("attention", "fused") == "unfused"
     selective = row.get("recompute") == "selective"
@@ -236,6 +283,9 @@ def megatron_gpt(row: dict):
     def mlp_forward(self, x):
         return F.dropout(self.w2(F.gelu(self.w1(x), approximate="tanh")), p)
 
+    def head_forward(self, h, labels):  # TP 1: Megatron's own cross-entropy (MegatronCrossEntropy)
+        return MegatronCrossEntropy.apply(self.output(self.norm(h)), labels).mean()
+
     base = factory("gpt2-small", dim=row["hidden"], n_layers=row["layers"], n_heads=row["heads"],
                    vocab_size=row["vocab"], ffn_dim=4 * row["hidden"], max_seq_len=row["seq"])
 
@@ -252,6 +302,8 @@ def megatron_gpt(row: dict):
             block.attention = new
             mlp = block.feed_forward
             mlp.forward = mlp_forward.__get__(mlp)
+        if row["tp"] == 1:  # with TP, the plan's loss_parallel: torch's vocabulary-parallel loss (plan_of)
+            model.head.forward = head_forward.__get__(model.head)
         return model
 
     return make
@@ -276,7 +328,7 @@ def capture_row(row: dict, plan):
     shape = (row["global_batch"], row["seq"])
     # bf16 parameters, or fp32 master parameters that FSDP gathers in bf16 (plan.param_dtype)
     dtype = "float32" if plan.param_dtype == "bfloat16" else "bfloat16"
-    step = capture_step(model, {"tokens": shape, "labels": shape}, plan=plan, dtype=dtype)
+    step = capture_step(model, {"tokens": shape, "labels": shape}, plan=plan, dtype=dtype, partitioner=PARTITIONER)
     blocks = [p for p in step.parts if p.name == "block"]
     if len(blocks) != 1 or blocks[0].repeat != few["layers"]:
         raise RuntimeError(f"{row['id']}: expected one repeated block of {few['layers']} layers, got "
@@ -310,7 +362,7 @@ def estimate(row: dict) -> Result:
     step = capture_row(row, plan)
     module = import_step(step)
     ctx = Context()
-    FusePointwisePass(device=row["device"]).apply(ctx, module)
+    FusePointwisePass(device=row["device"], parts=BLOCK_PARTS).apply(ctx, module)
     CanonicalizeDistPass().apply(ctx, module)
     if row.get("tp_comm_overlap") and row["tp"] > 1:  # after fuse-pointwise, which re-prices every op it sees
         MicroPipelineTPPass().apply(ctx, module)

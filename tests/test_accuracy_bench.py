@@ -114,3 +114,53 @@ def test_megatron_gpt_has_one_fused_qkv_projection_and_tp_pipelines_its_gradient
     assert acc.estimate(row).status == "estimated"
     report = [line for line in capfd.readouterr().err.splitlines() if line.startswith("micro-pipeline-tp:")]
     assert len(report) == 1 and "and 0 reduce-scatters unchanged" in report[0], report
+
+
+def test_megatron_cross_entropy_matches_torchs_loss_and_gradient():
+    """The TP-1 rows' loss is Megatron's own cross-entropy algorithm (max, exp, sum, softmax saved for
+    backward): its value and its gradient are those of F.cross_entropy (real tensors, CPU)."""
+    import torch
+    import torch.nn.functional as F
+
+    ce = _bench()._megatron_cross_entropy()
+    torch.manual_seed(0)
+    logits = torch.randn(2, 5, 11, dtype=torch.bfloat16, requires_grad=True)
+    target = torch.randint(0, 11, (2, 5))
+    ce.apply(logits, target).mean().backward()
+    got = logits.grad.clone()
+    logits.grad = None
+    want = F.cross_entropy(logits.float().flatten(0, 1), target.flatten())
+    want.backward()
+    assert torch.allclose(ce.apply(logits, target).mean(), want, atol=1e-6)
+    assert torch.equal(got, logits.grad)
+
+
+def test_megatron_rows_fuse_only_the_blocks_and_run_the_loss_eagerly():
+    """Megatron fuses its layers' pointwise ops by hand and runs the embedding and the cross-entropy
+    eagerly: only the block's functions carry fused kernels, and the TP-1 loss is Megatron's chain of
+    kernels (fp32 copy, max, subtract, exp, sum, divide), each over the whole logits."""
+    from xdsl.context import Context
+    from xdsl.dialects import func
+
+    from flint.importer import import_step
+    from flint.ir.aten import AtenOp
+    from flint.passes.fuse_pointwise import FusePointwisePass
+
+    acc = _bench()
+    row = dict(ROW, pp=1, gpus=1, layers=2, global_batch=1)
+    step = acc.capture_row(row, acc.plan_of(row))
+    module = import_step(step)
+    FusePointwisePass(device=row["device"], parts=acc.BLOCK_PARTS).apply(Context(), module)
+    fused = {fn.sym_name.data for fn in module.walk() if isinstance(fn, func.FuncOp)
+             for o in fn.walk() if isinstance(o, AtenOp) and "fusion_group" in o.attributes}
+    assert fused and all(name.startswith("block_") for name in fused), fused
+    head = next(fn for fn in module.walk() if isinstance(fn, func.FuncOp) and fn.sym_name.data == "head_fwd")
+    logits = row["seq"] * row["vocab"]
+    full = [o.overload.split(".")[1] for o in head.walk() if isinstance(o, AtenOp) and o.outputs
+            and o.outputs[0].type.get_shape() and _numel(o.outputs[0]) == logits and "view" not in o.overload]
+    assert full[-5:] == ["mm", "_to_copy", "sub", "exp", "div"], full
+
+
+def _numel(v):
+    import math
+    return math.prod(v.type.get_shape())
