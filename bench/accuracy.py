@@ -76,8 +76,10 @@ states wins), and what Flint does not model:
   recv where torch's order issues it: M5 4.13 s instead of 2.40 s). Only 14 ms of M5's 225 ms
   of send/recv per rank is on the critical path (2.385 s with free transfers).
 - TP communication overlap: rows with ``tp_comm_overlap = true`` (the M rows; their source states
-  ``--tp-comm-overlap``) run ``micro-pipeline-tp`` (PyTorch's async TP: each all-gather -> GEMM and
-  GEMM -> reduce-scatter as n - 1 peer-to-peer steps under 1/n-row GEMMs), after ``fuse-pointwise``.
+  ``--tp-comm-overlap``) run ``micro-pipeline-tp{sms=16}`` (PyTorch's async TP: each all-gather -> GEMM and
+  GEMM -> reduce-scatter as n - 1 peer-to-peer steps under 1/n-row GEMMs), after ``fuse-pointwise``;
+  each reduce-scatter step's kernel holds 16 SMs while in flight, as Transformer Engine's userbuffers
+  reduce-scatters do (``initialize_ub``'s default ``num_sm``; its all-gathers use the copy engines).
   With Megatron's fused QKV projection every tensor-parallel reduce-scatter is a GEMM's and is
   pipelined (three separate projections left the sum of their data gradients exposed). What stays
   exposed: the embedding's all-reduce (as in Megatron-Core: with learned positions its
@@ -125,6 +127,10 @@ BLOCK_PARTS = ("block",)
 # Megatron runs eagerly: the backward reads what autograd saved (AOTAutograd's default partitioner), not
 # what torch.compile's min-cut partitioner would save and recompute
 PARTITIONER = "eager"
+# --tp-comm-overlap runs Transformer Engine's userbuffers overlap; its initialize_ub defaults (TE 1.x,
+# transformer_engine/pytorch/module/base.py: add_ub's num_sm = 16) run the pipelined and bulk
+# reduce-scatters as kernels on 16 SMs, the ring-exchange all-gathers on the copy engines
+TE_UB_SMS = 16
 GATHER_AHEAD = "reorder-all-gather{prefetch=1}"  # rows with sharded (dp_shard) parameters only
 # Rows of Megatron-Core 0.8 (Megatron-LM README, commit f2e5db402c): distributed optimizer, fp32 gradient
 # reduction (module docstring)
@@ -365,7 +371,7 @@ def estimate(row: dict) -> Result:
     FusePointwisePass(device=row["device"], parts=BLOCK_PARTS).apply(ctx, module)
     CanonicalizeDistPass().apply(ctx, module)
     if row.get("tp_comm_overlap") and row["tp"] > 1:  # after fuse-pointwise, which re-prices every op it sees
-        MicroPipelineTPPass().apply(ctx, module)
+        MicroPipelineTPPass(sms=TE_UB_SMS).apply(ctx, module)
     run_pipeline(module, f"{GATHER_AHEAD},{PASSES}" if plan.dp_shard > 1 else PASSES)
     LowerToChakraPass(device=row["device"], grad_wait=GRAD_WAIT).apply(ctx, module)
     mesh = mesh_of(module)

@@ -21,6 +21,8 @@ MAX_REPEAT = 10_000_000
 INT32_MAX = (1 << 31) - 1
 #: Elements of one tensor: 2**48 (a 512 TiB bf16 tensor), far beyond any device; sizes stay exact in int64.
 MAX_TENSOR_ELEMENTS = 1 << 48
+#: SMs one communication kernel may hold (calibration ``comm_sms``, a send's ``sms``).
+MAX_SMS = 1024
 #: Memory one unrolled node costs in the simulator's and writer's per-rank tables (measured ~150 B; margin).
 BYTES_PER_NODE = 256
 

@@ -39,6 +39,10 @@ Columns and units
                  (or channel of a send / recv), an index into ``stream_names``; -1
                  (or no column) is the default collective (send, recv) stream. Set by the ``assign-streams`` pass through the
                  IR; the simulator runs one in-order queue per stream.
+``comm_sms``     int16 or ``None``: SMs a send's communication kernel holds from
+                 issue to finish (the simulator slows the rank's compute
+                 meanwhile); 0 (or no column): none. In memory only, like
+                 ``comm_stream``: Chakra files do not carry it.
 """
 
 from __future__ import annotations
@@ -105,6 +109,7 @@ class NodeTable:
     node_ids: np.ndarray
     comm_stream: np.ndarray | None = None
     stream_names: tuple[str, ...] = ()
+    comm_sms: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.names)
@@ -129,6 +134,7 @@ class NodeTableBuilder:
         self._ctrl: list[Sequence[int]] = []
         self._stream: dict[int, int] = {}  # row -> stream index
         self._stream_names: dict[str, int] = {}
+        self._sms: dict[int, int] = {}  # send row -> SMs its kernel holds
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -159,9 +165,11 @@ class NodeTableBuilder:
 
     def add_send(self, name: str, comm_bytes: int, peer: int, tag: int, *, duration_us: float = float("nan"),
                  data_deps: Sequence[int] = (), ctrl_deps: Sequence[int] = (), node_id: int | None = None,
-                 stream: str = "") -> int:
+                 stream: str = "", sms: int = 0) -> int:
         if stream:
             self._stream[len(self._rows)] = self._stream_names.setdefault(stream, len(self._stream_names))
+        if sms:
+            self._sms[len(self._rows)] = sms
         return self._add((name, NodeKind.SEND, duration_us, -1, -1, -1, comm_bytes, -1, peer, tag), data_deps, ctrl_deps, node_id)
 
     def add_recv(self, name: str, comm_bytes: int, peer: int, tag: int, *, duration_us: float = float("nan"),
@@ -189,7 +197,16 @@ class NodeTableBuilder:
             data_dep_ptr=dptr, data_dep_idx=didx, ctrl_dep_ptr=cptr, ctrl_dep_idx=cidx,
             node_ids=np.asarray(cols[10], dtype=np.int64),
             **self._streams(),
+            **self._sms_col(),
         )
+
+    def _sms_col(self) -> dict:
+        if not self._sms:
+            return {}
+        col = np.zeros(len(self._rows), dtype=np.int16)
+        for row, k in self._sms.items():
+            col[row] = k
+        return {"comm_sms": col}
 
     def _streams(self) -> dict:
         if not self._stream:

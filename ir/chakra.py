@@ -65,7 +65,7 @@ from xdsl.utils.exceptions import VerifyException
 from xdsl.utils.str_enum import StrEnum
 
 from flint.ir.dist import grid_shape
-from flint.limits import INT32_MAX, MAX_REPEAT, MAX_WORLD_SIZE
+from flint.limits import INT32_MAX, MAX_REPEAT, MAX_SMS, MAX_WORLD_SIZE
 
 
 @irdl_attr_definition
@@ -225,17 +225,22 @@ class CollOp(CommNodeOp):
 class P2PNodeOp(CommNodeOp):
     """Send/recv fields: SPMD ``offset`` (or a per-coordinate ``peers`` table, 0 = the rank skips the
     node, as on `dist.send`), or a concrete ``peer`` rank; ``stream``: the named channel it is queued
-    on (absent: the rank's one send / one recv queue), as on `chakra.coll`."""
+    on (absent: the rank's one send / one recv queue), as on `chakra.coll`; ``sms``: SMs its
+    communication kernel holds from issue to finish, slowing the rank's compute meanwhile (absent:
+    none, a copy-engine transfer)."""
 
     tag = prop_def(IntegerAttr[I64])
     offset = opt_prop_def(IntegerAttr[I64])
     peers = opt_prop_def(DenseArrayBase)
     peer = opt_prop_def(IntegerAttr[I64])
     stream = opt_prop_def(StringAttr)
+    sms = opt_prop_def(IntegerAttr[I64])
 
     def verify_(self) -> None:
         super().verify_()
         self.verify_spmd(self.peer, "peer")
+        if self.sms is not None and not 1 <= self.sms.value.data <= MAX_SMS:
+            raise VerifyException(f"'{self.name}' op sms {self.sms.value.data} out of range 1..{MAX_SMS}")
         if not -1 <= self.tag.value.data <= INT32_MAX:
             raise VerifyException(f"'{self.name}' op tag {self.tag.value.data} out of range: Chakra's comm_tag is "
                                   f"an int32 (0..{INT32_MAX}; -1: absent in an imported trace)")
@@ -250,7 +255,7 @@ class P2PNodeOp(CommNodeOp):
 
 _P2P = (
     "$node_name (`on` $grid^ `grid_axes` `=` $grid_axes `offset` `=` $offset)? (`peers` `=` qualified($peers)^)? "
-    "(`peer` `=` $peer^)? (`stream` `=` $stream^)? "
+    "(`peer` `=` $peer^)? (`stream` `=` $stream^)? (`sms` `=` $sms^)? "
     "`tag` `=` $tag `bytes` `=` $bytes (`duration_us` `=` $duration_us^)? " + _DEPS + " attr-dict"
 )
 

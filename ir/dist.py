@@ -670,6 +670,16 @@ def where_of(op: Operation) -> tuple[int, int] | None:
     axis, coord = attr.get_values()
     return int(axis), int(coord)
 PREFETCH_ATTR = "flint.prefetch"
+# ``flint.sms = N : i64`` on a `dist.send`: its communication kernel holds N SMs from issue to finish
+# (Transformer Engine's userbuffers reduce-scatter kernels; set by micro-pipeline-tp{sms=N});
+# lower-to-chakra carries it to the chakra.send, the simulator slows the rank's compute meanwhile.
+SMS_ATTR = "flint.sms"
+
+
+def sms_of(op: Operation) -> int:
+    """SMs a send's kernel holds while in flight (``flint.sms``; 0 when absent: a copy-engine transfer)."""
+    attr = op.attributes.get(SMS_ATTR)
+    return attr.value.data if isinstance(attr, IntegerAttr) else 0
 
 
 def stream_of(op: Operation) -> str:

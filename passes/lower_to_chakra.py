@@ -496,7 +496,8 @@ class _FunctionLowering:
                         "tag": IntegerAttr(op.tag_at(self.step) + self.tag_offset, op.tag.type),
                         "offset": IntegerAttr(op.offset_at(self.step), op.offset.type), **self._spmd(op),
                         **({"peers": op.peers} if op.peers is not None else {}),
-                        **({"stream": StringAttr(stream)} if stream else {})},
+                        **({"stream": StringAttr(stream)} if stream else {}),
+                        **({"sms": IntegerAttr(dist.sms_of(op), i64)} if is_send and dist.sms_of(op) else {})},
         )
         if dist.WHERE_ATTR in op.attributes:
             node.attributes[dist.WHERE_ATTR] = op.attributes[dist.WHERE_ATTR]

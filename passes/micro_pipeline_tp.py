@@ -46,6 +46,7 @@ from xdsl.rewriter import InsertPoint, Rewriter
 from flint.errors import FlintError
 from flint.ir import dist
 from flint.ir.aten import AtenOp
+from flint.limits import MAX_SMS
 # A buffer placement or a view is no kernel (the peer-to-peer copy writes the shard in place, as symm_mem
 # does): annotated free as decompose-collectives annotates its placements.
 from flint.passes.decompose_collectives import _FREE
@@ -225,9 +226,13 @@ class MicroPipelineTPPass(ModulePass):
     Run it after ``fuse-pointwise``: that pass re-prices every op it sees, the free placements too.
 
     Options: ``all-gather`` / ``reduce-scatter`` (bools, default true): which pattern to rewrite
-    (at least one); ``stream`` (default ``symm_mem``): the stream name of the transfers. Unmatched
-    collectives are left untouched; the pass prints to stderr how many of each kind it matched
-    and why the others were left.
+    (at least one); ``stream`` (default ``symm_mem``): the stream name of the transfers; ``sms``
+    (default 0): SMs each reduce-scatter step's send holds while in flight, slowing the rank's compute
+    meanwhile in the simulator. 0 is torch's symmetric memory (copy engines); Transformer Engine's
+    userbuffers overlap (Megatron's ``--tp-comm-overlap``) runs its pipelined and bulk reduce-scatters
+    as kernels on ``num_sm`` = 16 SMs by default (``initialize_ub``), its ring-exchange all-gathers on
+    the copy engines: ``sms=16``. Unmatched collectives are left untouched; the pass prints to stderr
+    how many of each kind it matched and why the others were left.
     """
 
     name = "micro-pipeline-tp"
@@ -235,6 +240,7 @@ class MicroPipelineTPPass(ModulePass):
     all_gather: bool = True
     reduce_scatter: bool = True
     stream: str = "symm_mem"
+    sms: int = 0
 
     def __post_init__(self) -> None:
         for opt in ("all_gather", "reduce_scatter"):
@@ -247,19 +253,21 @@ class MicroPipelineTPPass(ModulePass):
         s = self.stream
         if not isinstance(s, str) or not s or not s.replace("_", "").replace("-", "").isalnum():
             raise FlintError(f"{self.name}: option stream=\"{s}\" is not a stream name (letters, digits, '_' and '-')")
+        if isinstance(self.sms, bool) or not isinstance(self.sms, int) or not 0 <= self.sms <= MAX_SMS:
+            raise FlintError(f"{self.name}: option sms={self.sms} must be an SM count, 0 <= sms <= {MAX_SMS}")
 
     @classmethod
     def from_spec(cls, spec):
         """xDSL's option parsing, with errors that name the option and what it takes."""
         wants = {"all_gather": (bool, "true or false"), "reduce_scatter": (bool, "true or false"),
-                 "stream": (str, "a stream name")}
+                 "stream": (str, "a stream name"), "sms": (int, f"an SM count, 0 <= sms <= {MAX_SMS}")}
         for key, value in spec.normalize_parameter_names().parameters.items():
             if key not in wants:
                 raise FlintError(f"{cls.name}: unknown option '{key.replace('_', '-')}'; options: "
-                                 "all-gather=<bool>, reduce-scatter=<bool>, stream=<name>")
+                                 "all-gather=<bool>, reduce-scatter=<bool>, stream=<name>, sms=<int>")
             kind, what = wants[key]
-            if len(value) != 1 or not isinstance(value[0], kind) or (kind is str and isinstance(value[0], bool)):
-                shown = ",".join(str(v) for v in value) or "(nothing)"
+            if len(value) != 1 or not isinstance(value[0], kind) or (kind is not bool and isinstance(value[0], bool)):
+                shown = ",".join(str(v).lower() if isinstance(v, bool) else str(v) for v in value) or "(nothing)"
                 raise FlintError(f"{cls.name}: option {key.replace('_', '-')}={shown} must be {what}")
         return super().from_spec(spec)
 
@@ -301,7 +309,7 @@ def rewrite(module: ModuleOp, opts: MicroPipelineTPPass) -> Stats:
                 if m is None:
                     st.reduce_scatters_left += 1
                     continue
-                _rewrite_rs(coll, *m, tag, opts.stream)
+                _rewrite_rs(coll, *m, tag, opts.stream, opts.sms)
                 st.matmul_reduce_scatter += 1
             tag += n
     return st
@@ -502,7 +510,7 @@ def _match_rs(rs: dist.ReduceScatterOp, st: Stats):
 
 
 def _rewrite_rs(rs: dist.ReduceScatterOp, value: SSAValue, wait, mm: AtenOp, erase: list[Operation], tag: int,
-                stream: str) -> None:
+                stream: str, sms: int = 0) -> None:
     n = rs.group_size()
     grid, axis = rs.grid.root_reference.data, rs.axes()
     a = mm.inputs[-2]
@@ -518,7 +526,9 @@ def _rewrite_rs(rs: dist.ReduceScatterOp, value: SSAValue, wait, mm: AtenOp, era
     b = _Emit(InsertPoint.at_end(body), phase, module)
     rows = b.view(b.take(a_flat, m * K, 2 * m * K, (m * K, M * K)), [m, K])  # the rows for rank + s
     part = b.matmul(mm, rows)
-    b.put(_p2p(grid, axis[0], 1, tag, stream, part))  # rank + s pulls them
+    send = b.put(_p2p(grid, axis[0], 1, tag, stream, part))  # rank + s pulls them
+    if sms:  # its kernel holds SMs while in flight (Transformer Engine's userbuffers reduce-scatter)
+        send.attributes[dist.SMS_ATTR] = IntegerAttr(sms, i64)
     got = b.put(_p2p(grid, axis[0], -1, tag, stream, None, [m, N], mm.outputs[0])).results[0]  # from rank - s
     placed = b.place(body.args[0], b.view(got, [m * N]), m * N, 2 * m * N, (m * N, n * m * N))
     b.put(dist.YieldOp.build(operands=[[placed]]))

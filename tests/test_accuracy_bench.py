@@ -80,7 +80,8 @@ def test_tp_comm_overlap_only_where_the_source_states_it():
     assert {rid for rid, r in rows.items() if r.get("tp_comm_overlap")} == {rid for rid in rows if rid.startswith("M")}
     text = BENCH.with_name("accuracy_rows.toml").read_text()
     assert text.count("tp_comm_overlap = true  # stated: Megatron-LM README") == 9
-    assert "MicroPipelineTPPass().apply(ctx, module)" in BENCH.read_text()
+    assert "MicroPipelineTPPass(sms=TE_UB_SMS).apply(ctx, module)" in BENCH.read_text()
+    assert _bench().TE_UB_SMS == 16  # Transformer Engine's userbuffers reduce-scatter kernels (initialize_ub)
 
 
 def test_ideal_bubble_is_the_schedules_textbook_fraction():

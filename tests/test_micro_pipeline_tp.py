@@ -157,11 +157,35 @@ def test_planned_path_gives_the_same_patterns():
     _check(before, m)
 
 
+def test_reduce_scatter_steps_holding_sms_slow_the_overlapped_compute():
+    """sms=16 (Transformer Engine's userbuffers reduce-scatter kernels): only the reduce-scatter steps'
+    sends hold SMs, and the simulated step is slower than with copy-engine transfers (sms=0); FLOPs and
+    bytes do not change."""
+    _, module = imported("llama-tiny", "tp+sp", 2, 2)
+    runs = {}
+    for sms in (0, 16):
+        m = module.clone()
+        rewrite(m, MicroPipelineTPPass(sms=sms))
+        low = _lowered(m)
+        trace = trace_from_ir(low)
+        t = trace.ranks[0].table
+        runs[sms] = (simulate(trace, load_device(DEVICE), load_network("dgx-h100"), mesh_of(low)), t)
+    (r0, t0), (r16, t16) = runs[0], runs[16]
+    assert t0.comm_sms is None
+    sends = t16.kind == NodeKind.SEND
+    held = t16.comm_sms[sends]
+    assert set(held.tolist()) == {0, 16} and (t16.comm_sms[~sends] == 0).all()  # all-gather steps: none
+    assert t16.flops.sum() == t0.flops.sum() and t16.comm_bytes.sum() == t0.comm_bytes.sum()
+    assert r16.iteration_time_us > r0.iteration_time_us
+
+
 @pytest.mark.parametrize("opts,word", [
     (dict(all_gather=False, reduce_scatter=False), "all-gather=false and reduce-scatter=false"),
     (dict(stream="a b"), 'stream="a b"'),
     (dict(stream=""), 'stream=""'),
     (dict(all_gather=1), "all-gather must be true or false"),
+    (dict(sms=-1), "sms=-1 must be an SM count"),
+    (dict(sms=1025), "sms=1025 must be an SM count"),
 ])
 def test_bad_options_are_refused_by_name(opts, word):
     with pytest.raises(FlintError, match=word.replace("(", r"\(")):

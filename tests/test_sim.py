@@ -109,9 +109,36 @@ def test_comm_sms_is_checked_against_the_device():
         _sharing(132)
     with pytest.raises(FlintError, match=r"comm_sms = -1 is out of range \(valid: 0 <= comm_sms <= 1024"):
         _sharing(-1)
-    assert load_device("h100-sxm").compute_rate(2) == pytest.approx(84 / 132)
-    assert load_device("h100-sxm").compute_rate(9) == pytest.approx(24 / 132)  # never below one kernel's share
-    assert load_device("b200").compute_rate(1) == 1.0  # no sourced comm_sms: no sharing
+    assert load_device("h100-sxm").compute_rate(2 * 24) == pytest.approx(84 / 132)
+    assert load_device("h100-sxm").compute_rate(9 * 24) == pytest.approx(24 / 132)  # never below one kernel's share
+    assert load_device("h100-sxm").compute_rate(0) == 1.0
+
+
+def _send_pair(sms):
+    """Rank 0 sends 40,000 bytes (40 us) to rank 1 while both compute 100 us; the send's kernel holds
+    ``sms`` SMs."""
+    b = NodeTableBuilder()
+    b.add_send("s", 40_000, peer=1, tag=0, sms=sms)
+    b.add_comp("c", duration_us=100.0)
+    t0 = b.build()
+    b = NodeTableBuilder()
+    b.add_recv("r", 40_000, peer=0, tag=0)
+    b.add_comp("c", duration_us=100.0)
+    return Trace(2, [RankProgram(t0), RankProgram(b.build())])
+
+
+def test_a_send_whose_kernel_holds_sms_slows_its_ranks_compute():
+    """Transformer Engine's userbuffers reduce-scatter runs on 16 SMs (micro-pipeline-tp{sms=16}): the
+    sender's compute runs on 116 of 132 SMs while it is in flight; the receiver's does not slow, and a
+    plain send (a copy-engine transfer) slows nothing. On a device without comm_sms (B200) too."""
+    for device in ("h100-sxm", "b200"):
+        dev = load_device(device)
+        r = simulate(_send_pair(16), dev, NET)
+        assert r.finish_us[0] == pytest.approx(100.0 + 40.0 * 16 / dev.sm_count)
+        assert r.finish_us[1] == pytest.approx(100.0)
+        assert simulate(_send_pair(0), dev, NET).iteration_time_us == pytest.approx(100.0)
+    assert _send_pair(16).ranks[0].table.comm_sms.tolist() == [16, 0]
+    assert _send_pair(0).ranks[0].table.comm_sms is None
 
 
 def test_two_collectives_on_one_stream_serialize():

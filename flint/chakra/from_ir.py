@@ -121,8 +121,10 @@ class _Unroller:
                 table = tuple(op.peers.get_values()) if op.peers is not None else None
                 slot = self.peer_slots.setdefault((op.axes()[0], op.offset.value.data, table), len(self.peer_slots))
                 add = self.b.add_send if isinstance(op, chakra.SendOp) else self.b.add_recv
+                sms = {"sms": op.sms.value.data} if isinstance(op, chakra.SendOp) and op.sms is not None else {}
                 row = add(name, op.bytes.value.data, slot, op.tag.value.data, duration_us=dur,
-                          data_deps=data, ctrl_deps=ctrl, stream=op.stream.data if op.stream is not None else "")
+                          data_deps=data, ctrl_deps=ctrl, stream=op.stream.data if op.stream is not None else "",
+                          **sms)
             else:
                 raise FlintError(f"unexpected op '{op.name}' in a chakra.graph")
             where = op.attributes.get("flint.where")
@@ -196,6 +198,8 @@ def _replicate(t: NodeTable, loops: list[tuple[int, int, int, int]]) -> tuple[No
     cptr, cidx = deps(t.ctrl_dep_ptr, t.ctrl_dep_idx)
     names = t.names
     stream = {} if t.comm_stream is None else {"comm_stream": t.comm_stream[src], "stream_names": t.stream_names}
+    if t.comm_sms is not None:
+        stream["comm_sms"] = t.comm_sms[src]
     return NodeTable(
         names=[names[i] for i in src.tolist()], kind=t.kind[src], duration_us=t.duration_us[src], flops=t.flops[src],
         tensor_bytes=t.tensor_bytes[src], comm_type=t.comm_type[src], comm_bytes=t.comm_bytes[src],
@@ -245,6 +249,7 @@ def _drop_rows(t: NodeTable, drop: np.ndarray) -> NodeTable:
         comm_tag=t.comm_tag[keep], data_dep_ptr=dptr, data_dep_idx=didx, ctrl_dep_ptr=cptr, ctrl_dep_idx=cidx,
         node_ids=np.arange(keep.size, dtype=np.int64),
         **({} if t.comm_stream is None else {"comm_stream": t.comm_stream[keep], "stream_names": t.stream_names}),
+        **({} if t.comm_sms is None else {"comm_sms": t.comm_sms[keep]}),
     )
 
 

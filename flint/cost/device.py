@@ -35,7 +35,9 @@ SM sharing (:meth:`Device.compute_rate`): a collective kernel holds the
 calibration's ``comm_sms`` SMs from its launch to its end (NCCL's CTAs never
 share an SM with other kernels), so a compute kernel meanwhile runs on the
 rest: at ``(sm_count - n * comm_sms) / sm_count`` of its speed with ``n``
-collectives in flight, never below ``comm_sms / sm_count``.
+collectives in flight, never below ``comm_sms / sm_count``. A send whose
+kernel holds SMs (``chakra.send`` ``sms``: Transformer Engine's userbuffers
+reduce-scatter, ``micro-pipeline-tp{sms=16}``) adds its own count.
 """
 
 from __future__ import annotations
@@ -89,13 +91,13 @@ class Device:
     def kernel_floor_us(self) -> float:
         return self.calibration.kernel_floor_us
 
-    def compute_rate(self, collectives: int) -> float:
-        """Speed of a compute kernel, relative to the device alone, while ``collectives`` collective
-        kernels hold ``comm_sms`` SMs each (module docstring); 1.0 without ``comm_sms``."""
-        sms = self.calibration.comm_sms
-        if not sms or collectives <= 0:
+    def compute_rate(self, sms: int) -> float:
+        """Speed of a compute kernel, relative to the device alone, while communication kernels hold
+        ``sms`` SMs (module docstring: each collective in flight ``comm_sms``, a send its own ``sms``);
+        never below one collective kernel's share (``comm_sms``, or one SM)."""
+        if sms <= 0:
             return 1.0
-        return max(self.sm_count - collectives * sms, sms) / self.sm_count
+        return max(self.sm_count - sms, self.calibration.comm_sms or 1) / self.sm_count
 
     @property
     def compute_efficiency(self) -> Mapping[str, float]:

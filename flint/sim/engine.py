@@ -41,9 +41,12 @@ collective holds that many SMs from its issue (NCCL's kernel is launched and
 spins while its peers arrive) to its finish, and a compute-stream node runs
 meanwhile at :meth:`Device.compute_rate` of its speed: its remaining work is
 re-timed whenever a collective of its rank is issued or finishes, and its
-duration is the slowed one. Sends and recvs do not hold SMs here (torch's
-async TP copies with the copy engines; NCCL's point-to-point CTA count has no
-sourced figure). Compute durations are the node's
+duration is the slowed one. A send holds SMs only when its node says so
+(``NodeTable.comm_sms``: Transformer Engine's userbuffers reduce-scatter
+kernels, ``micro-pipeline-tp{sms=N}``), from issue to finish, adding to the
+collectives'; other sends and recvs hold none (torch's async TP copies with
+the copy engines; NCCL's point-to-point CTA count has no sourced figure).
+Compute durations are the node's
 ``duration_us`` when present, else the device roofline from ``flops`` and
 ``tensor_bytes`` (class ``gemm`` when the node has FLOPs, else
 ``elementwise``), else 0. Collective and send/recv durations always come
@@ -127,8 +130,8 @@ class _TablePlan:
     coll_rows: np.ndarray  # rows of COLL nodes
     p2p_rows: np.ndarray   # rows of SEND / RECV nodes
     stream_names: tuple[str, ...] = STREAM_NAMES
-    shares_sms: list[bool] | None = None  # compute-stream rows that run on the SMs collectives leave
-    is_coll: list[bool] | None = None
+    shares_sms: list[bool] | None = None  # compute-stream rows that run on the SMs communication leaves
+    holds: list[int] | None = None  # SMs each row's communication kernel holds while in flight
 
 
 def _plan_table(t: NodeTable, device: Device | None, dtype: str) -> _TablePlan:
@@ -185,9 +188,13 @@ def _plan_table(t: NodeTable, device: Device | None, dtype: str) -> _TablePlan:
     dur = np.where(is_comp, dur, 0.0)
     stream = stream_arr.tolist()
     rows = [np.nonzero(stream_arr == k)[0].tolist() for k in range(len(names))]
+    # SMs held in flight: every collective the calibration's comm_sms, a send its own sms (none: 0)
+    holds = np.where(kind == NodeKind.COLL, device.calibration.comm_sms if device is not None else 0, 0)
+    if t.comm_sms is not None:
+        holds = np.where(kind == NodeKind.SEND, t.comm_sms.astype(np.int64), holds)
     return _TablePlan(t, stream, rows, succ, npred, dur, np.nonzero(kind == NodeKind.COLL)[0],
                       np.nonzero(p2p)[0], names, ((stream_arr == COMPUTE) & is_comp & (dur > 0)).tolist(),
-                      (kind == NodeKind.COLL).tolist())
+                      holds.tolist())
 
 
 class _Groups:
@@ -698,15 +705,15 @@ def _run(trace, device, network, mesh, algorithm, dtype, symmetric) -> RawSim:
     ports = _Ports()
     seq = 0
     push = heapq.heappush
-    # SM sharing (Device.compute_rate): collective kernels in flight per simulated rank, from issue to
+    # SM sharing (Device.compute_rate): SMs communication kernels hold per simulated rank, from issue to
     # finish; each running compute node's [work left at full speed, since, speed, seq of its event]
-    rate_of = device.compute_rate if device is not None and device.calibration.comm_sms else None
+    rate_of = device.compute_rate if device is not None and any(any(p.holds) for p in plans) else None
     held = [0] * S
     running: list[dict[int, list]] = [{} for _ in range(S)]
     live: list[dict[int, int]] = [{} for _ in range(S)]  # compute row -> seq of its current finish event
 
     def rerate(s: int, now: float) -> None:
-        """The collectives in flight on ``s`` changed: its running compute nodes change speed."""
+        """The SMs communication holds on ``s`` changed: its running compute nodes change speed."""
         nonlocal seq
         r = rate_of(held[s])
         for row, st in running[s].items():
@@ -727,8 +734,8 @@ def _run(trace, device, network, mesh, algorithm, dtype, symmetric) -> RawSim:
             durs[s][row] = now - start[s][row]
         elif row in live[s]:
             return False  # the node finished at a later estimate already
-        elif plans[s].is_coll[row]:
-            held[s] -= 1
+        elif plans[s].holds[row]:
+            held[s] -= plans[s].holds[row]
             rerate(s, now)
         return True
 
@@ -757,8 +764,8 @@ def _run(trace, device, network, mesh, algorithm, dtype, symmetric) -> RawSim:
             push(heap, (now + d, seq, s, row))
             seq += 1
             return
-        if rate_of is not None and plans[s].is_coll[row]:  # its kernel holds SMs from launch, waiting included
-            held[s] += 1
+        if rate_of is not None and plans[s].holds[row]:  # its kernel holds SMs from launch, waiting included
+            held[s] += plans[s].holds[row]
             rerate(s, now)
         arrived = inst_arrived[inst]
         arrived.append((s, row))

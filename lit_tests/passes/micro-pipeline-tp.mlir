@@ -92,7 +92,7 @@ shard.grid @mesh(shape = 4x2)
 // NONE: flint-opt: error: micro-pipeline-tp: options all-gather=false and reduce-scatter=false leave nothing to rewrite; enable at least one
 // STREAM: flint-opt: error: micro-pipeline-tp: option stream="a b" is not a stream name (letters, digits, '_' and '-')
 // BOOL: flint-opt: error: micro-pipeline-tp: option all-gather=3 must be true or false
-// UNKNOWN: flint-opt: error: micro-pipeline-tp: unknown option 'chunks'; options: all-gather=<bool>, reduce-scatter=<bool>, stream=<name>
+// UNKNOWN: flint-opt: error: micro-pipeline-tp: unknown option 'chunks'; options: all-gather=<bool>, reduce-scatter=<bool>, stream=<name>, sms=<int>
 
 func.func @fwd(%x: tensor<2x16x32xbf16>, %w1: tensor<64x32xbf16>, %b1: tensor<64xbf16>, %w2: tensor<32x64xbf16>, %y: tensor<8x32xbf16>) -> (tensor<2x16x32xbf16>, tensor<8x128xbf16>, tensor<32x64xbf16>) {
   %g = dist.all_gather %x on @mesh grid_axes = [0] gather_dim = 0 : tensor<2x16x32xbf16> -> !dist.future<tensor<8x16x32xbf16>>
