@@ -39,6 +39,7 @@ from typing import Any, Mapping
 
 from flint.cost.compute import AttentionModel, GemmModel
 from flint.errors import FlintError
+from flint.limits import MAX_SMS
 from flint.opclasses import COST_CLASSES
 
 CALIBRATION_DIR = Path(__file__).resolve().parent.parent / "devices" / "calibration"
@@ -47,7 +48,7 @@ _CLASSES = set(COST_CLASSES) | {"default"}
 # (table, key) -> (lo, hi, lo_inclusive, kind, unit)
 _SCALARS: dict[tuple[str, str], tuple[float, float, bool, type, str]] = {
     ("", "kernel_floor_us"): (0.0, 1000.0, True, float, "us"),
-    ("", "comm_sms"): (0, 1024, True, int, "SMs"),
+    ("", "comm_sms"): (0, MAX_SMS, True, int, "SMs"),
     ("gemm", "peak_fraction"): (0.0, 1.0, False, float, "fraction of the dense peak"),
     ("gemm", "fp8_peak_fraction"): (0.0, 1.0, False, float, "fraction of the dense fp8 peak"),
     ("gemm", "mainloop_fraction"): (0.0, 1.0, False, float, "fraction of the per-SM dense peak"),
