@@ -25,7 +25,8 @@ states wins), and what Flint does not model:
   (``linear_qkv``, heads interleaved; in every Megatron version, so in the S rows too), GELU MLP of
   4h, biases, untied embeddings, ``hidden_dropout`` = ``attention_dropout`` = 0.1 (TransformerConfig
   defaults).
-  Megatron-Core 0.8 rows (M) use fused (flash) attention with dropout; the 2022 A100 rows (S,
+  Megatron-Core 0.8 rows (M) use fused attention with dropout, Transformer Engine's, which runs cuDNN's
+  kernel on Hopper (``attention-kernel{kernel=cudnn}``); the 2022 A100 rows (S,
   ``attention = "unfused"``) Megatron's core attention of then: QK^T, fused scale-mask-softmax,
   dropout, xV, materialized per head. Korthikanti's selective recomputation checkpoints exactly
   that core attention (``torch.utils.checkpoint`` in the captured model); full recomputation is
@@ -131,6 +132,10 @@ PARTITIONER = "eager"
 # transformer_engine/pytorch/module/base.py: add_ub's num_sm = 16) run the pipelined and bulk
 # reduce-scatters as kernels on 16 SMs, the ring-exchange all-gathers on the copy engines
 TE_UB_SMS = 16
+# Megatron-Core's fused attention is Transformer Engine's DotProductAttention, which prefers cuDNN's
+# kernel on Hopper (TE's attention guide: "sm90: cuDNN attention > flash-attention"); Flint's default
+# prices PyTorch's flash backend (FlashAttention-2)
+ATTENTION_KERNEL = "cudnn"
 GATHER_AHEAD = "reorder-all-gather{prefetch=1}"  # rows with sharded (dp_shard) parameters only
 # Rows of Megatron-Core 0.8 (Megatron-LM README, commit f2e5db402c): distributed optimizer, fp32 gradient
 # reduction (module docstring)
@@ -351,6 +356,7 @@ def estimate(row: dict) -> Result:
     from flint.cost import load_device, load_network
     from flint.errors import FlintError
     from flint.importer import import_step
+    from flint.passes.attention_kernel import AttentionKernelPass
     from flint.passes.canonicalize_dist import CanonicalizeDistPass
     from flint.passes.fuse_pointwise import FusePointwisePass
     from flint.passes.lower_to_chakra import LowerToChakraPass
@@ -368,6 +374,8 @@ def estimate(row: dict) -> Result:
     step = capture_row(row, plan)
     module = import_step(step)
     ctx = Context()
+    if row.get("attention", "fused") == "fused":  # Megatron-Core's attention: TE's, cuDNN's kernel on Hopper
+        AttentionKernelPass(kernel=ATTENTION_KERNEL).apply(ctx, module)
     FusePointwisePass(device=row["device"], parts=BLOCK_PARTS).apply(ctx, module)
     CanonicalizeDistPass().apply(ctx, module)
     if row.get("tp_comm_overlap") and row["tp"] > 1:  # after fuse-pointwise, which re-prices every op it sees

@@ -27,6 +27,7 @@ from flint.errors import FlintError
 from flint.ir.aten import AtenOp
 
 FLOPS_ATTR, BYTES_ATTR, DURATION_ATTR = "flops", "bytes", "duration_us"
+ATTENTION_KERNEL_ATTR = "flint.attention_kernel"  # "cudnn" on fused attention ops (attention-kernel pass)
 
 
 def _py(attr: Any) -> Any:
@@ -70,6 +71,9 @@ def aten_op_cost(op: AtenOp, device: Device) -> tuple[int, int, float]:
         return (op.attributes[FLOPS_ATTR].value.data, op.attributes[BYTES_ATTR].value.data,
                 op.attributes[DURATION_ATTR].value.data)
     cost = aten_op_work(op)
+    kernel = op.attributes.get(ATTENTION_KERNEL_ATTR)
+    if isinstance(kernel, StringAttr):  # set by attention-kernel
+        cost = replace(cost, attention_kernel=kernel.data)
     if op.overload in INPLACE_SCATTERS and _runs_in_place(op):
         in_shapes, in_dtypes = _types(op.inputs)
         cost = replace(cost, bytes=inplace_scatter_bytes(in_shapes, in_dtypes))

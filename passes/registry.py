@@ -29,6 +29,7 @@ FLINT_PASSES: dict[str, str] = {
     "verify-dist": "flint.passes.verify_dist:VerifyDistPass",
     "annotate-cost": "flint.passes.annotate_cost:AnnotateCostPass",
     "fuse-pointwise": "flint.passes.fuse_pointwise:FusePointwisePass",
+    "attention-kernel": "flint.passes.attention_kernel:AttentionKernelPass",
     "pipeline-split": "flint.passes.pipeline_split:PipelineSplitPass",
     "lower-to-chakra": "flint.passes.lower_to_chakra:LowerToChakraPass",
     "decompose-collectives": "flint.passes.decompose_collectives:DecomposeCollectivesPass",

@@ -147,7 +147,7 @@ def test_calibration_overrides_per_class(tmp_path):
     cal = tmp_path / "cal.toml"
     cal.write_text("kernel_floor_us = 2.5\n[compute_efficiency]\ngemm = 0.9\n")
     d = load_device("h100-sxm", calibration=cal)
-    assert d.compute_eff("gemm") == 0.9 and d.compute_eff("attention") == pytest.approx((0.62 + 0.45) / 2)
+    assert d.compute_eff("gemm") == 0.9 and d.compute_eff("attention") == pytest.approx((0.39 + 0.283) / 2)  # PyTorch SDPA: FA2
     assert d.kernel_floor_us == 2.5
     assert d.calibration.gemm == load_device("h100-sxm").calibration.gemm  # other keys keep the preset's
     with pytest.raises(FlintError, match="unknown op class 'gemmm'"):

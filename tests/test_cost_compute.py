@@ -84,6 +84,40 @@ def test_attention_efficiency_grows_with_sequence():
     assert model.time_us(1e12, 1000, False, 1e15) == pytest.approx(1e12 / (1e15 * 0.25) * 1e6)
 
 
+def test_attention_kernel_picks_the_calibrations_rates():
+    """Unmarked fused attention is PyTorch's default flash backend (FlashAttention-2); marked cudnn it
+    uses [cudnn_attention]: on the H100 the FA2 rates are the cuDNN ones / 1.59 (Transformer
+    Engine's measured ratio), so the cuDNN kernel is 1.59x faster at any length and direction."""
+    for s, backward in ((512, False), (8192, True)):
+        target = f"aten._scaled_dot_product_flash_attention{'_backward' if backward else ''}.default"
+        c = op_cost(target, [(2, 16, s, 128)] * (5 if backward else 3), "bf16", [(2, 16, s, 128)], "bf16",
+                    {"is_causal": True})
+        assert c.attention_kernel == "flash"
+        flash, cudnn = H100.op_time_us(c), H100.op_time_us(replace(c, attention_kernel="cudnn"))
+        assert flash / cudnn == pytest.approx(0.62 / 0.39 if not backward else 0.45 / 0.283, rel=1e-9)
+    with pytest.raises(FlintError, match=r"device 'a100-80gb' has no \[cudnn_attention\] in its calibration"):
+        load_device("a100-80gb").op_time_us(replace(c, attention_kernel="cudnn"))
+    # H100 class: both tables; the others: PyTorch's default kernel only
+    assert {n for n in list_calibrations() if load_device(n).calibration.cudnn_attention} == \
+        {"h100-sxm", "h100-96gb-hbm2e", "h200"}
+
+
+def test_cudnn_attention_table_is_optional_but_complete_and_merges():
+    cal = parse_calibration(dict(COMPLETE, cudnn_attention={"fwd_fraction": 0.7, "bwd_fraction": 0.5,
+                                                           "seq_half": 600}), "cal.toml")
+    assert cal.cudnn_attention == AttentionModel(0.7, 0.5, 600.0)
+    assert parse_calibration(COMPLETE, "cal.toml").cudnn_attention is None
+    with pytest.raises(FlintError, match=r"cal.toml: missing \[cudnn_attention\] seq_half"):
+        parse_calibration(dict(COMPLETE, cudnn_attention={"fwd_fraction": 0.7, "bwd_fraction": 0.5}), "cal.toml")
+    with pytest.raises(FlintError, match=r"\[cudnn_attention\] fwd_fraction = 1.5 is out of range"):
+        parse_calibration(dict(COMPLETE, cudnn_attention={"fwd_fraction": 1.5, "bwd_fraction": 0.5,
+                                                           "seq_half": 600}), "cal.toml")
+    merged = H100.calibrated({"cudnn_attention": {"fwd_fraction": 0.7}}).calibration.cudnn_attention
+    assert merged == AttentionModel(0.7, 0.45, 640.0)
+    with pytest.raises(FlintError, match=r"missing \[cudnn_attention\] bwd_fraction"):  # new table: complete
+        load_device("a100-80gb").calibrated({"cudnn_attention": {"fwd_fraction": 0.7}})
+
+
 @pytest.mark.parametrize("target, ins, outs, want", [
     ("aten.mm.default", [(6, 10), (10, 12)], [(6, 12)], (1, 6, 12, 10)),
     ("aten.addmm.default", [(12,), (6, 10), (10, 12)], [(6, 12)], (1, 6, 12, 10)),

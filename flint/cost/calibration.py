@@ -19,6 +19,11 @@ never fitted to a workload. Schema (``[table] key``: valid range)::
     [attention] fwd_fraction        0 < x <= 1       fused attention forward plateau / dense peak
             bwd_fraction            0 < x <= 1       fused attention backward plateau / dense peak
             seq_half                0 <= x <= 1e6    key length at half the plateau
+                                                     (the kernel PyTorch's scaled_dot_product_attention
+                                                     runs by default: its flash backend, FlashAttention-2)
+    [cudnn_attention] (the same three keys; optional): cuDNN's fused attention, the kernel
+                                                     Transformer Engine prefers on Hopper; ops marked by
+                                                     the attention-kernel{kernel=cudnn} pass use it
     [compute_efficiency] <op class> 0 < x <= 1       ops without a shape model ("default" required)
     [memory_efficiency]  <op class> 0 < x <= 1       fraction of HBM bandwidth ("default" required)
 
@@ -58,12 +63,16 @@ _SCALARS: dict[tuple[str, str], tuple[float, float, bool, type, str]] = {
     ("attention", "fwd_fraction"): (0.0, 1.0, False, float, "fraction of the dense peak"),
     ("attention", "bwd_fraction"): (0.0, 1.0, False, float, "fraction of the dense peak"),
     ("attention", "seq_half"): (0.0, 1e6, True, float, "keys"),
+    ("cudnn_attention", "fwd_fraction"): (0.0, 1.0, False, float, "fraction of the dense peak"),
+    ("cudnn_attention", "bwd_fraction"): (0.0, 1.0, False, float, "fraction of the dense peak"),
+    ("cudnn_attention", "seq_half"): (0.0, 1e6, True, float, "keys"),
 }
 _TABLE_KEYS = {"gemm": ("peak_fraction", "fp8_peak_fraction", "mainloop_fraction", "tiles", "k_overhead",
                         "max_split_k", "latency_us"),
-               "attention": ("fwd_fraction", "bwd_fraction", "seq_half")}
-TOP_KEYS = {"device", "description", "kernel_floor_us", "comm_sms", "gemm", "attention", "compute_efficiency",
-            "memory_efficiency"}
+               "attention": ("fwd_fraction", "bwd_fraction", "seq_half"),
+               "cudnn_attention": ("fwd_fraction", "bwd_fraction", "seq_half")}
+TOP_KEYS = {"device", "description", "kernel_floor_us", "comm_sms", "gemm", "attention", "cudnn_attention",
+            "compute_efficiency", "memory_efficiency"}
 
 
 @dataclass(frozen=True)
@@ -77,6 +86,7 @@ class Calibration:
     gemm_fp8_peak_fraction: float | None = None
     attention: AttentionModel | None = None
     comm_sms: int = 0  # SMs a collective kernel holds while in flight (the simulator slows compute meanwhile)
+    cudnn_attention: AttentionModel | None = None  # cuDNN's fused attention (optional)
     source: str = field(default="", compare=False)
 
     def to_toml(self) -> str:
@@ -94,10 +104,10 @@ class Calibration:
             lines += [f"mainloop_fraction = {float(mainloop)!r}", f"tiles = [{tiles}]",
                       f"k_overhead = {float(g.k_overhead)!r}", f"max_split_k = {g.max_split_k}",
                       f"latency_us = {float(g.latency_us)!r}"]
-        if self.attention is not None:
-            a = self.attention
-            lines += ["[attention]", f"fwd_fraction = {float(a.fwd_fraction)!r}",
-                      f"bwd_fraction = {float(a.bwd_fraction)!r}", f"seq_half = {float(a.seq_half)!r}"]
+        for table, a in (("attention", self.attention), ("cudnn_attention", self.cudnn_attention)):
+            if a is not None:
+                lines += [f"[{table}]", f"fwd_fraction = {float(a.fwd_fraction)!r}",
+                          f"bwd_fraction = {float(a.bwd_fraction)!r}", f"seq_half = {float(a.seq_half)!r}"]
         for table in ("compute_efficiency", "memory_efficiency"):
             lines.append(f"[{table}]")
             lines += [f"{k} = {float(v)!r}" for k, v in sorted(getattr(self, table).items())]
@@ -198,19 +208,27 @@ def parse_calibration(data: Mapping[str, Any], where: str, *, needs_fp8: bool = 
         if "default" not in e:
             raise FlintError(f"{where}: missing [{table}] default (valid: 0 < default <= 1, a fraction)")
         effs[table] = e
+    cudnn = None
+    if "cudnn_attention" in data:  # optional, but complete when given
+        cudnn = _table(where, data, "cudnn_attention", None)
+        for key in _TABLE_KEYS["cudnn_attention"]:
+            if key not in cudnn:
+                raise _missing(where, "cudnn_attention", key)
     cal = _build(floor, tables["gemm"], tables["attention"], effs["compute_efficiency"], effs["memory_efficiency"],
-                 where)
+                 where, cudnn)
     return replace(cal, comm_sms=_scalar(where, "", "comm_sms", data["comm_sms"])) if "comm_sms" in data else cal
 
 
-def _build(floor, g, a, ce, me, where) -> Calibration:
+def _build(floor, g, a, ce, me, where, cudnn=None) -> Calibration:
     if g and g["mainloop_fraction"] < g["peak_fraction"]:
         raise FlintError(f"{where}: [gemm] mainloop_fraction = {g['mainloop_fraction']!r} is out of range "
                          f"(valid: peak_fraction = {g['peak_fraction']!r} <= mainloop_fraction <= 1)")
     gemm = GemmModel(g["peak_fraction"], g["tiles"], g["k_overhead"], g["max_split_k"], g["mainloop_fraction"],
                      g["latency_us"]) if g else None
     att = AttentionModel(a["fwd_fraction"], a["bwd_fraction"], a["seq_half"]) if a else None
-    return Calibration(float(floor), ce, me, gemm, g.get("fp8_peak_fraction") if g else None, att, source=where)
+    cud = AttentionModel(cudnn["fwd_fraction"], cudnn["bwd_fraction"], cudnn["seq_half"]) if cudnn else None
+    return Calibration(float(floor), ce, me, gemm, g.get("fp8_peak_fraction") if g else None, att,
+                       cudnn_attention=cud, source=where)
 
 
 def merge_calibration(base: Calibration, data: Mapping[str, Any], where: str) -> Calibration:
@@ -228,13 +246,15 @@ def merge_calibration(base: Calibration, data: Mapping[str, Any], where: str) ->
               "mainloop_fraction": bg.peak_fraction if bg.mainloop_fraction is None else bg.mainloop_fraction}
         if base.gemm_fp8_peak_fraction is not None:
             g0["fp8_peak_fraction"] = base.gemm_fp8_peak_fraction
-    a0 = None
-    if base.attention is not None:
-        a0 = {"fwd_fraction": base.attention.fwd_fraction, "bwd_fraction": base.attention.bwd_fraction,
-              "seq_half": base.attention.seq_half}
+    def model_keys(m: AttentionModel | None) -> dict | None:
+        return None if m is None else {"fwd_fraction": m.fwd_fraction, "bwd_fraction": m.bwd_fraction,
+                                       "seq_half": m.seq_half}
+
+    a0, c0 = model_keys(base.attention), model_keys(base.cudnn_attention)
     g = _table(where, data, "gemm", g0) if ("gemm" in data or g0) else None
     a = _table(where, data, "attention", a0) if ("attention" in data or a0) else None
-    for table, t, t0 in (("gemm", g, g0), ("attention", a, a0)):
+    c = _table(where, data, "cudnn_attention", c0) if ("cudnn_attention" in data or c0) else None
+    for table, t, t0 in (("gemm", g, g0), ("attention", a, a0), ("cudnn_attention", c, c0)):
         if t and t0 is None:  # a new table on a device without one must be complete
             for key in _TABLE_KEYS[table]:
                 if key not in t and key != "fp8_peak_fraction":
@@ -244,7 +264,7 @@ def merge_calibration(base: Calibration, data: Mapping[str, Any], where: str) ->
     me = dict(base.memory_efficiency)
     me.update(_efficiency_table(where, "memory_efficiency", data.get("memory_efficiency", {})))
     sms = _scalar(where, "", "comm_sms", data["comm_sms"]) if "comm_sms" in data else base.comm_sms
-    return replace(_build(floor, g, a, ce, me, where), comm_sms=sms, source=f"{base.source} + {where}")
+    return replace(_build(floor, g, a, ce, me, where, c), comm_sms=sms, source=f"{base.source} + {where}")
 
 
 def read_toml(path: str | Path, what: str) -> dict[str, Any]:

@@ -62,7 +62,8 @@ DEVICES_DIR = Path(__file__).resolve().parent.parent / "devices"
 _PEAK_KEY = {"f64": "fp64", "f32": "fp32", "tf32": "tf32", "bf16": "bf16", "f16": "fp16",
              "f8e4m3fn": "fp8", "f8e5m2": "fp8", "f8e4m3fnuz": "fp8", "f8e5m2fnuz": "fp8"}
 _TENSOR_CORE = {"bf16", "fp16", "tf32", "fp8"}  # dtypes whose GEMMs run on tiled matrix units
-_CAL_KEYS = {"kernel_floor_us", "comm_sms", "compute_efficiency", "memory_efficiency", "gemm", "attention"}
+_CAL_KEYS = {"kernel_floor_us", "comm_sms", "compute_efficiency", "memory_efficiency", "gemm", "attention",
+             "cudnn_attention"}
 _TOP_KEYS = {"name", "description", "hbm_capacity_gib", "hbm_bandwidth_gbytes_per_s", "sm_count", "power_limit_w",
              "calibration"} | _CAL_KEYS | {f"peak_tflops_{k}" for k in set(_PEAK_KEY.values())}
 
@@ -175,9 +176,16 @@ class Device:
             bytes_per_us = self.hbm_bandwidth_gbytes_per_s * 1e3 * self.memory_eff(GEMM)
             t = gemm.time_us(cost.gemm_dims, cost.bytes, self.peak_flops_per_s(dtype), self.sm_count, bytes_per_us)
             return max(t, self.kernel_floor_us)
-        if cls == ATTENTION and cost.attention_seq is not None and cal.attention is not None:
+        model = cal.attention
+        if cost.attention_kernel == "cudnn" and cls == ATTENTION:
+            model = cal.cudnn_attention
+            if model is None:
+                raise FlintError(f"device '{self.name}' has no [cudnn_attention] in its calibration ({cal.source}): "
+                                 "no sourced cuDNN attention rates for it; drop attention-kernel{kernel=cudnn} "
+                                 "(the default prices PyTorch's flash backend) or give the table with --calibration")
+        if cls == ATTENTION and cost.attention_seq is not None and model is not None:
             seq_k, backward = cost.attention_seq
-            t = cal.attention.time_us(flops, seq_k, backward, self.peak_flops_per_s(dtype))
+            t = model.time_us(flops, seq_k, backward, self.peak_flops_per_s(dtype))
             t_bytes = cost.bytes / (self.hbm_bandwidth_gbytes_per_s * 1e3 * self.memory_eff(ATTENTION))
             return max(t, t_bytes, self.kernel_floor_us)
         return self.compute_time_us(flops, cost.bytes, cls, dtype)

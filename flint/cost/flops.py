@@ -273,6 +273,8 @@ class OpCost:
     ``gemm_dims``      ``(batch, m, n, k)`` of a matrix product, for the GEMM
                        shape model (:mod:`flint.cost.compute`); None otherwise.
     ``attention_seq``  ``(key length, is backward)`` of a fused attention kernel.
+    ``attention_kernel`` which fused attention kernel runs: ``flash`` (PyTorch's default
+                       ``scaled_dot_product_attention`` backend) or ``cudnn``.
     """
 
     op_class: str
@@ -281,6 +283,7 @@ class OpCost:
     work_fraction: float = 1.0
     gemm_dims: tuple[int, int, int, int] | None = None  # (batch, m, n, k) of a matrix product
     attention_seq: tuple[int, bool] | None = None        # (key length, backward) of fused attention
+    attention_kernel: str = "flash"                      # the attention-kernel pass's choice
 
 
 def op_cost(target: str, in_shapes: Sequence[Any], in_dtypes: Sequence[Any] | Any, out_shapes: Sequence[Shape],
