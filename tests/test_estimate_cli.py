@@ -180,3 +180,24 @@ def test_sm_sharing_is_reported_and_a_calibration_turns_it_off(tmp_path, capsys)
     alone = json.loads(run(estimate_main, [ir, "--network", "ring", "--json", "--calibration", off], capsys)[1])
     assert alone["sm_sharing"] == "off"
     assert shared["compute_time_us"]["mean"] > alone["compute_time_us"]["mean"]  # the gather overlaps compute
+
+
+def test_the_report_names_the_attention_rates(tmp_path, capsys):
+    """The report says which calibration rates priced the fused attention ops: PyTorch SDPA's default
+    kernel unless attention-kernel marked them cuDNN's, which are faster on the H100; IR without
+    attention gets no line."""
+    from captures import imported
+
+    _, module = imported("llama-tiny", "fsdp", 2)
+    ir = tmp_path / "step.mlir"
+    ir.write_text(str(module))
+    default = json.loads(run(estimate_main, [ir, "--json"], capsys)[1])
+    cudnn = json.loads(run(estimate_main, [ir, "--json", "--passes", "attention-kernel"], capsys)[1])
+    assert default["attention"].startswith("2 fused ops priced as PyTorch SDPA's default kernel")
+    assert cudnn["attention"].startswith("2 fused ops priced as cuDNN's kernel")
+    assert cudnn["compute_time_us"]["mean"] < default["compute_time_us"]["mean"]
+    rc, text, err = run(estimate_main, [ir, "--passes", "attention-kernel"], capsys)
+    assert rc == 0 and "  attention: 2 fused ops priced as cuDNN's kernel" in text
+    plain = tmp_path / "train.mlir"
+    plain.write_text(TRAIN)
+    assert "attention" not in json.loads(run(estimate_main, [plain, "--network", "ring", "--json"], capsys)[1])

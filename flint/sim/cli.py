@@ -60,6 +60,7 @@ class Loaded:
     trace_dir: Path | None = None
     pipeline: dict | None = None  # a pipelined IR: schedule, stages, microbatches, peak memory per pipeline rank
     passes: str | None = None  # the pass pipeline run on step IR ("" none; None: not IR)
+    attention: str | None = None  # which attention rates priced the IR's fused attention ops (None: none)
 
 
 def _device_toml(device) -> str:
@@ -134,7 +135,7 @@ def _load_ir_input(path: str, device_name: str, calibration: str | None, want_me
         return Loaded(trace, None, None,
                       "the IR holds imported per-rank Chakra graphs, no tensors",
                       "from the imported graphs (device roofline where missing)", "ir")
-    memory, note, stage_peaks = None, None, None
+    memory, note, stage_peaks, attention = None, None, None, None
     lowered = any(op.name == "chakra.graph" for op in module.ops)
     spec = ""
     if lowered:
@@ -149,6 +150,7 @@ def _load_ir_input(path: str, device_name: str, calibration: str | None, want_me
 
         spec = resolve(module, passes)
         run_pipeline(module, spec, path)
+        attention = _attention_summary(module)
         if want_memory:
             from flint.sim.lifetimes import step_memory
 
@@ -179,7 +181,34 @@ def _load_ir_input(path: str, device_name: str, calibration: str | None, want_me
     trace = trace_from_ir(module)
     require_sound(trace, path, "emit the step and run `flint inspect` for the full list")
     return Loaded(trace, mesh, memory, note, durations, "ir", pipeline=_pipeline_info(module, stage_peaks),
-                  passes=spec)
+                  passes=spec, attention=attention)
+
+
+def _attention_summary(module) -> str | None:
+    """Which calibration rates price the module's fused attention ops (the attention-kernel pass's marks)."""
+    from collections import Counter
+
+    from xdsl.dialects.builtin import StringAttr
+
+    from flint.cost.opclass import ATTENTION, classify_target
+    from flint.ir.aten import AtenOp
+    from flint.passes.annotate_cost import ATTENTION_KERNEL_ATTR
+
+    kernels = Counter()
+    for op in module.walk():
+        if isinstance(op, AtenOp) and classify_target(op.overload) == ATTENTION:
+            mark = op.attributes.get(ATTENTION_KERNEL_ATTR)
+            kernels[mark.data if isinstance(mark, StringAttr) else "flash"] += 1
+    if not kernels:
+        return None
+    parts = []
+    if kernels["flash"]:
+        parts.append(f"{kernels['flash']} fused op{'s' * (kernels['flash'] != 1)} priced as PyTorch SDPA's default "
+                     "kernel ([attention]; attention-kernel{kernel=cudnn} prices cuDNN's)")
+    if kernels["cudnn"]:
+        parts.append(f"{kernels['cudnn']} fused op{'s' * (kernels['cudnn'] != 1)} priced as cuDNN's kernel "
+                     "([cudnn_attention], marked by attention-kernel)")
+    return "; ".join(parts)
 
 
 def _pipeline_info(module, stage_peaks: list[int] | None) -> dict | None:
@@ -251,6 +280,8 @@ def _native(args, want_memory: bool) -> tuple[dict, object]:
     sms = device.calibration.comm_sms
     rep["sm_sharing"] = (f"a collective in flight holds {sms} of {device.sm_count} SMs; compute meanwhile runs on "
                          "the rest" if sms else "off")
+    if loaded.attention is not None:
+        rep["attention"] = loaded.attention
     if getattr(args, "timeline", None):
         from flint.sim.chrome import write_chrome_trace
 

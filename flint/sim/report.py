@@ -153,6 +153,8 @@ def format_report(rep: dict) -> str:
         lines.append(f"  passes: {rep['passes'] or '(none)'}")
     if "sm_sharing" in rep:
         lines.append(f"  SM sharing: {rep['sm_sharing']}")
+    if "attention" in rep:
+        lines.append(f"  attention: {rep['attention']}")
     lines.append("")
     unit, scale = _time_unit(rep["iteration_time_us"])
 
