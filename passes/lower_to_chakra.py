@@ -489,6 +489,7 @@ class _FunctionLowering:
         cls = chakra.SendOp if is_send else chakra.RecvOp
         nbytes = _bytes_of(op.input if is_send else op.result)
         stream = dist.stream_of(op)
+        sms = dist.sms_of(op) if is_send else 0
         after = [self.s.compute] if self.post and not is_send and self.s.compute is not None else []
         node = cls.build(
             operands=[data, self._order(data, self.last_p2p.get((cls, stream)), after)], result_types=[chakra.NODE],
@@ -497,7 +498,7 @@ class _FunctionLowering:
                         "offset": IntegerAttr(op.offset_at(self.step), op.offset.type), **self._spmd(op),
                         **({"peers": op.peers} if op.peers is not None else {}),
                         **({"stream": StringAttr(stream)} if stream else {}),
-                        **({"sms": IntegerAttr(dist.sms_of(op), i64)} if is_send and dist.sms_of(op) else {})},
+                        **({"sms": IntegerAttr(sms, i64)} if sms else {})},
         )
         if dist.WHERE_ATTR in op.attributes:
             node.attributes[dist.WHERE_ATTR] = op.attributes[dist.WHERE_ATTR]

@@ -2,6 +2,7 @@
 estimate of a capture at full depth (the IR has one body per repeated block)."""
 
 import importlib.util
+import math
 import sys
 from pathlib import Path
 
@@ -158,10 +159,6 @@ def test_megatron_rows_fuse_only_the_blocks_and_run_the_loss_eagerly():
     head = next(fn for fn in module.walk() if isinstance(fn, func.FuncOp) and fn.sym_name.data == "head_fwd")
     logits = row["seq"] * row["vocab"]
     full = [o.overload.split(".")[1] for o in head.walk() if isinstance(o, AtenOp) and o.outputs
-            and o.outputs[0].type.get_shape() and _numel(o.outputs[0]) == logits and "view" not in o.overload]
+            and o.outputs[0].type.get_shape() and math.prod(o.outputs[0].type.get_shape()) == logits and "view" not in o.overload]
     assert full[-5:] == ["mm", "_to_copy", "sub", "exp", "div"], full
 
-
-def _numel(v):
-    import math
-    return math.prod(v.type.get_shape())

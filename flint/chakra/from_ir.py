@@ -197,15 +197,15 @@ def _replicate(t: NodeTable, loops: list[tuple[int, int, int, int]]) -> tuple[No
     dptr, didx = deps(t.data_dep_ptr, t.data_dep_idx)
     cptr, cidx = deps(t.ctrl_dep_ptr, t.ctrl_dep_idx)
     names = t.names
-    stream = {} if t.comm_stream is None else {"comm_stream": t.comm_stream[src], "stream_names": t.stream_names}
+    optional = {} if t.comm_stream is None else {"comm_stream": t.comm_stream[src], "stream_names": t.stream_names}
     if t.comm_sms is not None:
-        stream["comm_sms"] = t.comm_sms[src]
+        optional["comm_sms"] = t.comm_sms[src]
     return NodeTable(
         names=[names[i] for i in src.tolist()], kind=t.kind[src], duration_us=t.duration_us[src], flops=t.flops[src],
         tensor_bytes=t.tensor_bytes[src], comm_type=t.comm_type[src], comm_bytes=t.comm_bytes[src],
         comm_group=t.comm_group[src], comm_peer=t.comm_peer[src], comm_tag=t.comm_tag[src],
         data_dep_ptr=dptr, data_dep_idx=didx, ctrl_dep_ptr=cptr, ctrl_dep_idx=cidx,
-        node_ids=np.arange(len(src), dtype=np.int64), **stream,
+        node_ids=np.arange(len(src), dtype=np.int64), **optional,
     ), src
 
 

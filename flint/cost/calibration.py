@@ -196,7 +196,10 @@ def parse_calibration(data: Mapping[str, Any], where: str, *, needs_fp8: bool = 
         raise _missing(where, "", "kernel_floor_us")
     floor = _scalar(where, "", "kernel_floor_us", data["kernel_floor_us"])
     tables = {}
-    for table in ("gemm", "attention"):
+    for table in ("gemm", "attention", "cudnn_attention"):
+        if table == "cudnn_attention" and table not in data:  # optional, but complete when given
+            tables[table] = None
+            continue
         t = _table(where, data, table, None)
         for key in _TABLE_KEYS[table]:
             if key not in t and not (key == "fp8_peak_fraction" and not needs_fp8):
@@ -208,14 +211,8 @@ def parse_calibration(data: Mapping[str, Any], where: str, *, needs_fp8: bool = 
         if "default" not in e:
             raise FlintError(f"{where}: missing [{table}] default (valid: 0 < default <= 1, a fraction)")
         effs[table] = e
-    cudnn = None
-    if "cudnn_attention" in data:  # optional, but complete when given
-        cudnn = _table(where, data, "cudnn_attention", None)
-        for key in _TABLE_KEYS["cudnn_attention"]:
-            if key not in cudnn:
-                raise _missing(where, "cudnn_attention", key)
     cal = _build(floor, tables["gemm"], tables["attention"], effs["compute_efficiency"], effs["memory_efficiency"],
-                 where, cudnn)
+                 where, tables["cudnn_attention"])
     return replace(cal, comm_sms=_scalar(where, "", "comm_sms", data["comm_sms"])) if "comm_sms" in data else cal
 
 
