@@ -162,3 +162,42 @@ def test_megatron_rows_fuse_only_the_blocks_and_run_the_loss_eagerly():
             and o.outputs[0].type.get_shape() and math.prod(o.outputs[0].type.get_shape()) == logits and "view" not in o.overload]
     assert full[-5:] == ["mm", "_to_copy", "sub", "exp", "div"], full
 
+
+
+def test_unstated_micro_batch_is_estimated_at_its_other_reading_too():
+    """The M rows leave the micro-batch unstated; their local batch per pipeline is 4 x PP sequences, so
+    the bench also runs PP micro-batches of 4 and reports that error beside the headline (micro-batch 1)."""
+    acc, rows = _bench(), _rows()
+    for rid in ("M1", "M4", "M5", "M9"):
+        row = rows[rid]
+        dp = row["gpus"] // (row["tp"] * row["pp"])
+        assert row["global_batch"] // dp == 4 * row["pp"], rid
+        assert (row["microbatch"], row["microbatch_alternative"]) == (1, 4), rid
+        other = acc.plan_of(dict(row, microbatch=row["microbatch_alternative"]))
+        assert other.microbatches == row["pp"], rid  # M1: one pass of 4 sequences; M9: 16 of 4
+    assert not any("microbatch_alternative" in r for rid, r in rows.items() if rid.startswith("S"))
+
+
+def test_other_micro_batch_error_is_that_of_the_row_run_at_it():
+    acc = _bench()
+    row = dict(ROW, pp=1, gpus=2, global_batch=4, microbatch=1)
+    other = acc.estimate(dict(row, microbatch=2))
+    both = acc.estimate(dict(row, microbatch_alternative=2))
+    assert both.error == pytest.approx(acc.estimate(row).error, rel=1e-12)
+    assert both.alt_error == pytest.approx(other.error, rel=1e-12)
+    assert other.error != pytest.approx(both.error, rel=1e-6)  # the micro-batch moves the estimate
+    assert acc._alt(both) == f"{100 * other.error:+.1f}% (micro-batch 2)" and acc._alt(other) == ""
+
+
+def test_report_states_both_readings_of_an_unstated_micro_batch(tmp_path):
+    acc = _bench()
+    stated = acc.Result(dict(ROW, id="S"), "estimated", iteration_s=1.0, tflops_per_gpu=1.1, exposed_s=0.0)
+    unstated = acc.Result(dict(ROW, id="M", microbatch_alternative=4), "estimated", iteration_s=1.0,
+                          tflops_per_gpu=0.8, exposed_s=0.0, alt_error=0.05)
+    acc.write_report([stated, unstated], tmp_path)
+    text = (tmp_path / "accuracy.md").read_text()
+    assert "| +5.0% (micro-batch 4) | estimated |" in text
+    assert "| +10.0% |  | estimated |" in text  # a stated micro-batch (if comm hidden +10%): no other reading
+    # the unstated row: 20% as estimated, 5% at the other reading; all rows with it: mean(10, 5)
+    assert "mean absolute error 20.0% (max 20.0%) as estimated, 5.0% (max 5.0%) at the other micro-batch" in text
+    assert "all rows with that reading: 7.5% (max 10.0%)" in text
