@@ -113,9 +113,46 @@ def test_cudnn_attention_table_is_optional_but_complete_and_merges():
         parse_calibration(dict(COMPLETE, cudnn_attention={"fwd_fraction": 1.5, "bwd_fraction": 0.5,
                                                            "seq_half": 600}), "cal.toml")
     merged = H100.calibrated({"cudnn_attention": {"fwd_fraction": 0.7}}).calibration.cudnn_attention
-    assert merged == AttentionModel(0.7, 0.45, 640.0)
+    assert merged == AttentionModel(0.7, 0.45, 640.0, 0.034)
     with pytest.raises(FlintError, match=r"missing \[cudnn_attention\] bwd_fraction"):  # new table: complete
         load_device("a100-80gb").calibrated({"cudnn_attention": {"fwd_fraction": 0.7}})
+
+
+def test_attention_dropout_reads_dropout_p_and_prices_the_measured_overhead():
+    """A fused attention kernel with dropout (dropout_p > 0, read from the op's arguments, forward and
+    backward, CUDA and CPU-captured names) takes its table's dropout_overhead longer: cuDNN's on Hopper
+    3.4% (TransformerEngine issue 3312, H200); FlashAttention-2 has no Hopper measurement, so as without."""
+    cases = [("aten._scaled_dot_product_flash_attention.default", False),
+             ("aten._scaled_dot_product_flash_attention_backward.default", True),
+             ("aten._scaled_dot_product_flash_attention_for_cpu.default", False),
+             ("aten._scaled_dot_product_flash_attention_for_cpu_backward.default", True)]
+    for target, backward in cases:
+        def cost(p):
+            return op_cost(target, [(2, 16, 4096, 128)] * (5 if backward else 3), "bf16", [(2, 16, 4096, 128)],
+                           "bf16", {"is_causal": True, "dropout_p": p})
+        plain, dropped = cost(0.0), cost(0.1)
+        assert (plain.attention_dropout, dropped.attention_dropout) == (False, True), target
+        cudnn = H100.op_time_us(replace(dropped, attention_kernel="cudnn"))
+        assert cudnn / H100.op_time_us(replace(plain, attention_kernel="cudnn")) == pytest.approx(1.034, rel=1e-9)
+        assert H100.op_time_us(dropped) == H100.op_time_us(plain), target  # FA2: no measurement
+        assert dropped.flops == plain.flops and dropped.bytes == plain.bytes
+    assert {n for n in list_calibrations() if (c := load_device(n).calibration.cudnn_attention) and c.dropout_overhead} \
+        == {"h100-sxm", "h100-96gb-hbm2e", "h200"}
+    assert not any(load_device(n).calibration.attention.dropout_overhead for n in list_calibrations())
+
+
+def test_dropout_overhead_is_optional_range_checked_and_round_trips(tmp_path):
+    assert parse_calibration(COMPLETE, "cal.toml").attention.dropout_overhead == 0.0
+    cal = parse_calibration(dict(COMPLETE, attention=dict(COMPLETE["attention"], dropout_overhead=0.05)), "cal.toml")
+    assert cal.attention == AttentionModel(0.6, 0.4, 512.0, 0.05)
+    with pytest.raises(FlintError, match=r"cal.toml: \[attention\] dropout_overhead = -0.1 is out of range "
+                                         r"\(valid: 0 <= dropout_overhead <= 10 \(fraction of the kernel's time\)\)"):
+        parse_calibration(dict(COMPLETE, attention=dict(COMPLETE["attention"], dropout_overhead=-0.1)), "cal.toml")
+    merged = H100.calibrated({"attention": {"dropout_overhead": 0.05}}).calibration
+    assert merged.attention.dropout_overhead == 0.05 and merged.cudnn_attention.dropout_overhead == 0.034
+    p = tmp_path / "dev.toml"
+    p.write_text(replace(H100, calibration=merged).to_toml())
+    assert load_device(p).calibration == merged
 
 
 @pytest.mark.parametrize("target, ins, outs, want", [

@@ -21,7 +21,9 @@ never fitted to a workload. Schema (``[table] key``: valid range)::
             seq_half                0 <= x <= 1e6    key length at half the plateau
                                                      (the kernel PyTorch's scaled_dot_product_attention
                                                      runs by default: its flash backend, FlashAttention-2)
-    [cudnn_attention] (the same three keys; optional): cuDNN's fused attention, the kernel
+            dropout_overhead        0 <= x <= 10     the same kernel's extra time with dropout, a fraction
+                                                     (optional; absent: no measurement, priced as without)
+    [cudnn_attention] (the same keys; optional): cuDNN's fused attention, the kernel
                                                      Transformer Engine prefers on Hopper; ops marked by
                                                      the attention-kernel{kernel=cudnn} pass use it
     [compute_efficiency] <op class> 0 < x <= 1       ops without a shape model ("default" required)
@@ -63,14 +65,17 @@ _SCALARS: dict[tuple[str, str], tuple[float, float, bool, type, str]] = {
     ("attention", "fwd_fraction"): (0.0, 1.0, False, float, "fraction of the dense peak"),
     ("attention", "bwd_fraction"): (0.0, 1.0, False, float, "fraction of the dense peak"),
     ("attention", "seq_half"): (0.0, 1e6, True, float, "keys"),
+    ("attention", "dropout_overhead"): (0.0, 10.0, True, float, "fraction of the kernel's time"),
     ("cudnn_attention", "fwd_fraction"): (0.0, 1.0, False, float, "fraction of the dense peak"),
     ("cudnn_attention", "bwd_fraction"): (0.0, 1.0, False, float, "fraction of the dense peak"),
     ("cudnn_attention", "seq_half"): (0.0, 1e6, True, float, "keys"),
+    ("cudnn_attention", "dropout_overhead"): (0.0, 10.0, True, float, "fraction of the kernel's time"),
 }
 _TABLE_KEYS = {"gemm": ("peak_fraction", "fp8_peak_fraction", "mainloop_fraction", "tiles", "k_overhead",
                         "max_split_k", "latency_us"),
-               "attention": ("fwd_fraction", "bwd_fraction", "seq_half"),
-               "cudnn_attention": ("fwd_fraction", "bwd_fraction", "seq_half")}
+               "attention": ("fwd_fraction", "bwd_fraction", "seq_half", "dropout_overhead"),
+               "cudnn_attention": ("fwd_fraction", "bwd_fraction", "seq_half", "dropout_overhead")}
+_OPTIONAL_KEYS = {"fp8_peak_fraction", "dropout_overhead"}  # a new table may leave them out
 TOP_KEYS = {"device", "description", "kernel_floor_us", "comm_sms", "gemm", "attention", "cudnn_attention",
             "compute_efficiency", "memory_efficiency"}
 
@@ -108,6 +113,8 @@ class Calibration:
             if a is not None:
                 lines += [f"[{table}]", f"fwd_fraction = {float(a.fwd_fraction)!r}",
                           f"bwd_fraction = {float(a.bwd_fraction)!r}", f"seq_half = {float(a.seq_half)!r}"]
+                if a.dropout_overhead:
+                    lines.append(f"dropout_overhead = {float(a.dropout_overhead)!r}")
         for table in ("compute_efficiency", "memory_efficiency"):
             lines.append(f"[{table}]")
             lines += [f"{k} = {float(v)!r}" for k, v in sorted(getattr(self, table).items())]
@@ -202,7 +209,8 @@ def parse_calibration(data: Mapping[str, Any], where: str, *, needs_fp8: bool = 
             continue
         t = _table(where, data, table, None)
         for key in _TABLE_KEYS[table]:
-            if key not in t and not (key == "fp8_peak_fraction" and not needs_fp8):
+            optional = key == "dropout_overhead" or (key == "fp8_peak_fraction" and not needs_fp8)
+            if key not in t and not optional:
                 raise _missing(where, table, key)
         tables[table] = t
     effs = {}
@@ -222,8 +230,11 @@ def _build(floor, g, a, ce, me, where, cudnn=None) -> Calibration:
                          f"(valid: peak_fraction = {g['peak_fraction']!r} <= mainloop_fraction <= 1)")
     gemm = GemmModel(g["peak_fraction"], g["tiles"], g["k_overhead"], g["max_split_k"], g["mainloop_fraction"],
                      g["latency_us"]) if g else None
-    att = AttentionModel(a["fwd_fraction"], a["bwd_fraction"], a["seq_half"]) if a else None
-    cud = AttentionModel(cudnn["fwd_fraction"], cudnn["bwd_fraction"], cudnn["seq_half"]) if cudnn else None
+    def attention(t: Mapping[str, Any] | None) -> AttentionModel | None:
+        return AttentionModel(t["fwd_fraction"], t["bwd_fraction"], t["seq_half"], t.get("dropout_overhead", 0.0)) \
+            if t else None
+
+    att, cud = attention(a), attention(cudnn)
     return Calibration(float(floor), ce, me, gemm, g.get("fp8_peak_fraction") if g else None, att,
                        cudnn_attention=cud, source=where)
 
@@ -245,7 +256,7 @@ def merge_calibration(base: Calibration, data: Mapping[str, Any], where: str) ->
             g0["fp8_peak_fraction"] = base.gemm_fp8_peak_fraction
     def model_keys(m: AttentionModel | None) -> dict | None:
         return None if m is None else {"fwd_fraction": m.fwd_fraction, "bwd_fraction": m.bwd_fraction,
-                                       "seq_half": m.seq_half}
+                                       "seq_half": m.seq_half, "dropout_overhead": m.dropout_overhead}
 
     a0, c0 = model_keys(base.attention), model_keys(base.cudnn_attention)
     g = _table(where, data, "gemm", g0) if ("gemm" in data or g0) else None
@@ -254,7 +265,7 @@ def merge_calibration(base: Calibration, data: Mapping[str, Any], where: str) ->
     for table, t, t0 in (("gemm", g, g0), ("attention", a, a0), ("cudnn_attention", c, c0)):
         if t and t0 is None:  # a new table on a device without one must be complete
             for key in _TABLE_KEYS[table]:
-                if key not in t and key != "fp8_peak_fraction":
+                if key not in t and key not in _OPTIONAL_KEYS:
                     raise _missing(where, table, key)
     ce = dict(base.compute_efficiency)
     ce.update(_efficiency_table(where, "compute_efficiency", data.get("compute_efficiency", {})))

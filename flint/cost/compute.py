@@ -40,9 +40,12 @@ it and the data lives beside the calibration (``calibration/data``).
 Fused attention (FlashAttention-style, forward or backward)::
 
     time = flops * work_fraction / (peak * fraction(phase) * s_k / (s_k + seq_half))
+           * (1 + dropout_overhead if the kernel applies dropout)
 
 ``fraction`` is the kernel's measured plateau (long sequences) for the
-phase; ``seq_half`` the key length at which it reaches half of it.
+phase; ``seq_half`` the key length at which it reaches half of it;
+``dropout_overhead`` the measured extra time of the same kernel with
+dropout (its in-kernel random mask), 0 where no measurement exists.
 """
 
 from __future__ import annotations
@@ -98,8 +101,10 @@ class AttentionModel:
     fwd_fraction: float
     bwd_fraction: float
     seq_half: float
+    dropout_overhead: float = 0.0  # extra time with dropout in the kernel (0: no measurement, priced as without)
 
-    def time_us(self, flops: float, seq_k: int, backward: bool, peak_flops_per_s: float) -> float:
+    def time_us(self, flops: float, seq_k: int, backward: bool, peak_flops_per_s: float,
+                dropout: bool = False) -> float:
         frac = self.bwd_fraction if backward else self.fwd_fraction
         eff = frac * seq_k / (seq_k + self.seq_half)
-        return flops / (peak_flops_per_s * eff) * 1e6
+        return flops / (peak_flops_per_s * eff) * 1e6 * (1.0 + self.dropout_overhead if dropout else 1.0)

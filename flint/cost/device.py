@@ -185,7 +185,7 @@ class Device:
                                  "(the default prices PyTorch's flash backend) or give the table with --calibration")
         if cls == ATTENTION and cost.attention_seq is not None and model is not None:
             seq_k, backward = cost.attention_seq
-            t = model.time_us(flops, seq_k, backward, self.peak_flops_per_s(dtype))
+            t = model.time_us(flops, seq_k, backward, self.peak_flops_per_s(dtype), cost.attention_dropout)
             t_bytes = cost.bytes / (self.hbm_bandwidth_gbytes_per_s * 1e3 * self.memory_eff(ATTENTION))
             return max(t, t_bytes, self.kernel_floor_us)
         return self.compute_time_us(flops, cost.bytes, cls, dtype)

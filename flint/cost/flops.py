@@ -275,6 +275,7 @@ class OpCost:
     ``attention_seq``  ``(key length, is backward)`` of a fused attention kernel.
     ``attention_kernel`` which fused attention kernel runs: ``flash`` (PyTorch's default
                        ``scaled_dot_product_attention`` backend) or ``cudnn``.
+    ``attention_dropout`` whether that kernel applies dropout (``dropout_p > 0``).
     """
 
     op_class: str
@@ -284,6 +285,7 @@ class OpCost:
     gemm_dims: tuple[int, int, int, int] | None = None  # (batch, m, n, k) of a matrix product
     attention_seq: tuple[int, bool] | None = None        # (key length, backward) of fused attention
     attention_kernel: str = "flash"                      # the attention-kernel pass's choice
+    attention_dropout: bool = False                      # the fused attention kernel applies dropout
 
 
 def op_cost(target: str, in_shapes: Sequence[Any], in_dtypes: Sequence[Any] | Any, out_shapes: Sequence[Shape],
@@ -300,6 +302,7 @@ def op_cost(target: str, in_shapes: Sequence[Any], in_dtypes: Sequence[Any] | An
         nbytes += gathered_bytes(src, src_dtype, math.prod(_shape(out_shapes[0]))) - src
     frac = 1.0
     dims = attn = None
+    dropout = False
     if cls == GEMM:
         dims = gemm_dims(target, in_shapes, out_shapes)
     if cls == ATTENTION:
@@ -311,6 +314,8 @@ def op_cost(target: str, in_shapes: Sequence[Any], in_dtypes: Sequence[Any] | An
             k = _shape(in_shapes[2] if backward else in_shapes[1])
             if len(q) == 4 and len(k) == 4:
                 attn = (k[2], backward)
+            p = _scalar(schema, args, "dropout_p", 0.0)
+            dropout = isinstance(p, (int, float)) and not isinstance(p, bool) and p > 0
         if _scalar(schema, args, "is_causal", False):
             q = _shape(in_shapes[1] if name in _ATTN_BWD else in_shapes[0])
             k = _shape(in_shapes[2] if name in _ATTN_BWD else in_shapes[1])
@@ -321,7 +326,7 @@ def op_cost(target: str, in_shapes: Sequence[Any], in_dtypes: Sequence[Any] | An
             else:
                 seen = s_k * (s_k + 1) // 2 + (s_q - s_k) * s_k
             frac = seen / (s_q * s_k)
-    return OpCost(cls, flops, nbytes, frac, dims, attn)
+    return OpCost(cls, flops, nbytes, frac, dims, attn, attention_dropout=dropout)
 
 
 def gemm_dims(target: str, in_shapes: Sequence[Any], out_shapes: Sequence[Shape]) -> tuple[int, int, int, int] | None:

@@ -192,22 +192,28 @@ def _attention_summary(module) -> str | None:
 
     from flint.cost.opclass import ATTENTION, classify_target
     from flint.ir.aten import AtenOp
-    from flint.passes.annotate_cost import ATTENTION_KERNEL_ATTR
+    from flint.passes.annotate_cost import ATTENTION_KERNEL_ATTR, aten_op_work
 
-    kernels = Counter()
+    kernels, dropout = Counter(), Counter()
     for op in module.walk():
         if isinstance(op, AtenOp) and classify_target(op.overload) == ATTENTION:
             mark = op.attributes.get(ATTENTION_KERNEL_ATTR)
-            kernels[mark.data if isinstance(mark, StringAttr) else "flash"] += 1
+            kernel = mark.data if isinstance(mark, StringAttr) else "flash"
+            kernels[kernel] += 1
+            dropout[kernel] += aten_op_work(op).attention_dropout
     if not kernels:
         return None
+
+    def with_dropout(kernel: str) -> str:
+        return f", {dropout[kernel]} with dropout (the table's dropout_overhead)" if dropout[kernel] else ""
+
     parts = []
     if kernels["flash"]:
         parts.append(f"{kernels['flash']} fused op{'s' * (kernels['flash'] != 1)} priced as PyTorch SDPA's default "
-                     "kernel ([attention]; attention-kernel{kernel=cudnn} prices cuDNN's)")
+                     f"kernel ([attention]{with_dropout('flash')}; attention-kernel{{kernel=cudnn}} prices cuDNN's)")
     if kernels["cudnn"]:
         parts.append(f"{kernels['cudnn']} fused op{'s' * (kernels['cudnn'] != 1)} priced as cuDNN's kernel "
-                     "([cudnn_attention], marked by attention-kernel)")
+                     f"([cudnn_attention]{with_dropout('cudnn')}, marked by attention-kernel)")
     return "; ".join(parts)
 
 
