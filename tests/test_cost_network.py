@@ -162,3 +162,25 @@ def test_presets_carry_nccl_curves_and_bad_curves_are_errors():
         bad = {**base, "dims": [{**base["dims"][0], "bus_efficiency": curve}]}
         with pytest.raises(FlintError, match=msg):
             network_from_dict(bad, "net.toml")
+
+
+def test_outer_bandwidth_is_the_outermost_levels_byte_time():
+    """What a collective's members' ports on its outermost level carry, in time at full speed: the byte
+    term of that level only (the simulator shares it with other traffic on those ports), by hand."""
+    from flint.cost.collective import outer_bandwidth_us
+
+    fast, slow = Link(10.0, 1.0), Link(1.0, 2.0)  # 10 GB/s, 1 GB/s (40,000 bytes: 4 us, 40 us)
+    # one level: ring all-reduce moves 2 (n-1)/n of the buffer; the latencies are not bytes
+    assert outer_bandwidth_us("all_reduce", 40_000, 4, slow) == pytest.approx(2 * 3 / 4 * 40)
+    assert collective_time_us("all_reduce", 40_000, 4, slow) == pytest.approx(60 + 2 * 3 * 2.0)
+    # two levels: reduce-scatter inside the node on the whole buffer, then across nodes on half of it
+    levels = [(fast, 2), (slow, 2)]
+    assert outer_bandwidth_us("reduce_scatter", 40_000, 4, levels) == pytest.approx(1 / 2 * 20_000 / 1e3)
+    assert collective_time_us("reduce_scatter", 40_000, 4, levels) == pytest.approx(2 + 1 + 10 + 2)
+    # all-gather: input 10,000 per rank, 40,000 in all; the outer level gathers 20,000 per node pair
+    assert outer_bandwidth_us("all_gather", 10_000, 4, levels) == pytest.approx(10.0)
+    # all-reduce on two levels: the outer level all-reduces the half each rank holds after the inner RS
+    assert outer_bandwidth_us("all_reduce", 40_000, 4, levels) == pytest.approx(2 * 1 / 2 * 20_000 / 1e3)
+    # nothing crosses a network for one rank or no bytes
+    assert outer_bandwidth_us("all_reduce", 40_000, 1, slow) == 0.0
+    assert outer_bandwidth_us("all_gather", 0, 4, levels) == 0.0

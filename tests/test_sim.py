@@ -453,3 +453,85 @@ def test_pipeline_peers_that_do_not_mirror_are_simulated_in_full():
     assert r.symmetric and r.simulated_ranks == [0, 1, 4, 5]
     assert np.allclose(r.finish_us, simulate(mirrored, None, slow_nic, symmetric=False).finish_us)
     assert r.iteration_time_us > simulate(mirrored, None, NET).iteration_time_us  # the slow pair paces all
+
+
+# NIC sharing: a collective's bytes cross every member's egress and ingress port on the outermost network
+# dimension its group spans; transfers crossing one port share it max-min fairly (collectives of other
+# communicators, sends and recvs, channel sends alike).
+
+def _two_comms(second: str = "coll", stream: str = "dp"):
+    """An all-reduce on communicator 1 and, on its own stream, a second transfer of the same size at once."""
+    b = NodeTableBuilder()
+    b.add_coll("ar", CollKind.ALL_REDUCE, AR_2, 0)
+    if second == "coll":
+        b.add_coll("ar2", CollKind.ALL_REDUCE, AR_2, 1, stream=stream)
+    return b
+
+
+def test_collectives_of_two_communicators_share_the_nic():
+    """Alone each takes 40 us; together on the same ports each moves at half speed: both end at 80 us
+    (before, each ran at full bandwidth as if the other were not there)."""
+    trace = spmd(_two_comms().build(), groups={1: (0, 1), 2: (0, 1)}, group_ids=(1, 2))
+    r = simulate(trace, None, NET)
+    assert r.iteration_time_us == pytest.approx(80.0)
+    assert list(r.raw.duration_us[0]) == pytest.approx([80.0, 80.0])  # each slowed to half speed
+    # one after the other on one communicator's stream: no sharing, 40 us each
+    b = NodeTableBuilder()
+    b.add_coll("ar", CollKind.ALL_REDUCE, AR_2, 0)
+    b.add_coll("ar2", CollKind.ALL_REDUCE, AR_2, 1)
+    serial = simulate(spmd(b.build(), groups={1: (0, 1), 2: (0, 1)}, group_ids=(1, 2)), None, NET)
+    assert serial.iteration_time_us == pytest.approx(80.0)
+    assert list(serial.raw.duration_us[0]) == pytest.approx([40.0, 40.0])
+
+
+def _with_send(channel: str):
+    """Rank 0: an all-reduce and, after 20 us of compute, a 40,000-byte send to rank 1 (40 us each alone);
+    rank 1: the recv."""
+    tables = []
+    for rank in (0, 1):
+        b = NodeTableBuilder()
+        b.add_coll("ar", CollKind.ALL_REDUCE, AR_2, 0)
+        if rank == 0:
+            c = b.add_comp("c", duration_us=20.0)
+            b.add_send("s", 40_000, peer=1, tag=7, stream=channel, data_deps=[c])
+        else:
+            b.add_recv("r", 40_000, peer=0, tag=7, stream=channel)
+        tables.append(b.build())
+    gid = np.array([1])
+    return Trace(2, [RankProgram(t, gid, None) for t in tables], {1: (0, 1)})
+
+
+@pytest.mark.parametrize("channel", ["", "ch0"])
+def test_a_collective_and_a_send_share_the_ports_they_both_cross(channel):
+    """The send crosses rank 0's egress and rank 1's ingress, the all-reduce both ranks' egress and ingress:
+    max-min fair, each gets half of rank 0's egress while both run. The all-reduce alone for 20 us (half
+    its work), then both at half speed: it ends at 60 us, the send's last 20 us of work alone, at 80. On a
+    channel (an eager send of a decomposed collective) too: the flows a channel send re-times when it
+    starts are not that send's (the all-reduce was once taken for one and never finished)."""
+    r = simulate(_with_send(channel), None, NET)
+    assert r.iteration_time_us == pytest.approx(80.0)
+    assert list(r.raw.duration_us[0]) == pytest.approx([60.0, 20.0, 60.0])  # the all-reduce, compute, the send
+
+
+def test_collectives_on_different_network_dimensions_do_not_share():
+    """Groups along the inner and the outer dimension cross different ports: both at full speed."""
+    net = Network("two", (NetworkDim("x", 2, Link(1.0, 0.0)), NetworkDim("y", 0, Link(1.0, 0.0))))
+    b = NodeTableBuilder()
+    b.add_coll("inner", CollKind.ALL_REDUCE, AR_2, 0)
+    b.add_coll("outer", CollKind.ALL_REDUCE, AR_2, 1, stream="dp")
+    tables = b.build()
+    groups = {1: (0, 1), 2: (2, 3), 3: (0, 2), 4: (1, 3)}
+    ids = {0: (1, 3), 1: (1, 4), 2: (2, 3), 3: (2, 4)}
+    trace = Trace(4, [RankProgram(tables, np.asarray(ids[r]), np.zeros(0, dtype=np.int64)) for r in range(4)], groups)
+    for symmetric in (True, False):
+        r = simulate(trace, None, net, symmetric=symmetric)
+        assert r.iteration_time_us == pytest.approx(40.0), symmetric
+
+
+def test_nic_sharing_is_the_same_in_the_reduced_simulation():
+    """Two communicators over 4 ranks on one switch: simulating one representative gives the full answer."""
+    trace = spmd(_two_comms().build(), world=4, groups={1: (0, 1, 2, 3), 2: (0, 1, 2, 3)}, group_ids=(1, 2))
+    fast, full = simulate(trace, None, NET), simulate(trace, None, NET, symmetric=False)
+    assert fast.symmetric and not full.symmetric
+    alone = collective_time_us("all_reduce", AR_2, 4, Link(1.0, 0.0))
+    assert fast.iteration_time_us == pytest.approx(full.iteration_time_us) == pytest.approx(2 * alone)

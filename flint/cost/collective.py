@@ -312,19 +312,7 @@ def collective_time_us(kind: CollKind | int | str, input_bytes: float, group_siz
     ``algorithm``: ``ring`` / ``tree`` / ``direct`` / ``halving-doubling``, or ``auto``
     (NCCL's choice: the faster of ring and tree for all-reduce, ring otherwise).
     """
-    kind = coll_kind(kind)
-    alg = parse_algorithm(algorithm)
-    n = int(group_size)
-    if n < 1:
-        raise FlintError(f"collective group size must be >= 1, got {n}")
-    if input_bytes < 0:
-        raise FlintError(f"collective input_bytes must be >= 0, got {input_bytes}")
-    full = float(input_bytes) * n if kind is CollKind.ALL_GATHER or kind is CollKind.GATHER else float(input_bytes)
-    if isinstance(link, Link):
-        return _flat(kind, full, n, link, alg)
-    levels = [(lk, int(m)) for lk, m in link if int(m) > 1]
-    if math.prod(m for _, m in levels) != n:
-        raise FlintError(f"collective over levels {[m for _, m in levels]} does not cover its group of {n} ranks")
+    kind, alg, n, full, levels = _prepare(kind, input_bytes, group_size, link, algorithm)
     if not levels:
         return 0.0
     if len(levels) == 1:
@@ -348,6 +336,58 @@ def collective_time_us(kind: CollKind | int | str, input_bytes: float, group_siz
     sub = CollKind.REDUCE_SCATTER if kind in (CollKind.REDUCE_SCATTER, CollKind.REDUCE_SCATTER_BLOCK, CollKind.SCATTER) \
         else CollKind.ALL_GATHER
     return _flat(sub, s, top_n, top_link, alg) + sum(_flat(sub, sz, m, lk, alg) for lk, m, sz in down)
+
+
+def _prepare(kind, input_bytes, group_size, link, algorithm):
+    """``(kind, algorithm, n, full buffer bytes, [(link, ranks), ...] inner first)``, checked."""
+    kind = coll_kind(kind)
+    alg = parse_algorithm(algorithm)
+    n = int(group_size)
+    if n < 1:
+        raise FlintError(f"collective group size must be >= 1, got {n}")
+    if input_bytes < 0:
+        raise FlintError(f"collective input_bytes must be >= 0, got {input_bytes}")
+    full = float(input_bytes) * n if kind is CollKind.ALL_GATHER or kind is CollKind.GATHER else float(input_bytes)
+    if isinstance(link, Link):
+        return kind, alg, n, full, ([(link, n)] if n > 1 else [])
+    levels = [(lk, int(m)) for lk, m in link if int(m) > 1]
+    if math.prod(m for _, m in levels) != n:
+        raise FlintError(f"collective over levels {[m for _, m in levels]} does not cover its group of {n} ranks")
+    return kind, alg, n, full, levels
+
+
+def _bandwidth(kind: CollKind, S: float, n: int, link: Link, alg: Algorithm) -> float:
+    """The bytes-dependent part of :func:`_flat` (its time less the same algorithm's time for no bytes)."""
+    if alg is Algorithm.AUTO:
+        alg = Algorithm.RING
+        if kind in (CollKind.ALL_REDUCE, CollKind.BARRIER) and \
+                _flat(kind, S, n, link, Algorithm.TREE) < _flat(kind, S, n, link, Algorithm.RING):
+            alg = Algorithm.TREE
+    return max(0.0, _flat(kind, S, n, link, alg) - _flat(kind, 0.0, n, link, alg))
+
+
+def outer_bandwidth_us(kind: CollKind | int | str, input_bytes: float, group_size: int,
+                       link: Link | Sequence[tuple[Link, int]], algorithm: Algorithm | str = "ring") -> float:
+    """The part of :func:`collective_time_us` that moves bytes over the group's outermost network level
+    (latencies and inner levels excluded): the time each member's port on that level is busy, which the
+    simulator shares with the other transfers crossing the port."""
+    kind, alg, n, full, levels = _prepare(kind, input_bytes, group_size, link, algorithm)
+    if not levels:
+        return 0.0
+    if len(levels) == 1:
+        return _bandwidth(kind, full, n, levels[0][0], alg)
+    if kind is CollKind.ALL_TO_ALL:
+        slowest = min((lk for lk, _ in levels), key=lambda lk: lk.bandwidth_gbytes_per_s)
+        return _bandwidth(kind, full, n, slowest, alg)
+    top_link, top_n = levels[-1]
+    if kind in (CollKind.BROADCAST, CollKind.REDUCE, CollKind.BARRIER):
+        return _bandwidth(kind, full, top_n, top_link, alg)
+    s = full / math.prod(m for _, m in levels[:-1])
+    if kind is CollKind.ALL_REDUCE:
+        return _bandwidth(CollKind.ALL_REDUCE, s, top_n, top_link, alg)
+    sub = CollKind.REDUCE_SCATTER if kind in (CollKind.REDUCE_SCATTER, CollKind.REDUCE_SCATTER_BLOCK, CollKind.SCATTER) \
+        else CollKind.ALL_GATHER
+    return _bandwidth(sub, s, top_n, top_link, alg)
 
 
 def p2p_time_us(nbytes: float, link: Link, hops: int = 1) -> float:

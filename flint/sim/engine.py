@@ -30,11 +30,19 @@ A compute node on a named stream (a decomposed collective's reduction) runs
 in that stream's own queue, not the compute stream's.
 
 Every transfer occupies its sender's egress and its receiver's ingress
-port on the outermost network dimension it crosses; transfers sharing a
-port share its bandwidth max-min fairly (:class:`_Ports`). With one send
-and one recv queue per rank (no channels) a port never carries two
-transfers, so only channels see the sharing. There is no contention inside
-the network (uncongested fabric) and none between compute streams.
+port on the outermost network dimension it crosses, and every collective
+each member's egress and ingress port on the outermost dimension its group
+spans (for the part of its time that moves bytes on that level,
+:func:`~flint.cost.collective.outer_bandwidth_us`; its latencies and inner
+levels are not shared); transfers and collectives sharing a port share its
+bandwidth max-min fairly (:class:`_Ports`): the NIC sharing of collectives
+of different communicators that overlap (a pipeline's sends beside the
+data-parallel reduce-scatters, HSDP's two groups, two named streams), and of
+a channel's sends. Collectives of one communicator do not overlap when the
+trace orders them (``lower-to-chakra`` chains each communicator's
+collectives, as NCCL runs a communicator's calls in issue order), so they
+never share. There is no contention
+inside the network (uncongested fabric) and none between compute streams.
 
 SM sharing: on a device whose calibration gives ``comm_sms``, every
 collective holds that many SMs from its issue (NCCL's kernel is launched and
@@ -101,7 +109,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from flint.cost.collective import CollKind, collective_time_us
+from flint.cost.collective import CollKind, collective_time_us, outer_bandwidth_us
 from flint.cost.device import Device
 from flint.cost.network import Network
 from flint.errors import FlintError
@@ -244,7 +252,7 @@ def _cumcount(values: np.ndarray) -> np.ndarray:
 
 
 def _resolve_collectives(trace, sim_ranks, plans, groups, alg, is_sym, sync_arr, inst_expected, inst_dur,
-                         inst_desc) -> None:
+                         inst_desc, inst_port) -> None:
     """Number collective calls: the k-th call of every member on group g is one instance (vectorized)."""
     ent = {k: [] for k in ("s", "row", "rank", "gid", "kth", "ct", "nb")}
     for s, r in enumerate(sim_ranks):
@@ -292,7 +300,8 @@ def _resolve_collectives(trace, sim_ranks, plans, groups, alg, is_sym, sync_arr,
     simulated = set(sim_ranks)
     count: dict[int, int] = {}  # group -> simulated members
     gid_f, ct_f, nb_f, kth_f = (e[k][first].tolist() for k in ("gid", "ct", "nb", "kth"))
-    cache: dict[tuple, float] = {}
+    cache: dict[tuple, tuple[float, float]] = {}
+    group_ports: dict[int, tuple] = {}  # group -> its simulated members' ports on its outermost dimension
     for gid, ct, nb, kth in zip(gid_f, ct_f, nb_f, kth_f):
         ck = (gid, ct, nb)
         d = cache.get(ck)
@@ -301,8 +310,13 @@ def _resolve_collectives(trace, sim_ranks, plans, groups, alg, is_sym, sync_arr,
         n = count.get(gid)
         if n is None:
             n = count[gid] = (len(simulated & groups.member_set(gid)) if is_sym else len(groups.members(gid)))
+        if d[1] > 0:  # its bytes cross the members' ports on the group's outermost network dimension
+            ports = group_ports.get(gid)
+            if ports is None:
+                ports = group_ports[gid] = _group_ports(groups, gid, simulated if is_sym else None)
+            inst_port[len(inst_expected)] = (ports, d[1])
         inst_expected.append(n)
-        inst_dur.append(d)
+        inst_dur.append(d[0])
         inst_desc.append(("c", ct, nb, gid, kth))
     ids = inv + base
     for s in np.unique(e["s"]).tolist():
@@ -310,12 +324,26 @@ def _resolve_collectives(trace, sim_ranks, plans, groups, alg, is_sym, sync_arr,
         sync_arr[s][e["row"][m]] = ids[m]
 
 
-def _coll_duration(groups: _Groups, gid: int, comm_type: int, nbytes: int, algorithm: Mapping[CollKind, str]) -> float:
+def _coll_duration(groups: _Groups, gid: int, comm_type: int, nbytes: int, algorithm: Mapping[CollKind, str]
+                   ) -> tuple[float, float]:
+    """A collective's time and the part of it that moves bytes over its outermost network level."""
     m = groups.members(gid)
     if len(m) <= 1:
-        return 0.0
+        return 0.0, 0.0
     kind = CollKind(int(comm_type))
-    return collective_time_us(kind, nbytes, len(m), list(groups.levels(gid)), algorithm.get(kind, "ring"))
+    levels, a = list(groups.levels(gid)), algorithm.get(kind, "ring")
+    return collective_time_us(kind, nbytes, len(m), levels, a), outer_bandwidth_us(kind, nbytes, len(m), levels, a)
+
+
+def _group_ports(groups: _Groups, gid: int, simulated: set | None) -> tuple:
+    """The egress and ingress ports of a group's (simulated) members on the outermost network dimension the
+    group spans: a collective's bytes on that level leave and enter every member there."""
+    members = groups.members(gid)
+    c = groups.network.coords(members)
+    spans = [i for i in range(c.shape[1]) if len(np.unique(c[:, i])) > 1]
+    dim = max(spans)
+    ranks = sorted(simulated & groups.member_set(gid)) if simulated is not None else sorted(members)
+    return tuple(p for r in ranks for p in (("out", r, dim), ("in", r, dim)))
 
 
 def _p2p_pairing(trace: Trace, classes: list[list[int]], network: Network) -> dict | None:
@@ -649,9 +677,12 @@ def _run(trace, device, network, mesh, algorithm, dtype, symmetric) -> RawSim:
     inst_dur: list[float] = []
     inst_desc: list[tuple] = []
     sync_arr = [np.full(len(p.table), -1, dtype=np.int64) for p in plans]
-    _resolve_collectives(trace, sim_ranks, plans, groups, alg, is_sym, sync_arr, inst_expected, inst_dur, inst_desc)
+    # instance -> (the ports its bytes cross, their serialization us): a send/recv's sender egress and
+    # receiver ingress, a collective's members' egress and ingress on its outermost level
+    inst_port: dict[int, tuple] = {}
+    _resolve_collectives(trace, sim_ranks, plans, groups, alg, is_sym, sync_arr, inst_expected, inst_dur, inst_desc,
+                         inst_port)
     keyed: dict[tuple, int] = {}
-    inst_port: dict[int, tuple] = {}  # p2p instance -> (egress port, ingress port, serialization us)
     port_dims: dict[tuple, int] = {}
     eager: set[int] = set()  # p2p instances on channels (decomposed collectives): eager sends
     for s, r in enumerate(sim_ranks):
@@ -687,7 +718,7 @@ def _run(trace, device, network, mesh, algorithm, dtype, symmetric) -> RawSim:
                 port = _port(net, src, dst, port_dims)
                 # ports of the representatives: in a reduced simulation the representative's egress
                 # carries its class's sends and its ingress the recvs (module docstring)
-                inst_port[idx] = (("out", int(rep_of[src]), port), ("in", int(rep_of[dst]), port),
+                inst_port[idx] = ((("out", int(rep_of[src]), port), ("in", int(rep_of[dst]), port)),
                                   d - net.p2p_time_us(src, dst, 0))
             sync_arr[s][row] = idx
     sync = [x.tolist() for x in sync_arr]
@@ -775,10 +806,10 @@ def _run(trace, device, network, mesh, algorithm, dtype, symmetric) -> RawSim:
         if len(arrived) == inst_expected[inst]:
             d = inst_dur[inst]
             port = inst_port.get(inst)
-            if port is not None and port[2] > 0:  # the bytes share the sender's and the receiver's ports
+            if port is not None and port[1] > 0:  # the bytes share the ports they cross with other transfers
                 for s2, r2 in arrived:
                     start[s2][r2] = now
-                for t_end, fid in ports.start(now, port[0], port[1], port[2], d - port[2], arrived):
+                for t_end, fid in ports.start(now, port[0], port[1], d - port[1], arrived):
                     push(heap, (t_end, seq, -1, fid))
                     ports.event[fid] = seq
                     seq += 1
@@ -799,15 +830,14 @@ def _run(trace, device, network, mesh, algorithm, dtype, symmetric) -> RawSim:
         nonlocal seq
         start[s][row] = now
         if plans[s].table.kind[row] == NodeKind.SEND:
-            out_p, in_p, ser = inst_port[inst]
+            crossed, ser = inst_port[inst]
             lat = inst_dur[inst] - ser
             if ser <= 0:
                 delivered[inst] = now + lat
                 done_eager(inst, now, now + lat)
                 return
-            for t_end, fid in ports.start(now, out_p, in_p, ser, lat, [(s, row)]):
-                if fid not in flow_inst:
-                    flow_inst[fid] = inst
+            flow_inst[ports.next] = inst  # the new flow; the others returned are re-timed flows sharing its ports
+            for t_end, fid in ports.start(now, crossed, ser, lat, [(s, row)]):
                 push(heap, (t_end, seq, -1, fid))
                 ports.event[fid] = seq
                 seq += 1
@@ -889,20 +919,29 @@ class _Ports:
         self.event: dict[int, int] = {}    # fid -> seq of its current finish estimate
         self.next = 0
 
-    def start(self, now: float, out_p, in_p, ser: float, lat: float, members) -> list[tuple[float, int]]:
+    def start(self, now: float, crossed: tuple, ser: float, lat: float, members) -> list[tuple[float, int]]:
         fid = self.next
         self.next += 1
-        self.flows[fid] = [(out_p, in_p), ser, 0.0, now, lat, list(members)]
-        for p in (out_p, in_p):
-            self.on.setdefault(p, set()).add(fid)
-        return self._rebalance(now, {out_p, in_p})
+        self.flows[fid] = [crossed, ser, 0.0, now, lat, list(members)]
+        alone = True
+        for p in crossed:
+            on = self.on.setdefault(p, set())
+            alone = alone and not on
+            on.add(fid)
+        if alone:  # nothing else crosses its ports: full speed, no other flow changes
+            self.flows[fid][2] = 1.0
+            return [(now + ser, fid)]
+        return self._rebalance(now, set(crossed))
 
     def finish(self, now: float, fid: int):
         f = self.flows.pop(fid)
         del self.event[fid]
+        shared = False
         for p in f[0]:
-            self.on[p].discard(fid)
-        return f[4], f[5], self._rebalance(now, set(f[0]))
+            on = self.on[p]
+            on.discard(fid)
+            shared = shared or bool(on)
+        return f[4], f[5], (self._rebalance(now, set(f[0])) if shared else [])
 
     def _rebalance(self, now: float, seeds: set) -> list[tuple[float, int]]:
         # the connected set of flows reachable through shared ports
