@@ -94,7 +94,12 @@ states wins), and what Flint does not model:
   coalesces them once per step) (the ``if comm hidden`` column bounds what is left).
 - SM sharing: compute slows while a collective of its rank is in flight (the device calibration's
   ``comm_sms``: NCCL's CTAs hold 24 of the H100's 132 SMs, 16 of the A100's 108); point-to-point
-  transfers (pipeline sends, async-TP steps) do not hold SMs in Flint's model.
+  transfers (pipeline sends, async-TP steps) do not hold SMs in Flint's model, except the
+  reduce-scatter steps' (``sms=16``, above).
+- NIC sharing: transfers crossing one rank's port share it (the simulator's max-min fair ports): on
+  the pipelined M rows the stage-to-stage sends and the data-parallel reduce-scatters and gathers
+  both leave through the GPU's 400 Gb/s NIC. Attention dropout: cuDNN's kernel with dropout costs the
+  calibration's ``dropout_overhead`` (+3.4% on Hopper, measured).
 - Not modelled: Transformer Engine's bulk overlaps beyond torch's patterns (above). Megatron's
   distributed optimizer keeps a persistent bf16 copy of the whole model and the whole fp32 gradient
   buffer (memory only; this report prices time), writes weight gradients straight into that buffer
