@@ -535,3 +535,23 @@ def test_nic_sharing_is_the_same_in_the_reduced_simulation():
     assert fast.symmetric and not full.symmetric
     alone = collective_time_us("all_reduce", AR_2, 4, Link(1.0, 0.0))
     assert fast.iteration_time_us == pytest.approx(full.iteration_time_us) == pytest.approx(2 * alone)
+
+
+@pytest.mark.parametrize("channel", ["", "ch0"])
+def test_a_send_waits_for_its_recv_unless_on_a_channel(channel):
+    """Rank 0 sends 40,000 bytes at once (40 us); rank 1 posts the recv after 100 us of compute. A send
+    and its recv run together (100-140 us), as an NCCL send larger than its buffers waits for the
+    receiver; a channel's send is eager (0-40 us) and its recv finishes when posted, the data being there.
+    (Every send was eager once: the per-peer queues fell under the channel rule.)"""
+    b = NodeTableBuilder()
+    b.add_send("s", 40_000, peer=1, tag=0, stream=channel)
+    sender = b.build()
+    b = NodeTableBuilder()
+    c = b.add_comp("c", duration_us=100.0)
+    b.add_recv("r", 40_000, peer=0, tag=0, data_deps=[c], stream=channel)
+    r = simulate(Trace(2, [RankProgram(sender), RankProgram(b.build())]), None, NET)
+    send_start, send_end = r.raw.start_us[0][0], r.raw.finish_us[0][0]
+    if channel:
+        assert (send_start, send_end, r.iteration_time_us) == pytest.approx((0.0, 40.0, 100.0))
+    else:
+        assert (send_start, send_end, r.iteration_time_us) == pytest.approx((100.0, 140.0, 140.0))

@@ -94,7 +94,9 @@ def test_ring_crossing_a_node_boundary_at_some_ranks_splits_the_class():
     fast, full = _both(trace, NODES_OF_2)
     assert fast.symmetric and fast.simulated_ranks == [0, 1]
     _same(fast, full)
-    assert len(set(full.finish_us.tolist())) > 1  # the ranks' timelines really differ: one class is not right
+    # the ranks' timelines really differ (one class is not right): a recv over InfiniBand takes longer
+    recv = [i for i, n in enumerate(trace.ranks[0].table.names) if n.startswith("recv")]
+    assert len({float(full.raw.duration_us[r][recv].sum()) for r in range(2)}) == 2
 
 
 def test_group_spanning_classes_meets_their_representatives():
@@ -133,11 +135,11 @@ def test_members_pairing_with_different_rows_fall_back():
     -2), ranks 2, 3 the other way round: rank 0's first send pairs with its peer's first recv, rank 1's
     with its peer's second. Not uniform: every rank is simulated."""
     b = NodeTableBuilder()
-    s1 = b.add_send("s1", 1_000_000, 0, 5)
-    s2 = b.add_send("s2", 1_000_000, 1, 5)
+    b.add_send("s1", 1_000_000, 0, 5)
+    b.add_send("s2", 1_000_000, 1, 5)
     r1 = b.add_recv("r1", 1_000_000, 2, 5)
     b.add_comp("after_r1", duration_us=100.0, data_deps=[r1])
-    r2 = b.add_recv("r2", 1_000_000, 3, 5, data_deps=[s1, s2])
+    r2 = b.add_recv("r2", 1_000_000, 3, 5)
     b.add_comp("after_r2", duration_us=10.0, data_deps=[r2])
     t = b.build()
     empty = np.zeros(0, dtype=np.int64)

@@ -18,21 +18,18 @@ waits, holding its stream, until its partners have issued too:
   ``k``-th collective a rank issues on group ``g`` meets the ``k``-th of every
   other member), i.e. at the latest member's issue time; all members finish
   together after :func:`~flint.cost.collective_time_us`;
-- a send and a recv pair by ``(src, dst, tag)`` in issue order; the transfer
-  takes latency + bytes / bandwidth (:meth:`Network.p2p_time_us`).
+- a send and a recv pair by ``(src, dst, tag)`` in issue order and run
+  together for latency + bytes / bandwidth (:meth:`Network.p2p_time_us`):
+  the transfer starts when both are issued, as an NCCL send larger than its
+  buffers waits for the receiver to drain them.
 
-Sends are eager: a send goes out when issued (as if the receiver's buffer
-were posted, as NCCL's channel slots are) and finishes when its last byte
-left; its recv finishes when the data arrived (latency later), or when it
-is issued if the data is there already. That holds for every send: on a
-named stream (a *channel*, ``stream = "ch<k>"`` from
-``decompose-collectives``; one in-order send and one recv queue per
-channel) and on the per-peer queues alike (the rule was written for
-channels; the per-peer queues' sends are eager too). NCCL's point-to-point
-transfers larger than its buffers wait for the receiver, which this does
-not model: a send issued long before its recv finishes early here (the
-accuracy rows' pipelines post their recvs early, at torch's ``RECV``
-action, and do not move when sends wait for their recv).
+Sends and recvs on a named stream (a *channel*, ``stream = "ch<k>"`` from
+``decompose-collectives``) get one in-order send and one recv queue per
+channel, and are eager: a send goes out when issued (the receiver's
+buffers are pre-posted, as NCCL's channel slots are) and finishes when its
+last byte left; its recv finishes when the data arrived (latency later).
+Only channel sends are eager (the per-peer queues of other sends once were
+too, by mistake: a send issued long before its recv finished early).
 A compute node on a named stream (a decomposed collective's reduction) runs
 in that stream's own queue, not the compute stream's.
 
@@ -716,7 +713,7 @@ def _run(trace, device, network, mesh, algorithm, dtype, symmetric) -> RawSim:
             idx = keyed.get(key)
             if idx is None:
                 idx = keyed[key] = len(inst_expected)
-                if plan.stream[row] >= len(STREAM_NAMES):
+                if plan.stream_names[plan.stream[row]].startswith(("send:", "recv:")):  # on a channel
                     eager.add(idx)
                 inst_expected.append(2)
                 d = net.p2p_time_us(src, dst, nb)
