@@ -475,6 +475,7 @@ def test_collectives_of_two_communicators_share_the_nic():
     r = simulate(trace, None, NET)
     assert r.iteration_time_us == pytest.approx(80.0)
     assert list(r.raw.duration_us[0]) == pytest.approx([80.0, 80.0])  # each slowed to half speed
+    assert list(r.port_slowed_us) == pytest.approx([80.0, 80.0])  # each rank: two collectives 40 us late
     # one after the other on one communicator's stream: no sharing, 40 us each
     b = NodeTableBuilder()
     b.add_coll("ar", CollKind.ALL_REDUCE, AR_2, 0)
@@ -482,6 +483,7 @@ def test_collectives_of_two_communicators_share_the_nic():
     serial = simulate(spmd(b.build(), groups={1: (0, 1), 2: (0, 1)}, group_ids=(1, 2)), None, NET)
     assert serial.iteration_time_us == pytest.approx(80.0)
     assert list(serial.raw.duration_us[0]) == pytest.approx([40.0, 40.0])
+    assert not serial.port_slowed_us.any()
 
 
 def _with_send(channel: str):
@@ -535,6 +537,25 @@ def test_nic_sharing_is_the_same_in_the_reduced_simulation():
     assert fast.symmetric and not full.symmetric
     alone = collective_time_us("all_reduce", AR_2, 4, Link(1.0, 0.0))
     assert fast.iteration_time_us == pytest.approx(full.iteration_time_us) == pytest.approx(2 * alone)
+    assert np.allclose(fast.port_slowed_us, full.port_slowed_us) and fast.port_slowed_us.min() > 0
+
+
+def test_the_estimate_report_says_how_much_nic_sharing_cost():
+    """`flint estimate`'s report: the delay transfers took from sharing ports, per rank (absent without any)."""
+    from flint.sim.report import estimate_report, format_report
+
+    def report(trace):
+        return estimate_report(simulate(trace, None, NET), source="t", device=None, network="test",
+                               algorithm="ring", dtype="bf16")
+
+    shared = report(spmd(_two_comms().build(), groups={1: (0, 1), 2: (0, 1)}, group_ids=(1, 2)))
+    assert shared["nic_sharing_us"] == {"mean": pytest.approx(80.0), "max": pytest.approx(80.0)}
+    assert ("  NIC sharing: transfers sharing a port with other traffic finished 0.080 ms later in all per rank "
+            "(mean; max 0.080 ms)") in format_report(shared).splitlines()
+    b = NodeTableBuilder()
+    b.add_coll("ar", CollKind.ALL_REDUCE, AR_2, 0)
+    alone = report(spmd(b.build()))
+    assert "nic_sharing_us" not in alone and "NIC sharing" not in format_report(alone)
 
 
 @pytest.mark.parametrize("channel", ["", "ch0"])

@@ -629,6 +629,7 @@ class RawSim:
     events: int
     wall_s: float
     symmetric: bool
+    port_slowed_us: list[float] | None = None  # per simulated program: transfers' delay from sharing ports
 
 
 def run(trace: Trace, device: Device | None, network: Network, mesh: Mesh | None = None, *,
@@ -738,6 +739,7 @@ def _run(trace, device, network, mesh, algorithm, dtype, symmetric) -> RawSim:
     busy = [[False] * len(p.stream_rows) for p in plans]
     heap: list[tuple[float, int, int, int]] = []
     ports = _Ports()
+    port_slowed = [0.0] * S  # per simulated program: how much longer its transfers took sharing ports
     seq = 0
     push = heapq.heappush
     # SM sharing (Device.compute_rate): SMs communication kernels hold per simulated rank, from issue to
@@ -877,6 +879,9 @@ def _run(trace, device, network, mesh, algorithm, dtype, symmetric) -> RawSim:
         if ports.event.get(fid) != ev:
             return  # a stale estimate: the flow's rate changed since
         lat, members, resched = ports.finish(now, fid)
+        if ports.slowed_us > 1e-9:
+            for s2 in {s2 for s2, _ in members}:
+                port_slowed[s2] += ports.slowed_us
         inst = flow_inst.pop(fid, None)
         if inst is not None:
             delivered[inst] = now + lat
@@ -901,7 +906,7 @@ def _run(trace, device, network, mesh, algorithm, dtype, symmetric) -> RawSim:
     return RawSim(trace, sim_ranks, classes, plans,
                   [_arr(x) for x in issue], [_arr(x) for x in start],
                   [_arr(x) for x in finish], [_arr(x) for x in durs],
-                  events, time.perf_counter() - t0, is_sym)
+                  events, time.perf_counter() - t0, is_sym, port_slowed)
 
 
 class _Ports:
@@ -922,11 +927,12 @@ class _Ports:
         self.on: dict[tuple, set[int]] = {}  # port -> fids crossing it
         self.event: dict[int, int] = {}    # fid -> seq of its current finish estimate
         self.next = 0
+        self.slowed_us = 0.0               # the last finished flow's delay from sharing its ports
 
     def start(self, now: float, crossed: tuple, ser: float, lat: float, members) -> list[tuple[float, int]]:
         fid = self.next
         self.next += 1
-        self.flows[fid] = [crossed, ser, 0.0, now, lat, list(members)]
+        self.flows[fid] = [crossed, ser, 0.0, now, lat, list(members), now + ser]
         alone = True
         for p in crossed:
             on = self.on.setdefault(p, set())
@@ -945,6 +951,7 @@ class _Ports:
             on = self.on[p]
             on.discard(fid)
             shared = shared or bool(on)
+        self.slowed_us = now - f[6]  # how much later than alone on its ports its last byte left
         return f[4], f[5], (self._rebalance(now, set(f[0])) if shared else [])
 
     def _rebalance(self, now: float, seeds: set) -> list[tuple[float, int]]:

@@ -93,6 +93,9 @@ def estimate_report(result: SimResult, *, source: str, device: str | None, netwo
         "nodes": result.nodes,
         "notes": _trace_notes(result),
     }
+    slowed = result.port_slowed_us
+    if slowed is not None and slowed.size and slowed.max() > 0:  # NIC sharing (the simulator's shared ports)
+        rep["nic_sharing_us"] = stats(slowed)
     if pipeline is not None:
         rep["pipeline"] = pipeline_report(result, pipeline)
     if memory is not None:
@@ -153,6 +156,10 @@ def format_report(rep: dict) -> str:
         lines.append(f"  passes: {rep['passes'] or '(none)'}")
     if "sm_sharing" in rep:
         lines.append(f"  SM sharing: {rep['sm_sharing']}")
+    if "nic_sharing_us" in rep:
+        ns = rep["nic_sharing_us"]
+        lines.append(f"  NIC sharing: transfers sharing a port with other traffic finished {ns['mean'] / 1e3:.3f} ms "
+                     f"later in all per rank (mean; max {ns['max'] / 1e3:.3f} ms)")
     if "attention" in rep:
         lines.append(f"  attention: {rep['attention']}")
     lines.append("")

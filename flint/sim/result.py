@@ -13,6 +13,9 @@ Definitions (per rank; arrays are indexed by rank):
 ``exposed_comm_us``    communication time not overlapped by compute: the measure of
                        (union of comm intervals) minus (compute intervals).
 ``busy_us``            time the rank does anything: union of compute and comm.
+``port_slowed_us``     how much later the rank's transfers (collectives, sends) finished
+                       than alone on their ports: the sum of their delays from sharing a
+                       port with other traffic (NIC sharing; overlapping delays add up).
 ``mfu``                model FLOPs / (iteration time × world size × device peak);
                        model FLOPs default to the sum of the trace's compute-node
                        FLOPs over all ranks.
@@ -80,6 +83,7 @@ class SimResult:
     symmetric: bool
     simulated_ranks: list[int]
     raw: RawSim = field(repr=False)
+    port_slowed_us: np.ndarray | None = None
 
     @property
     def events_per_s(self) -> float:
@@ -105,6 +109,7 @@ def summarize(raw: RawSim, peak_flops_per_s: float, model_flops: float | None = 
     wait = np.zeros(world)
     exposed = np.zeros(world)
     busy = np.zeros(world)
+    slowed = np.zeros(world)
     for s, ranks in enumerate(raw.classes):
         plan = raw.plans[s]
         st, en, iss = raw.start_us[s], raw.finish_us[s], raw.issue_us[s]
@@ -119,6 +124,8 @@ def summarize(raw: RawSim, peak_flops_per_s: float, model_flops: float | None = 
         wait[idx] = float(np.sum(st[~is_comp] - iss[~is_comp]))
         exposed[idx] = float(np.sum(m_e - m_s)) - _overlap(m_s, m_e, c_s, c_e)
         busy[idx] = float(np.sum(a_e - a_s))
+        if raw.port_slowed_us is not None:
+            slowed[idx] = raw.port_slowed_us[s]
     per_table: dict[int, float] = {}
     total_flops = 0.0
     for p in trace.ranks:
@@ -132,4 +139,4 @@ def summarize(raw: RawSim, peak_flops_per_s: float, model_flops: float | None = 
     nodes = sum(len(p.table) for p in trace.ranks)
     return SimResult(world, it, fin, comp, comm, wait, exposed, busy, total_flops, mf, peak_flops_per_s, mfu,
                      nodes, sum(len(p.table) for p in raw.plans), raw.events, raw.wall_s, raw.symmetric,
-                     list(raw.sim_ranks), raw)
+                     list(raw.sim_ranks), raw, slowed)
