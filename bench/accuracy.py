@@ -79,8 +79,9 @@ states wins), and what Flint does not model:
   ``overlap_p2p_comm``, stated by their source), which under a multi-stage schedule is what
   torch's runtime runs too: sends asynchronous, each recv posted at its ``RECV`` action and
   waited for by the compute that reads it (``pp_p2p = "blocking"`` waits for every send and
-  recv where torch's order issues it: M5 4.13 s instead of 2.40 s). Only 14 ms of M5's 225 ms
-  of send/recv per rank is on the critical path (2.385 s with free transfers).
+  recv where torch's order issues it: M5 3.643 s instead of 1.907 s, session 27). In session 22
+  only 14 ms of M5's 225 ms of send/recv per rank was on the critical path (2.385 s with free
+  transfers against 2.399 s; not measured since).
 - TP communication overlap: rows with ``tp_comm_overlap = true`` (the M rows; their source states
   ``--tp-comm-overlap``) run ``micro-pipeline-tp{sms=16}`` (PyTorch's async TP: each all-gather -> GEMM and
   GEMM -> reduce-scatter as n - 1 peer-to-peer steps under 1/n-row GEMMs), after ``fuse-pointwise``;
