@@ -457,7 +457,7 @@ def write_report(results: list[Result], out: Path, command: str = ".venv/bin/pyt
     alts = [abs(r.alt_error) for r in unstated]
     if alts:
         base = [abs(r.error) for r in unstated]
-        mixed = [abs(r.alt_error) if r in unstated else abs(r.error) for r in est]
+        mixed = [abs(r.alt_error) if r.alt_error == r.alt_error else abs(r.error) for r in est]
         lines += [f"The {len(alts)} rows that leave their micro-batch unstated: mean absolute error "
                   f"{100 * sum(base) / len(base):.1f}% (max {100 * max(base):.1f}%) as estimated, "
                   f"{100 * sum(alts) / len(alts):.1f}% (max {100 * max(alts):.1f}%) at the other micro-batch "

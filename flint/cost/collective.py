@@ -315,27 +315,41 @@ def collective_time_us(kind: CollKind | int | str, input_bytes: float, group_siz
     kind, alg, n, full, levels = _prepare(kind, input_bytes, group_size, link, algorithm)
     if not levels:
         return 0.0
-    if len(levels) == 1:
-        return _flat(kind, full, n, levels[0][0], alg)
-    if kind is CollKind.ALL_TO_ALL:
-        slowest = min((lk for lk, _ in levels), key=lambda lk: lk.bandwidth_gbytes_per_s)
-        return _flat(kind, full, n, slowest, alg)
-    if kind in (CollKind.BROADCAST, CollKind.REDUCE, CollKind.BARRIER):
+    if len(levels) > 1 and kind in (CollKind.BROADCAST, CollKind.REDUCE, CollKind.BARRIER):  # a pass per level
         return sum(_flat(kind, full, m, lk, alg) for lk, m in levels)
-    t, s = 0.0, full
-    down = []
+    outer = _outer_level(kind, full, n, levels)
+    top = _flat(*outer, alg)
+    if len(levels) == 1 or kind is CollKind.ALL_TO_ALL:
+        return top
+    down, s = [], full
     for lk, m in levels[:-1]:  # reduce-scatter (or, for all-gather, the matching gather) inner -> outer
         down.append((lk, m, s))
         s /= m
-    top_link, top_n = levels[-1]
     if kind is CollKind.ALL_REDUCE:
-        t += _flat(CollKind.ALL_REDUCE, s, top_n, top_link, alg)
-        t += sum(_flat(CollKind.REDUCE_SCATTER, sz, m, lk, alg) + _flat(CollKind.ALL_GATHER, sz, m, lk, alg)
-                 for lk, m, sz in down)
-        return t
-    sub = CollKind.REDUCE_SCATTER if kind in (CollKind.REDUCE_SCATTER, CollKind.REDUCE_SCATTER_BLOCK, CollKind.SCATTER) \
-        else CollKind.ALL_GATHER
-    return _flat(sub, s, top_n, top_link, alg) + sum(_flat(sub, sz, m, lk, alg) for lk, m, sz in down)
+        return top + sum(_flat(CollKind.REDUCE_SCATTER, sz, m, lk, alg) + _flat(CollKind.ALL_GATHER, sz, m, lk, alg)
+                         for lk, m, sz in down)
+    return top + sum(_flat(outer[0], sz, m, lk, alg) for lk, m, sz in down)
+
+
+def _outer_level(kind: CollKind, full: float, n: int, levels: list[tuple[Link, int]]
+                 ) -> tuple[CollKind, float, int, Link]:
+    """``(kind, full-buffer bytes, ranks, link)`` of the collective a (hierarchical) collective runs on its
+    outermost network level (module docstring): the whole group on the slowest link for all-to-all, the
+    remaining 1/prod(inner) of the buffer for all-reduce, reduce-scatter and all-gather."""
+    if len(levels) == 1:
+        return kind, full, n, levels[0][0]
+    if kind is CollKind.ALL_TO_ALL:
+        return kind, full, n, min((lk for lk, _ in levels), key=lambda lk: lk.bandwidth_gbytes_per_s)
+    top_link, top_n = levels[-1]
+    if kind in (CollKind.BROADCAST, CollKind.REDUCE, CollKind.BARRIER):
+        return kind, full, top_n, top_link
+    s = full
+    for _, m in levels[:-1]:
+        s /= m
+    if kind is not CollKind.ALL_REDUCE:
+        kind = CollKind.REDUCE_SCATTER if kind in (CollKind.REDUCE_SCATTER, CollKind.REDUCE_SCATTER_BLOCK,
+                                                    CollKind.SCATTER) else CollKind.ALL_GATHER
+    return kind, s, top_n, top_link
 
 
 def _prepare(kind, input_bytes, group_size, link, algorithm):
@@ -372,22 +386,7 @@ def outer_bandwidth_us(kind: CollKind | int | str, input_bytes: float, group_siz
     (latencies and inner levels excluded): the time each member's port on that level is busy, which the
     simulator shares with the other transfers crossing the port."""
     kind, alg, n, full, levels = _prepare(kind, input_bytes, group_size, link, algorithm)
-    if not levels:
-        return 0.0
-    if len(levels) == 1:
-        return _bandwidth(kind, full, n, levels[0][0], alg)
-    if kind is CollKind.ALL_TO_ALL:
-        slowest = min((lk for lk, _ in levels), key=lambda lk: lk.bandwidth_gbytes_per_s)
-        return _bandwidth(kind, full, n, slowest, alg)
-    top_link, top_n = levels[-1]
-    if kind in (CollKind.BROADCAST, CollKind.REDUCE, CollKind.BARRIER):
-        return _bandwidth(kind, full, top_n, top_link, alg)
-    s = full / math.prod(m for _, m in levels[:-1])
-    if kind is CollKind.ALL_REDUCE:
-        return _bandwidth(CollKind.ALL_REDUCE, s, top_n, top_link, alg)
-    sub = CollKind.REDUCE_SCATTER if kind in (CollKind.REDUCE_SCATTER, CollKind.REDUCE_SCATTER_BLOCK, CollKind.SCATTER) \
-        else CollKind.ALL_GATHER
-    return _bandwidth(sub, s, top_n, top_link, alg)
+    return _bandwidth(*_outer_level(kind, full, n, levels), alg) if levels else 0.0
 
 
 def p2p_time_us(nbytes: float, link: Link, hops: int = 1) -> float:

@@ -161,6 +161,12 @@ class Network:
             stride *= max(d.size, 1)
         return out
 
+    def spans(self, members: Sequence[int]) -> list[tuple[int, int]]:
+        """``[(dimension index, distinct coordinates), ...]`` inner first, for the dimensions along which
+        ``members`` differ."""
+        c = self.coords(members)
+        return [(i, k) for i in range(len(self.dims)) if (k := len(np.unique(c[:, i]))) > 1]
+
     def group_levels(self, members: Sequence[int]) -> list[tuple[Link, int]]:
         """``[(link, ranks along it), ...]`` inner first for a group, as :func:`collective_time_us` takes.
 
@@ -168,13 +174,11 @@ class Network:
         (not a full product of its per-dimension counts) becomes one level on
         the slowest spanned link with the whole group size.
         """
-        c = self.coords(members)
         levels = []
         member_set = set(int(m) for m in members) if self.nics else ()
-        for i, d in enumerate(self.dims):
-            k = len(np.unique(c[:, i]))
-            if k > 1:
-                levels.append((self._nic_link(d.link, d.name, member_set) if self.nics else d.link, k))
+        for i, k in self.spans(members):
+            d = self.dims[i]
+            levels.append((self._nic_link(d.link, d.name, member_set) if self.nics else d.link, k))
         if math.prod(k for _, k in levels) != len(set(int(m) for m in members)):
             slowest = min((lk for lk, _ in levels), key=lambda lk: lk.bandwidth_gbytes_per_s)
             return [(slowest, len(members))]

@@ -343,9 +343,7 @@ def _group_ports(groups: _Groups, gid: int, simulated: set | None) -> tuple:
     """The egress and ingress ports of a group's (simulated) members on the outermost network dimension the
     group spans: a collective's bytes on that level leave and enter every member there."""
     members = groups.members(gid)
-    c = groups.network.coords(members)
-    spans = [i for i in range(c.shape[1]) if len(np.unique(c[:, i])) > 1]
-    dim = max(spans)
+    dim = groups.network.spans(members)[-1][0]
     ranks = sorted(simulated & groups.member_set(gid)) if simulated is not None else sorted(members)
     return tuple(p for r in ranks for p in (("out", r, dim), ("in", r, dim)))
 
@@ -878,10 +876,10 @@ def _run(trace, device, network, mesh, algorithm, dtype, symmetric) -> RawSim:
         nonlocal seq
         if ports.event.get(fid) != ev:
             return  # a stale estimate: the flow's rate changed since
-        lat, members, resched = ports.finish(now, fid)
-        if ports.slowed_us > 1e-9:
+        lat, members, resched, slowed = ports.finish(now, fid)
+        if slowed > 1e-9:
             for s2 in {s2 for s2, _ in members}:
-                port_slowed[s2] += ports.slowed_us
+                port_slowed[s2] += slowed
         inst = flow_inst.pop(fid, None)
         if inst is not None:
             delivered[inst] = now + lat
@@ -927,7 +925,6 @@ class _Ports:
         self.on: dict[tuple, set[int]] = {}  # port -> fids crossing it
         self.event: dict[int, int] = {}    # fid -> seq of its current finish estimate
         self.next = 0
-        self.slowed_us = 0.0               # the last finished flow's delay from sharing its ports
 
     def start(self, now: float, crossed: tuple, ser: float, lat: float, members) -> list[tuple[float, int]]:
         fid = self.next
@@ -951,8 +948,8 @@ class _Ports:
             on = self.on[p]
             on.discard(fid)
             shared = shared or bool(on)
-        self.slowed_us = now - f[6]  # how much later than alone on its ports its last byte left
-        return f[4], f[5], (self._rebalance(now, set(f[0])) if shared else [])
+        # latency, members, re-timed flows, and how much later than alone on its ports its last byte left
+        return f[4], f[5], (self._rebalance(now, set(f[0])) if shared else []), now - f[6]
 
     def _rebalance(self, now: float, seeds: set) -> list[tuple[float, int]]:
         # the connected set of flows reachable through shared ports
