@@ -38,11 +38,12 @@ Columns and units
 ``comm_stream``  int16 or ``None``: the named communication stream of a collective
                  (or channel of a send / recv), an index into ``stream_names``; -1
                  (or no column) is the default collective (send, recv) stream. Set by the ``assign-streams`` pass through the
-                 IR; the simulator runs one in-order queue per stream.
+                 IR; the simulator runs one in-order queue per stream. Chakra files carry the name
+                 as Flint's ``comm_stream`` string attribute.
 ``comm_sms``     int16 or ``None``: SMs a send's communication kernel holds from
                  issue to finish (the simulator slows the rank's compute
-                 meanwhile); 0 (or no column): none. In memory only, like
-                 ``comm_stream``: Chakra files do not carry it.
+                 meanwhile); 0 (or no column): none. In Chakra files: Flint's
+                 ``comm_sms`` int32 attribute.
 """
 
 from __future__ import annotations

@@ -183,6 +183,33 @@ def test_sub_group_run_that_crashes_in_teardown_reports_every_rank(tmp_path):
 
 
 @needs_astra
+def test_flints_stream_and_sms_attributes_are_ignored_by_astra_sim(tmp_path):
+    """ASTRA-sim reads attributes by name: Flint's comm_stream (string) and comm_sms (int32) neither abort
+    it nor change its answer."""
+    from dataclasses import replace
+
+    n = 4
+    programs = []
+    for r in range(n):
+        b = NodeTableBuilder()
+        c = b.add_comp("gemm", duration_us=20.0, flops=1 << 30, tensor_bytes=1 << 20)
+        b.add_coll("ar", CollKind.ALL_REDUCE, 1 << 22, -1, data_deps=[c], stream="dp")
+        b.add_send("s", 1 << 20, (r + 1) % n, 0, data_deps=[c], stream="send:0", sms=16)
+        b.add_recv("r", 1 << 20, (r - 1) % n, 0, stream="recv:0")
+        programs.append(RankProgram(b.build()))
+    marked = Trace(n, programs, {})
+    assert marked.ranks[0].table.comm_sms is not None and marked.ranks[0].table.stream_names == ("dp", "send:0", "recv:0")
+    bare = Trace(n, [RankProgram(replace(p.table, comm_stream=None, stream_names=(), comm_sms=None)) for p in programs], {})
+    write_trace(marked, tmp_path / "marked", "t")
+    write_trace(bare, tmp_path / "bare", "t")
+    assert (tmp_path / "marked" / "t.0.et").read_bytes() != (tmp_path / "bare" / "t.0.et").read_bytes()
+    cfg = AstraSimConfig.simple("Ring", n, 50.0, 500.0)
+    got = run_astra_sim(tmp_path / "marked", cfg, binary=REAL_ASTRA_SIM)
+    ref = run_astra_sim(tmp_path / "bare", cfg, binary=REAL_ASTRA_SIM)
+    assert sorted(got.cycles) == list(range(n)) and got.cycles == ref.cycles
+
+
+@needs_astra
 def test_a_deadlocking_trace_is_a_failure_though_astra_sim_exits_0(tmp_path):
     b = NodeTableBuilder()
     b.add_coll("ar", CollKind.ALL_REDUCE, 1 << 20, -1)

@@ -14,6 +14,9 @@ Accepted inputs:
   attributes Flint understands.
 
 The result has *concrete* tables (group ids and peer ranks in the columns).
+Flint's own ``comm_stream`` (string) and ``comm_sms`` (int, sends) attributes
+fill the ``comm_stream`` / ``stream_names`` and ``comm_sms`` columns (stream
+names in order of first use), so a trace read back simulates as written.
 Ranks whose files are byte-identical share one table object. Each table is a
 :class:`ReadNodeTable`: besides the columns it keeps what a rewrite needs
 verbatim (unknown attributes and node fields, ``is_cpu_op`` true) and the
@@ -44,12 +47,16 @@ import numpy as np
 from flint.chakra import wire
 from flint.chakra.groups import load_comm_groups
 from flint.chakra.wire import TraceError, WireError
+from flint.limits import MAX_SMS
 from flint.trace import CollKind, NodeKind, NodeTable, RankProgram, Trace, _csr
 
 _RANK_FILE = re.compile(r"^(?P<prefix>.+)\.(?P<rank>\d+)\.et$")
 
 # Attributes Flint turns into columns (whatever their integer type).
-_CANONICAL = frozenset({"num_ops", "tensor_size", "comm_type", "comm_size", "comm_src", "comm_dst", "comm_tag", "pg_name", "is_cpu_op"})
+_CANONICAL = frozenset({"num_ops", "tensor_size", "comm_type", "comm_size", "comm_src", "comm_dst", "comm_tag", "pg_name", "is_cpu_op",
+                        "comm_stream", "comm_sms"})
+# Flint's own attributes (writer.py): the named stream a node is queued on, the SMs a send's kernel holds.
+_STRING_ATTRS = frozenset({"pg_name", "comm_stream"})
 
 
 @dataclass(eq=False)
@@ -85,6 +92,8 @@ class _Row:
     data: tuple[int, ...]
     extra: bytes
     cpu_op: bool
+    stream: str = ""
+    sms: int = 0
 
 
 def _packed_or_single(buf, wt: int, value) -> list[int]:
@@ -163,9 +172,9 @@ def _parse_node(buf) -> _Row:
                     cpu_op = True
                     extra.append(bytes(buf[start:stop]))
             elif aname in _CANONICAL and aname not in attrs:
-                if aname == "pg_name":
+                if aname in _STRING_ATTRS:
                     if is_list:
-                        raise WireError("attribute 'pg_name' is a list, expected a string")
+                        raise WireError(f"attribute '{aname}' is a list, expected a string")
                     attrs[aname] = "" if aval is None else str(aval)
                 else:
                     attrs[aname] = _int_attr(aname, aval, is_list)
@@ -196,6 +205,7 @@ def _parse_node(buf) -> _Row:
         group=group if kind == NodeKind.COLL else 0, peer=peer,
         tag=attrs.get("comm_tag", -1) if kind in (NodeKind.SEND, NodeKind.RECV) else -1,
         ctrl=tuple(ctrl), data=tuple(data), extra=b"".join(extra), cpu_op=cpu_op,
+        stream=str(attrs.get("comm_stream", "")), sms=attrs.get("comm_sms", 0) if kind == NodeKind.SEND else 0,
     )
 
 
@@ -218,6 +228,11 @@ def _check_record(node_id: int, kind: int, attrs: Mapping[str, int | str]) -> No
         v = attrs.get(name)
         if v is not None and not 0 <= v <= _INT32_MAX:
             raise WireError(f"attribute '{name}' is {v}; it must be a non-negative int32 (0..{_INT32_MAX})")
+    v = attrs.get("comm_sms")
+    if v is not None and not 0 <= v <= MAX_SMS:
+        raise WireError(f"attribute 'comm_sms' is {v}; it must be 0..{MAX_SMS} (SMs a send's kernel holds)")
+    if attrs.get("comm_stream") == "":
+        raise WireError("attribute 'comm_stream' is empty; it names the stream the node is queued on")
     ct = attrs.get("comm_type")
     if ct is None and kind == NodeKind.COLL:
         raise WireError("COMM_COLL_NODE without a comm_type attribute (which collective it is)")
@@ -250,7 +265,8 @@ class _Column:
 
 _COLS = (("kind", np.int8), ("duration_us", np.float64), ("flops", np.int64), ("tensor_bytes", np.int64),
          ("comm_type", np.int8), ("comm_bytes", np.int64), ("group", np.int32), ("peer", np.int32), ("tag", np.int32),
-         ("node_id", np.int64), ("name_id", np.int64), ("struct_id", np.int64), ("has_extra", np.bool_))
+         ("node_id", np.int64), ("name_id", np.int64), ("struct_id", np.int64), ("has_extra", np.bool_),
+         ("stream_id", np.int32), ("sms", np.int16))
 
 
 class _FileReader:
@@ -272,6 +288,7 @@ class _FileReader:
         self.structs: list[tuple[int, tuple[int, ...], tuple[int, ...]]] = []
         self.shape_cache: dict[bytes, tuple] = {}
         self.names_cache: dict[bytes, list[str]] = {}
+        self.stream_ids: dict[str, int] = {}  # comm_stream name -> id in the store ("" none: -1)
         self.table_cache: dict[bytes, ReadNodeTable] = {}  # file digest -> table
 
     def _add(self, row: _Row) -> int:
@@ -290,7 +307,9 @@ class _FileReader:
         for name, v in (("kind", row.kind), ("duration_us", row.duration_us), ("flops", row.flops), ("tensor_bytes", row.tensor_bytes),
                         ("comm_type", row.comm_type), ("comm_bytes", row.comm_bytes), ("group", row.group), ("peer", row.peer),
                         ("tag", row.tag), ("node_id", row.node_id), ("name_id", nid), ("struct_id", sid),
-                        ("has_extra", bool(row.extra) or row.cpu_op)):
+                        ("has_extra", bool(row.extra) or row.cpu_op),
+                        ("stream_id", self.stream_ids.setdefault(row.stream, len(self.stream_ids)) if row.stream else -1),
+                        ("sms", row.sms)):
             c[name].append(v)
         return rid
 
@@ -380,12 +399,26 @@ class _FileReader:
         idx_l = idx.tolist()
         extra = {i: rows[idx_l[i]].extra for i in extra_rows if rows[idx_l[i]].extra}
         cpu = frozenset(i for i in extra_rows if rows[idx_l[i]].cpu_op)
+        streams: dict = {}
+        sid = c["stream_id"][idx]
+        if (sid >= 0).any():  # the table's stream names in order of first use; its column indexes them
+            by_id = {v: k for k, v in self.stream_ids.items()}
+            first = np.unique(sid[sid >= 0], return_index=True)
+            order = first[0][np.argsort(first[1])]
+            lut = np.full(len(self.stream_ids), -1, np.int16)
+            lut[order] = np.arange(len(order), dtype=np.int16)
+            streams = {"comm_stream": np.where(sid >= 0, lut[np.maximum(sid, 0)], -1).astype(np.int16),
+                       "stream_names": tuple(by_id[int(i)] for i in order)}
+        sms = c["sms"][idx]
+        if sms.any():
+            streams["comm_sms"] = sms.copy()
         return ReadNodeTable(
             names=names,
             kind=c["kind"][idx], duration_us=c["duration_us"][idx], flops=c["flops"][idx], tensor_bytes=c["tensor_bytes"][idx],
             comm_type=c["comm_type"][idx], comm_bytes=c["comm_bytes"][idx], comm_group=c["group"][idx], comm_peer=c["peer"][idx],
             comm_tag=c["tag"][idx], data_dep_ptr=dptr, data_dep_idx=didx, ctrl_dep_ptr=cptr, ctrl_dep_idx=cidx,
             node_ids=c["node_id"][idx], extra_bytes=extra, cpu_op_rows=cpu, dangling=list(dangling), source=str(path),
+            **streams,
         )
 
 

@@ -15,9 +15,12 @@ Per node, a node id different from its row position is kept as
 METADATA_NODE, MEM_LOAD_NODE, MEM_STORE_NODE; the simulator runs them on the
 compute stream) become ``chakra.comp`` with ``flint.node_kind = "metadata" |
 "mem_load" | "mem_store"``. Send/recv tags absent in the file stay ``-1``.
-Everything else a ``ReadNodeTable`` keeps verbatim (unknown attributes,
-``is_cpu_op``) is dropped: the IR is for analysis and rewriting, the files
-are the archive.
+A node's named stream (Flint's ``comm_stream`` attribute) becomes the op's
+``stream`` (on ``chakra.comp``, the discardable ``stream`` attribute the
+lowering sets on a decomposed collective's reductions) and a send's
+``comm_sms`` its ``sms``. Everything else a ``ReadNodeTable`` keeps verbatim
+(unknown attributes, ``is_cpu_op``) is dropped: the IR is for analysis and
+rewriting, the files are the archive.
 
 :func:`trace_from_concrete_ir` goes back to a :class:`Trace` (ranks without a
 graph are an error), so ``read_trace -> trace_to_ir -> print -> parse ->
@@ -81,6 +84,11 @@ def _graph_of(program: RankProgram, rank: int) -> chakra.GraphOp:
         name = t.names[row]
         dur = float(t.duration_us[row])
         props: dict = {"node_name": StringAttr(name)}
+        stream = t.stream_names[int(t.comm_stream[row])] if t.comm_stream is not None and t.comm_stream[row] >= 0 else ""
+        if stream and kind in (NodeKind.COLL, NodeKind.SEND, NodeKind.RECV):
+            props["stream"] = StringAttr(stream)
+        if t.comm_sms is not None and kind == NodeKind.SEND and t.comm_sms[row] > 0:
+            props["sms"] = IntegerAttr(int(t.comm_sms[row]), i64)
         if not math.isnan(dur):
             props["duration_us"] = FloatAttr(max(dur, 0.0), f64)
         if kind == NodeKind.COLL:
@@ -103,6 +111,8 @@ def _graph_of(program: RankProgram, rank: int) -> chakra.GraphOp:
             op = chakra.CompOp(name, flops=flops if flops >= 0 else None, bytes=nbytes if nbytes >= 0 else None,
                                duration_us=max(dur, 0.0) if not math.isnan(dur) else None,
                                data_deps=data, ctrl_deps=ctrl)
+            if stream:  # a decomposed collective's reduction kernel, on its communication stream
+                op.attributes["stream"] = StringAttr(stream)
             if kind in _OTHER_KINDS:
                 op.attributes[NODE_KIND_ATTR] = StringAttr(_OTHER_KINDS[NodeKind(kind)])
             elif kind != NodeKind.COMP:
@@ -180,17 +190,24 @@ def trace_from_concrete_ir(module: ModuleOp) -> Trace:
                       data_deps=data, ctrl_deps=ctrl, node_id=nid.value.data if isinstance(nid, IntegerAttr) else None)
             name = op.node_name.data
             if isinstance(op, chakra.CompOp):
+                stream = op.attributes.get("stream")
                 row = b.add_comp(name, flops=op.flops.value.data if op.flops is not None else -1,
-                                 tensor_bytes=op.bytes.value.data if op.bytes is not None else -1, **kw)
+                                 tensor_bytes=op.bytes.value.data if op.bytes is not None else -1,
+                                 stream=stream.data if isinstance(stream, StringAttr) else "", **kw)
             elif isinstance(op, chakra.CollOp):
                 if op.group is None:
                     raise FlintError(f"@rank{r}: chakra.coll '{name}' is SPMD (grid_axes); expected group = <id>")
-                row = b.add_coll(name, CollKind[op.kind.data.name], op.bytes.value.data, op.group.value.data, **kw)
+                row = b.add_coll(name, CollKind[op.kind.data.name], op.bytes.value.data, op.group.value.data,
+                                 stream=op.stream.data if op.stream is not None else "", **kw)
             else:
                 if op.peer is None:
                     raise FlintError(f"@rank{r}: {op.name} '{name}' is SPMD (offset); expected peer = <rank>")
-                add = b.add_send if isinstance(op, chakra.SendOp) else b.add_recv
-                row = add(name, op.bytes.value.data, op.peer.value.data, op.tag.value.data, **kw)
+                kw["stream"] = op.stream.data if op.stream is not None else ""
+                if isinstance(op, chakra.SendOp):
+                    row = b.add_send(name, op.bytes.value.data, op.peer.value.data, op.tag.value.data,
+                                     sms=op.sms.value.data if op.sms is not None else 0, **kw)
+                else:
+                    row = b.add_recv(name, op.bytes.value.data, op.peer.value.data, op.tag.value.data, **kw)
             rows[op.node] = row
         table = b.build()
         for row, op in enumerate(graphs[r].body.block.ops):

@@ -14,6 +14,12 @@ Node encoding (see ``../shared/CHAKRA.md``), attributes in this order:
 - SEND: ``comm_size`` int64, ``comm_tag`` int32, ``comm_dst`` int32.
 - RECV: ``comm_size`` int64, ``comm_tag`` int32, ``comm_src`` int32.
 - MEM_LOAD / MEM_STORE: ``tensor_size`` uint64 when known.
+- Then, on any node on a named stream (``NodeTable.comm_stream``: a collective's communicator
+  stream, a send/recv channel, a decomposed collective's reduction kernel), ``comm_stream``
+  string = the stream's name; on a send whose kernel holds SMs (``NodeTable.comm_sms``),
+  ``comm_sms`` int32. Both are Flint's own attributes: Flint's reader restores the columns from
+  them (a trace read back simulates as the IR it came from), other consumers ignore them
+  (ASTRA-sim reads attributes by name and runs one collective at a time per rank anyway).
 
 The one rank-dependent attribute of a node (``pg_name``, ``comm_dst`` or
 ``comm_src``) is always last. That makes emission cheap: every node of a
@@ -172,6 +178,9 @@ class _TablePlan:
         flops, tbytes = table.flops.tolist(), table.tensor_bytes.tolist()
         ctype, cbytes, tag = table.comm_type.tolist(), table.comm_bytes.tolist(), table.comm_tag.tolist()
         names = table.names
+        stream = table.comm_stream.tolist() if table.comm_stream is not None and table.stream_names else None
+        stream_attr = [wire.attr_string("comm_stream", name) for name in table.stream_names]
+        sms = table.comm_sms.tolist() if table.comm_sms is not None else None
         for r in range(n):
             k = kind_l[r]
             parts = []
@@ -207,6 +216,10 @@ class _TablePlan:
                 parts.append(wire.attr_int32("comm_tag", tag[r]))
             elif k != NodeKind.METADATA and tbytes[r] >= 0:
                 parts.append(wire.attr_uint64("tensor_size", tbytes[r]))
+            if stream is not None and stream[r] >= 0:
+                parts.append(stream_attr[stream[r]])
+            if sms is not None and sms[r] > 0:
+                parts.append(wire.attr_int32("comm_sms", sms[r]))
             if r in extra:
                 parts.append(extra[r])
             if r in var_set:
