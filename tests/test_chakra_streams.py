@@ -158,3 +158,15 @@ def test_streams_of_a_foreign_trace_are_read(tmp_path):
     _one_send(tmp_path, _attr("comm_stream", string_val="p2p"), _attr("comm_sms", int32_val=8))
     t = read_trace(tmp_path).ranks[0].table
     assert t.stream_names == ("p2p",) and t.comm_stream.tolist() == [0] and t.comm_sms.tolist() == [8]
+
+
+def test_inspect_lists_the_named_streams(tmp_path):
+    from flint.chakra.inspect import format_table, summarize
+
+    trace, _ = _trace(_async_tp_sms)
+    write_trace(trace, tmp_path / "a", "t")
+    summary = summarize(read_trace(tmp_path / "a"))
+    text = format_table(summary)
+    sends = summary["rank_classes"][0]["sms_sends"]
+    assert sends > 0 and summary["rank_classes"][0]["streams"]["symm_mem"] > sends
+    assert f"symm_mem {summary['rank_classes'][0]['streams']['symm_mem']}, {sends} send(s) holding SMs" in text

@@ -51,8 +51,15 @@ def _table_stats(table: NodeTable) -> dict:
     recv = kind == NodeKind.RECV
     # chakra_converter keeps a CPU run's collectives as compute nodes named after the c10d/gloo/nccl ops.
     comm_like = sum(1 for i in np.flatnonzero(comp) if table.names[i].startswith(_COMM_OP_PREFIXES))
+    streams: dict[str, int] = {}  # named stream (Flint's comm_stream attribute) -> nodes queued on it
+    if table.comm_stream is not None and table.stream_names:
+        for k, c in zip(*np.unique(table.comm_stream[table.comm_stream >= 0], return_counts=True)):
+            streams[table.stream_names[int(k)]] = int(c)
+    held = table.comm_sms[send] if table.comm_sms is not None else np.zeros(0, np.int16)
     return {
         "comm_like_comp_nodes": comm_like,
+        "streams": streams,
+        "sms_sends": int((held > 0).sum()),
         "nodes": nodes,
         "total_nodes": int(len(table)),
         "flops": int(flops[flops > 0].sum()),
@@ -156,6 +163,15 @@ def format_table(summary: dict) -> str:
     if comm_like:
         lines += ["", f"note: {comm_like} compute node(s) are named after c10d/gloo/nccl collectives "
                   "(chakra_converter output of a CPU run); they are counted as compute, not communication"]
+    named = [c for c in summary["rank_classes"] if c["streams"] or c["sms_sends"]]
+    if named:
+        lines += ["", "named streams (nodes per stream; sends whose kernel holds SMs):"]
+        for c in named:
+            ranks = c["ranks"] if len(c["ranks"]) <= 24 else c["ranks"][:21] + "..."
+            parts = [f"{k} {v}" for k, v in sorted(c["streams"].items())]
+            if c["sms_sends"]:
+                parts.append(f"{c['sms_sends']} send(s) holding SMs")
+            lines.append(f"  ranks {ranks}: " + ", ".join(parts))
     lines += ["", f"total: {t['nodes']} nodes, {_human(t['flops'], 'FLOP')}, "
               + ", ".join(f"{k} {_human(v, 'B')}" for k, v in sorted(t["collective_bytes"].items()))]
     n = summary["problem_count"]
