@@ -166,6 +166,7 @@ class Result:
     compute_s: float = math.nan      # compute stream busy, mean over ranks
     exposed_s: float = math.nan      # communication not hidden by compute, mean over ranks
     alt_error: float = math.nan      # the throughput error at the row's other reading of an unstated micro-batch
+    breakdown: dict | None = None    # compute kernels by op class (flint.sim.breakdown, JSON form)
 
     @property
     def published(self) -> float:
@@ -375,6 +376,7 @@ def estimate(row: dict) -> Result:
     from flint.passes.micro_pipeline_tp import MicroPipelineTPPass
     from flint.schedule.pipelines import run_pipeline
     from flint.sim import simulate
+    from flint.sim.breakdown import compute_breakdown
 
     t0 = time.perf_counter()
     try:
@@ -393,6 +395,9 @@ def estimate(row: dict) -> Result:
     if row.get("tp_comm_overlap") and row["tp"] > 1:  # after fuse-pointwise, which re-prices every op it sees
         MicroPipelineTPPass(sms=TE_UB_SMS).apply(ctx, module)
     run_pipeline(module, f"{GATHER_AHEAD},{PASSES}" if plan.dp_shard > 1 else PASSES)
+    unmerged = module.clone()  # one node per kernel: where the compute goes
+    LowerToChakraPass(device=row["device"], grad_wait=GRAD_WAIT, merge_compute=False).apply(ctx, unmerged)
+    breakdown = compute_breakdown(unmerged)
     LowerToChakraPass(device=row["device"], grad_wait=GRAD_WAIT).apply(ctx, module)
     mesh = mesh_of(module)
     result = simulate(trace_from_ir(module), device, network, mesh, algorithm="auto")
@@ -404,7 +409,8 @@ def estimate(row: dict) -> Result:
         alt_error = estimate(dict(other, microbatch=row["microbatch_alternative"])).error
     return Result(row, "estimated", "", it_s, tflops, tflops * 1e12 / device.peak_flops_per_s("bf16"), result.mfu,
                   time.perf_counter() - t0, float(result.compute_busy_us.mean()) * 1e-6,
-                  float(result.exposed_comm_us.mean()) * 1e-6, alt_error)
+                  float(result.exposed_comm_us.mean()) * 1e-6, alt_error,
+                  breakdown.to_json() if breakdown is not None else None)
 
 
 def _rest(r: Result) -> float:
@@ -482,6 +488,7 @@ def write_report(results: list[Result], out: Path, command: str = ".venv/bin/pyt
             what = {"failed": "Flint fails", "skipped": "not run (time budget)"}.get(r.status, "not expressible yet")
             lines.append(head + f"n/a | n/a | n/a | n/a | n/a | n/a | n/a | n/a | n/a | {what}: {reason} |")
     lines += ["", "![throughput error per row](accuracy.png)", ""]
+    lines += _breakdown_table([r for r in est if r.breakdown])
     out.mkdir(parents=True, exist_ok=True)
     fig, ax = plt.subplots(figsize=(8, 3.5))
     ids = [r.row["id"] for r in est]
@@ -506,6 +513,38 @@ def write_report(results: list[Result], out: Path, command: str = ".venv/bin/pyt
     fig.savefig(tmp, dpi=120, metadata={"Software": None})
     tmp.replace(png)
     write_text_atomic(out / "accuracy.md", "\n".join(lines) + "\n")
+
+
+def _breakdown_table(rows: list[Result]) -> list[str]:
+    """Where each row's compute goes in Flint: its kernels as priced, by op class (flint.sim.breakdown)."""
+    if not rows:
+        return []
+    from flint.sim.breakdown import ORDER
+
+    classes = [c for c in ORDER if any(c in r.breakdown["classes"] for r in rows)]
+    lines = ["## Where Flint's compute goes", "",
+             "Per rank (the busiest pipeline rank), the step's kernels as Flint prices them, by op class: share of "
+             "the kernel time and, for GEMMs and attention, the achieved TFLOP/s (FLOPs as PyTorch counts them: "
+             "a causal attention kernel's masked half included, so its rate reads about twice what it "
+             "computes). `kernels s` is their sum, before SM sharing slows "
+             "them under collectives (the `compute s` above includes that). Megatron's hand-fused layers run "
+             "as `fused pointwise`; the embedding and loss run one kernel per op.", "",
+             "| row | kernels s | " + " | ".join(classes) + " |",
+             "|---|---|" + "---|" * len(classes)]
+    for r in rows:
+        b = r.breakdown
+        cells = []
+        for c in classes:
+            v = b["classes"].get(c)
+            if v is None:
+                cells.append("")
+                continue
+            share = f"{100 * v['time_us'] / b['total_us']:.1f}%"
+            if c in ("gemm", "attention") and v["time_us"] > 0:
+                share += f" ({v['flops'] / v['time_us'] / 1e6:,.0f})"
+            cells.append(share)
+        lines.append(f"| {r.row['id']} | {b['total_us'] * 1e-6:.3f} | " + " | ".join(cells) + " |")
+    return lines + [""]
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -19,6 +19,7 @@ from flint.ir.aten import AtenOp, get_schedule_entries, stage_roles
 from flint.errors import FlintError
 from flint.grad_wait import GRAD_WAIT
 from flint.passes.annotate_cost import aten_op_cost
+from flint.passes.fuse_pointwise import GROUP_ATTR as FUSION_GROUP_ATTR  # kept on an unmerged lowering's nodes
 from flint.passes.scheduling import data_parallel_axes
 
 # Function-argument roles (arg attribute `flint.role`) whose values exist
@@ -412,6 +413,8 @@ class _FunctionLowering:
             comp = chakra.CompOp(op.overload, flops=flops, bytes=nbytes, duration_us=round(duration, 6),
                                  data_deps=data, ctrl_deps=ctrl)
             comp.attributes.update(masked)
+            if not self.merge and FUSION_GROUP_ATTR in op.attributes:  # which fused kernel the node is part of
+                comp.attributes[FUSION_GROUP_ATTR] = op.attributes[FUSION_GROUP_ATTR]
             node = self._add(comp)
             self.s.compute, self.s.blocking = node, []
             self.run = None if masked else (comp, comm_deps, 1)

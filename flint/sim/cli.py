@@ -61,6 +61,7 @@ class Loaded:
     pipeline: dict | None = None  # a pipelined IR: schedule, stages, microbatches, peak memory per pipeline rank
     passes: str | None = None  # the pass pipeline run on step IR ("" none; None: not IR)
     attention: str | None = None  # which attention rates priced the IR's fused attention ops (None: none)
+    breakdown: object | None = None  # step IR: the compute kernels by op class (flint.sim.breakdown)
 
 
 def _device_toml(device) -> str:
@@ -127,6 +128,7 @@ def _load_ir_input(path: str, device_name: str, calibration: str | None, want_me
     from flint.passes.canonicalize_dist import CanonicalizeDistPass
     from flint.passes.lower_to_chakra import LowerToChakraPass
     from flint.ir.parse import load_ir
+    from flint.sim.breakdown import compute_breakdown
 
     module = load_ir(path)
     if WORLD_ATTR in module.attributes:  # concrete per-rank graphs from `flint import-trace`
@@ -135,7 +137,7 @@ def _load_ir_input(path: str, device_name: str, calibration: str | None, want_me
         return Loaded(trace, None, None,
                       "the IR holds imported per-rank Chakra graphs, no tensors",
                       "from the imported graphs (device roofline where missing)", "ir")
-    memory, note, stage_peaks, attention = None, None, None, None
+    memory, note, stage_peaks, attention, breakdown = None, None, None, None, None
     lowered = any(op.name == "chakra.graph" for op in module.ops)
     spec = ""
     if lowered:
@@ -169,6 +171,10 @@ def _load_ir_input(path: str, device_name: str, calibration: str | None, want_me
             device_arg = tmp
         try:
             CanonicalizeDistPass().apply(Context(), module)
+            unmerged = module.clone()  # one node per kernel, for the compute breakdown by op class
+            LowerToChakraPass(device=device_arg, grad_wait=grad_wait or GRAD_WAIT[0], merge_compute=False).apply(
+                Context(), unmerged)
+            breakdown = compute_breakdown(unmerged)
             LowerToChakraPass(device=device_arg, grad_wait=grad_wait or GRAD_WAIT[0]).apply(Context(), module)
             module.verify()
         except VerifyException as e:
@@ -181,7 +187,7 @@ def _load_ir_input(path: str, device_name: str, calibration: str | None, want_me
     trace = trace_from_ir(module)
     require_sound(trace, path, "emit the step and run `flint inspect` for the full list")
     return Loaded(trace, mesh, memory, note, durations, "ir", pipeline=_pipeline_info(module, stage_peaks),
-                  passes=spec, attention=attention)
+                  passes=spec, attention=attention, breakdown=breakdown)
 
 
 def _attention_summary(module) -> str | None:
@@ -288,6 +294,8 @@ def _native(args, want_memory: bool) -> tuple[dict, object]:
                          "the rest" if sms else "off")
     if loaded.attention is not None:
         rep["attention"] = loaded.attention
+    if loaded.breakdown is not None:
+        rep["compute_by_class"] = loaded.breakdown.to_json()
     if getattr(args, "timeline", None):
         from flint.sim.chrome import write_chrome_trace
 

@@ -184,6 +184,23 @@ def format_report(rep: dict) -> str:
                  f"[{rep['model_flops_definition']}; peak {rep['peak_flops_per_s'] / 1e12:,.1f} TFLOP/s {rep['dtype']}]")
     for n in rep.get("notes", []):
         lines.append(f"note: {n}")
+    br = rep.get("compute_by_class")
+    if br is not None and br["total_us"] > 0:
+        lines.append("")
+        where = "" if br["graph"] == "step" else f", pipeline graph @{br['graph']}"
+        lines.append(f"compute kernels by op class (as priced, per rank{where}; SM sharing slows them while "
+                     "collectives run)")
+        w = max(len("class"), *(len(c) for c in br["classes"]))
+        lines.append(f"  {'class':<{w}}  {f'time ({unit})':>12}  {'share':>6}  {'kernels':>8}  {'TFLOP/s':>8}  {'TB/s':>5}")
+        for c, v in br["classes"].items():
+            us = v["time_us"]
+            rate = f"{v['flops'] / us / 1e6:,.0f}" if us > 0 and v["flops"] > 0 else "-"
+            bw = f"{v['bytes'] / us / 1e6:.2f}" if us > 0 and v["bytes"] > 0 else "-"
+            lines.append(f"  {c:<{w}}  {t(us):>12}  {100 * us / br['total_us']:>5.1f}%  "
+                         f"{v['kernels']:>8,}  {rate:>8}  {bw:>5}")
+        lines.append(f"  {'total':<{w}}  {t(br['total_us']):>12}")
+        if "attention" in br["classes"]:
+            lines.append("  (FLOPs as PyTorch counts them: a causal attention kernel's masked half is included)")
     pp = rep.get("pipeline")
     if pp is not None:
         lines.append("")
