@@ -147,6 +147,11 @@ def _mem_unit(nbytes: int) -> tuple[str, float]:
     return "B", 1.0
 
 
+def _rate(x: float) -> str:
+    """A throughput with three significant digits at most (tiny test models run far below a unit)."""
+    return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
+
+
 def format_report(rep: dict) -> str:
     """The report as a text table; units are in the headings."""
     lines = [f"flint estimate: {rep['input']}",
@@ -194,8 +199,8 @@ def format_report(rep: dict) -> str:
         lines.append(f"  {'class':<{w}}  {f'time ({unit})':>12}  {'share':>6}  {'kernels':>8}  {'TFLOP/s':>8}  {'TB/s':>5}")
         for c, v in br["classes"].items():
             us = v["time_us"]
-            rate = f"{v['flops'] / us / 1e6:,.0f}" if us > 0 and v["flops"] > 0 else "-"
-            bw = f"{v['bytes'] / us / 1e6:.2f}" if us > 0 and v["bytes"] > 0 else "-"
+            rate = _rate(v["flops"] / us / 1e6) if us > 0 and v["flops"] > 0 else "-"
+            bw = _rate(v["bytes"] / us / 1e6) if us > 0 and v["bytes"] > 0 else "-"
             lines.append(f"  {c:<{w}}  {t(us):>12}  {100 * us / br['total_us']:>5.1f}%  "
                          f"{v['kernels']:>8,}  {rate:>8}  {bw:>5}")
         lines.append(f"  {'total':<{w}}  {t(br['total_us']):>12}")
