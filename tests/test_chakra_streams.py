@@ -153,6 +153,16 @@ def test_bad_stream_attributes_are_named(tmp_path, attr, message):
         read_trace(tmp_path)
 
 
+def test_sms_on_a_node_that_is_not_a_send_is_refused(tmp_path):
+    with open(tmp_path / "t.0.et", "wb") as f:
+        encodeMessage(f, pb.GlobalMetadata(version="0.0.4"))
+        encodeMessage(f, pb.Node(id=5, name="r", type=pb.COMM_RECV_NODE, attr=[
+            _attr("comm_size", int64_val=8), _attr("comm_tag", int32_val=0), _attr("comm_src", int32_val=0),
+            _attr("comm_sms", int32_val=8)]))
+    with pytest.raises(TraceError, match=r"node 5 .*'comm_sms' on a node of type 6; only a send"):
+        read_trace(tmp_path)
+
+
 def test_streams_of_a_foreign_trace_are_read(tmp_path):
     """A file of another generator can put a node on a named stream with the same attribute."""
     _one_send(tmp_path, _attr("comm_stream", string_val="p2p"), _attr("comm_sms", int32_val=8))

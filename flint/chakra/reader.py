@@ -205,7 +205,7 @@ def _parse_node(buf) -> _Row:
         group=group if kind == NodeKind.COLL else 0, peer=peer,
         tag=attrs.get("comm_tag", -1) if kind in (NodeKind.SEND, NodeKind.RECV) else -1,
         ctrl=tuple(ctrl), data=tuple(data), extra=b"".join(extra), cpu_op=cpu_op,
-        stream=str(attrs.get("comm_stream", "")), sms=attrs.get("comm_sms", 0) if kind == NodeKind.SEND else 0,
+        stream=str(attrs.get("comm_stream", "")), sms=attrs.get("comm_sms", 0),
     )
 
 
@@ -231,6 +231,8 @@ def _check_record(node_id: int, kind: int, attrs: Mapping[str, int | str]) -> No
     v = attrs.get("comm_sms")
     if v is not None and not 0 <= v <= MAX_SMS:
         raise WireError(f"attribute 'comm_sms' is {v}; it must be 0..{MAX_SMS} (SMs a send's kernel holds)")
+    if v is not None and kind != NodeKind.SEND:
+        raise WireError(f"attribute 'comm_sms' on a node of type {kind}; only a send (COMM_SEND_NODE) carries it")
     if attrs.get("comm_stream") == "":
         raise WireError("attribute 'comm_stream' is empty; it names the stream the node is queued on")
     ct = attrs.get("comm_type")

@@ -8,7 +8,9 @@ rank (the product of the ``chakra.repeat`` counts around it). A pipelined step h
 rank; the breakdown is the one with the most compute.
 
 The times are the kernels as priced, the sum the compute stream would take alone: the simulator's compute
-time adds what SM sharing slows them by while collectives run.
+time adds what SM sharing slows them by while collectives run. A decomposed collective's reductions that
+only some ranks run (a tree's, a hierarchical broadcast's: ``flint.active`` / ``flint.where``) are counted
+as if every rank ran them, so that class is an upper bound for those algorithms.
 """
 
 from __future__ import annotations
