@@ -395,10 +395,8 @@ def estimate(row: dict) -> Result:
     if row.get("tp_comm_overlap") and row["tp"] > 1:  # after fuse-pointwise, which re-prices every op it sees
         MicroPipelineTPPass(sms=TE_UB_SMS).apply(ctx, module)
     run_pipeline(module, f"{GATHER_AHEAD},{PASSES}" if plan.dp_shard > 1 else PASSES)
-    unmerged = module.clone()  # one node per kernel: where the compute goes
-    LowerToChakraPass(device=row["device"], grad_wait=GRAD_WAIT, merge_compute=False).apply(ctx, unmerged)
-    breakdown = compute_breakdown(unmerged)
-    LowerToChakraPass(device=row["device"], grad_wait=GRAD_WAIT).apply(ctx, module)
+    LowerToChakraPass(device=row["device"], grad_wait=GRAD_WAIT, class_times=True).apply(ctx, module)
+    breakdown = compute_breakdown(module)  # where the compute goes
     mesh = mesh_of(module)
     result = simulate(trace_from_ir(module), device, network, mesh, algorithm="auto")
     it_s = result.iteration_time_us * 1e-6

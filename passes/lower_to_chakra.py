@@ -19,7 +19,7 @@ from flint.ir.aten import AtenOp, get_schedule_entries, stage_roles
 from flint.errors import FlintError
 from flint.grad_wait import GRAD_WAIT
 from flint.passes.annotate_cost import aten_op_cost
-from flint.passes.fuse_pointwise import GROUP_ATTR as FUSION_GROUP_ATTR  # kept on an unmerged lowering's nodes
+from flint.sim.breakdown import add_class_times
 from flint.passes.scheduling import data_parallel_axes
 
 # Function-argument roles (arg attribute `flint.role`) whose values exist
@@ -219,8 +219,9 @@ class _FunctionLowering:
     def __init__(self, fn: func.FuncOp, block: Block, device: Device, streams: _Streams, merge: bool = False,
                  mode: str = ALL, slots: list[SSAValue] | None = None, tag_offset: int = 0,
                  nosync_axes: frozenset[int] = frozenset(), costs: dict | None = None,
-                 nogather_axes: frozenset[int] = frozenset(), post: bool = False):
+                 nogather_axes: frozenset[int] = frozenset(), post: bool = False, class_times: bool = False):
         self.fn, self.block, self.device, self.s, self.merge = fn, block, device, streams, merge
+        self.class_times = class_times  # record per op class what each compute node holds (class-times)
         self.mode = mode
         # From the schedule entry (pipeline-split): added to send/recv tags; data-parallel
         # axes whose gradient reduce-scatters / all-reduces this run skips (accumulation).
@@ -401,6 +402,8 @@ class _FunctionLowering:
                                  data_deps=data, ctrl_deps=self._order(data, self.last_p2p.get((AtenOp, side))))
             comp.attributes.update(masked)
             comp.attributes[dist.STREAM_ATTR] = StringAttr(side)
+            if self.class_times:
+                add_class_times(comp, op, duration, flops, nbytes, side)
             node = self.last_p2p[(AtenOp, side)] = self._add(comp)
             for r in op.outputs:
                 self.producer[r] = (node,)
@@ -413,8 +416,8 @@ class _FunctionLowering:
             comp = chakra.CompOp(op.overload, flops=flops, bytes=nbytes, duration_us=round(duration, 6),
                                  data_deps=data, ctrl_deps=ctrl)
             comp.attributes.update(masked)
-            if not self.merge and FUSION_GROUP_ATTR in op.attributes:  # which fused kernel the node is part of
-                comp.attributes[FUSION_GROUP_ATTR] = op.attributes[FUSION_GROUP_ATTR]
+            if self.class_times:
+                add_class_times(comp, op, duration, flops, nbytes)
             node = self._add(comp)
             self.s.compute, self.s.blocking = node, []
             self.run = None if masked else (comp, comm_deps, 1)
@@ -429,6 +432,8 @@ class _FunctionLowering:
         comp.properties["flops"] = IntegerAttr(comp.flops.value.data + flops, i64)
         comp.properties["bytes"] = IntegerAttr(comp.bytes.value.data + nbytes, i64)
         comp.properties["duration_us"] = FloatAttr(round(comp.duration_us.value.data + duration, 6), f64)
+        if self.class_times:
+            add_class_times(comp, op, duration, flops, nbytes)
         self.run = (comp, comm_deps, n + 1)
 
     def _comm_node(self, node: chakra.NodeOp, result: SSAValue | None, is_async: bool, p2p: bool = False) -> None:
@@ -588,7 +593,9 @@ class LowerToChakraPass(ModulePass):
 
     The `func.func`s are replaced by the graph; the grid stays. Options:
     ``device`` (preset name or TOML path, default ``h100-sxm``),
-    ``merge-compute`` (default true), ``grad-wait`` (``part`` or ``optimizer``).
+    ``merge-compute`` (default true), ``grad-wait`` (``part`` or ``optimizer``), ``class-times``
+    (default false: when true, every compute node also carries ``flint.class_times``, its kernels' time,
+    FLOPs, bytes and count per op class, for ``flint estimate``'s breakdown: :mod:`flint.sim.breakdown`).
     """
 
     name = "lower-to-chakra"
@@ -596,6 +603,7 @@ class LowerToChakraPass(ModulePass):
     device: str = "h100-sxm"
     merge_compute: bool = True
     grad_wait: str = "part"
+    class_times: bool = False
 
     def __post_init__(self) -> None:
         if self.grad_wait not in GRAD_WAIT:
@@ -653,7 +661,7 @@ class LowerToChakraPass(ModulePass):
 
         def extra_of(e: int) -> dict:
             options = entries[e][2]
-            return {"tag_offset": options.get("tag", 0), "costs": costs,
+            return {"tag_offset": options.get("tag", 0), "costs": costs, "class_times": self.class_times,
                     "nosync_axes": frozenset(axis_index[a] for a in options.get("nosync", ()) if a in axis_index),
                     "nogather_axes": frozenset(axis_index[a] for a in options.get("nogather", ()) if a in axis_index),
                     **({"post": True} if options.get("post") else {})}

@@ -1,11 +1,13 @@
 """Where a step's compute time goes: its priced kernels by op class.
 
-Input is a step lowered with ``lower-to-chakra{merge-compute=false}``: one ``chakra.comp`` per kernel
-(ATen op or fused kernel), so each node's class is its op's (:func:`flint.cost.opclass.classify_target`),
-a node marked by ``fuse-pointwise`` (``fusion_group``) is a fused pointwise kernel, and a node on a
-communication stream is a decomposed collective's reduction. Every node counts as often as it runs per
-rank (the product of the ``chakra.repeat`` counts around it). A pipelined step has one graph per pipeline
-rank; the breakdown is the one with the most compute.
+``lower-to-chakra{class-times=true}`` records on every compute node (a run of kernels the compute stream
+runs back to back, merged into one node) what it holds per op class: ``flint.class_times`` maps a class to
+``[time_us, flops, bytes, kernels]`` (:func:`add_class_times`). A kernel's class is its op's
+(:func:`flint.cost.opclass.classify_target`), except a fused kernel (``fuse-pointwise``'s members:
+``fused pointwise``) and a decomposed collective's reduction on a communication stream
+(``collective reductions``). :func:`compute_breakdown` sums them over a graph, every node as often as it
+runs per rank (the product of the ``chakra.repeat`` counts around it). A pipelined step has one graph per
+pipeline rank; the breakdown is the one with the most compute.
 
 The times are the kernels as priced, the sum the compute stream would take alone: the simulator's compute
 time adds what SM sharing slows them by while collectives run. A decomposed collective's reductions that
@@ -18,11 +20,11 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from xdsl.dialects.builtin import ModuleOp
+from xdsl.dialects.builtin import DenseArrayBase, DictionaryAttr, ModuleOp, f64
 
 from flint.cost.opclass import classify_target
 from flint.errors import FlintError
-from flint.ir import chakra, dist
+from flint.ir import chakra
 from flint.passes.fuse_pointwise import GROUP_ATTR
 
 FUSED = "fused pointwise"
@@ -52,16 +54,31 @@ class ComputeBreakdown:
                                 "kernels": self.kernels[c]} for c in self.time_us}}
 
 
-def _class_of(op: chakra.CompOp) -> str:
-    if dist.STREAM_ATTR in op.attributes:
+CLASS_TIMES_ATTR = "flint.class_times"
+
+
+def _class_of(op, side: str = "") -> str:
+    if side:
         return COLL_REDUCTION
     if GROUP_ATTR in op.attributes:
         return FUSED
     try:
-        cls = classify_target(op.node_name.data)
+        cls = classify_target(op.overload)
     except (FlintError, ValueError, KeyError):
         return "other"
     return cls if cls in ORDER else "other"
+
+
+def add_class_times(node: chakra.CompOp, op, duration_us: float, flops: int, nbytes: int, side: str = "") -> None:
+    """Add one kernel (ATen ``op``, priced ``duration_us`` / ``flops`` / ``nbytes``; ``side``: the
+    communication stream of a decomposed collective's reduction) to ``node``'s ``flint.class_times``."""
+    cls = _class_of(op, side)
+    old = node.attributes.get(CLASS_TIMES_ATTR)
+    per = dict(old.data) if isinstance(old, DictionaryAttr) else {}
+    prev = per.get(cls)
+    t, f, b, k = prev.get_values() if prev is not None else (0.0, 0.0, 0.0, 0.0)
+    per[cls] = DenseArrayBase.from_list(f64, [round(t + duration_us, 6), f + flops, b + nbytes, k + 1])
+    node.attributes[CLASS_TIMES_ATTR] = DictionaryAttr(per)
 
 
 def _graph_breakdown(graph: chakra.GraphOp) -> ComputeBreakdown:
@@ -74,11 +91,16 @@ def _graph_breakdown(graph: chakra.GraphOp) -> ComputeBreakdown:
                     for b in region.blocks:
                         walk(b, times * op.count.value.data)
             elif isinstance(op, chakra.CompOp):
-                cls = _class_of(op)
-                time[cls] += (op.duration_us.value.data if op.duration_us is not None else 0.0) * times
-                flops[cls] += (op.flops.value.data if op.flops is not None else 0) * times
-                nbytes[cls] += (op.bytes.value.data if op.bytes is not None else 0) * times
-                kernels[cls] += times
+                per = op.attributes.get(CLASS_TIMES_ATTR)
+                if not isinstance(per, DictionaryAttr):
+                    raise FlintError(f"compute node '{op.node_name.data}' has no {CLASS_TIMES_ATTR}: lower the step "
+                                     "with lower-to-chakra{class-times=true} for a breakdown by op class")
+                for cls, v in per.data.items():
+                    t, f, b, k = v.get_values()
+                    time[cls] += t * times
+                    flops[cls] += int(f) * times
+                    nbytes[cls] += int(b) * times
+                    kernels[cls] += int(k) * times
 
     for region in graph.regions:
         for b in region.blocks:
@@ -89,6 +111,7 @@ def _graph_breakdown(graph: chakra.GraphOp) -> ComputeBreakdown:
 
 
 def compute_breakdown(lowered: ModuleOp) -> ComputeBreakdown | None:
-    """The breakdown of the graph with the most compute (``None``: the module has no ``chakra.graph``)."""
+    """The breakdown of the graph with the most compute of a step lowered with ``class-times=true``
+    (``None``: the module has no ``chakra.graph``)."""
     graphs = [_graph_breakdown(op) for op in lowered.ops if isinstance(op, chakra.GraphOp)]
     return max(graphs, key=lambda g: g.total_us) if graphs else None

@@ -171,12 +171,10 @@ def _load_ir_input(path: str, device_name: str, calibration: str | None, want_me
             device_arg = tmp
         try:
             CanonicalizeDistPass().apply(Context(), module)
-            unmerged = module.clone()  # one node per kernel, for the compute breakdown by op class
-            LowerToChakraPass(device=device_arg, grad_wait=grad_wait or GRAD_WAIT[0], merge_compute=False).apply(
-                Context(), unmerged)
-            breakdown = compute_breakdown(unmerged)
-            LowerToChakraPass(device=device_arg, grad_wait=grad_wait or GRAD_WAIT[0]).apply(Context(), module)
+            LowerToChakraPass(device=device_arg, grad_wait=grad_wait or GRAD_WAIT[0], class_times=True).apply(
+                Context(), module)
             module.verify()
+            breakdown = compute_breakdown(module)
         except VerifyException as e:
             raise FlintError(f"{path}: error: {str(e).splitlines()[0]}") from None
         finally:
