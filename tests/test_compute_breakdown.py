@@ -114,3 +114,23 @@ def test_estimate_prints_the_table_and_json(tmp_path, capsys):
     br = rep["compute_by_class"]
     assert br["graph"] == "step" and br["total_us"] == pytest.approx(sum(c["time_us"] for c in br["classes"].values()))
     assert br["total_us"] <= rep["compute_time_us"]["max"] + 1e-6  # SM sharing only slows kernels down
+
+
+def test_estimate_of_ir_lowered_with_class_times(tmp_path, capsys):
+    """IR lowered by flint-opt with class-times=true keeps the breakdown; lowered without it, none is printed."""
+    from flint.sim.cli import estimate_main
+    from xdsl.printer import Printer
+
+    _, module = imported("llama-tiny", "fsdp", 4)
+    for class_times in (True, False):
+        m = module.clone()
+        CanonicalizeDistPass().apply(Context(), m)
+        LowerToChakraPass(device=DEVICE, class_times=class_times).apply(Context(), m)
+        ir = tmp_path / f"low-{class_times}.mlir"
+        with open(ir, "w") as f:
+            Printer(stream=f).print_op(m)
+        assert estimate_main([str(ir), "--network", "switch", "--json"]) == 0
+        rep = json.loads(capsys.readouterr().out)
+        assert ("compute_by_class" in rep) == class_times
+        if class_times:
+            assert rep["compute_by_class"]["total_us"] == pytest.approx(compute_breakdown(m).total_us)

@@ -2,7 +2,7 @@
 
 ``lower-to-chakra{class-times=true}`` records on every compute node (a run of kernels the compute stream
 runs back to back, merged into one node) what it holds per op class: ``flint.class_times`` maps a class to
-``[time_us, flops, bytes, kernels]`` (:func:`add_class_times`). A kernel's class is its op's
+``[time_us : f64, array<i64: flops, bytes, kernels>]`` (:func:`add_class_times`). A kernel's class is its op's
 (:func:`flint.cost.opclass.classify_target`), except a fused kernel (``fuse-pointwise``'s members:
 ``fused pointwise``) and a decomposed collective's reduction on a communication stream
 (``collective reductions``). :func:`compute_breakdown` sums them over a graph, every node as often as it
@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from xdsl.dialects.builtin import DenseArrayBase, DictionaryAttr, ModuleOp, f64
+from xdsl.dialects.builtin import ArrayAttr, DenseArrayBase, DictionaryAttr, FloatAttr, ModuleOp, f64, i64
 
 from flint.cost.opclass import classify_target
 from flint.errors import FlintError
@@ -75,10 +75,18 @@ def add_class_times(node: chakra.CompOp, op, duration_us: float, flops: int, nby
     cls = _class_of(op, side)
     old = node.attributes.get(CLASS_TIMES_ATTR)
     per = dict(old.data) if isinstance(old, DictionaryAttr) else {}
-    prev = per.get(cls)
-    t, f, b, k = prev.get_values() if prev is not None else (0.0, 0.0, 0.0, 0.0)
-    per[cls] = DenseArrayBase.from_list(f64, [round(t + duration_us, 6), f + flops, b + nbytes, k + 1])
+    t, (f, b, k) = _unpack(per[cls]) if cls in per else (0.0, (0, 0, 0))
+    # [time_us : f64, array<i64: flops, bytes, kernels>] (an f64 dense array would not parse back when
+    # xDSL prints one of its values in hex)
+    per[cls] = ArrayAttr([FloatAttr(round(t + duration_us, 6), f64),
+                          DenseArrayBase.from_list(i64, [f + int(flops), b + int(nbytes), k + 1])])
     node.attributes[CLASS_TIMES_ATTR] = DictionaryAttr(per)
+
+
+def _unpack(value) -> tuple[float, tuple[int, int, int]]:
+    time, counts = value.data
+    f, b, k = counts.get_values()
+    return time.value.data, (int(f), int(b), int(k))
 
 
 def _graph_breakdown(graph: chakra.GraphOp) -> ComputeBreakdown:
@@ -96,11 +104,11 @@ def _graph_breakdown(graph: chakra.GraphOp) -> ComputeBreakdown:
                     raise FlintError(f"compute node '{op.node_name.data}' has no {CLASS_TIMES_ATTR}: lower the step "
                                      "with lower-to-chakra{class-times=true} for a breakdown by op class")
                 for cls, v in per.data.items():
-                    t, f, b, k = v.get_values()
+                    t, (f, b, k) = _unpack(v)
                     time[cls] += t * times
-                    flops[cls] += int(f) * times
-                    nbytes[cls] += int(b) * times
-                    kernels[cls] += int(k) * times
+                    flops[cls] += f * times
+                    nbytes[cls] += b * times
+                    kernels[cls] += k * times
 
     for region in graph.regions:
         for b in region.blocks:

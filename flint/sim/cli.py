@@ -128,7 +128,7 @@ def _load_ir_input(path: str, device_name: str, calibration: str | None, want_me
     from flint.passes.canonicalize_dist import CanonicalizeDistPass
     from flint.passes.lower_to_chakra import LowerToChakraPass
     from flint.ir.parse import load_ir
-    from flint.sim.breakdown import compute_breakdown
+    from flint.sim.breakdown import CLASS_TIMES_ATTR, compute_breakdown
 
     module = load_ir(path)
     if WORLD_ATTR in module.attributes:  # concrete per-rank graphs from `flint import-trace`
@@ -147,6 +147,8 @@ def _load_ir_input(path: str, device_name: str, calibration: str | None, want_me
             raise FlintError(f"--grad-wait: {path} is already lowered to chakra.graph; give the aten + dist IR")
         note = "the IR is already lowered to chakra.graph; give the aten + dist IR for memory"
         durations = "from the lowered IR"
+        if any(CLASS_TIMES_ATTR in o.attributes for o in module.walk() if o.name == "chakra.comp"):
+            breakdown = compute_breakdown(module)  # lowered with lower-to-chakra{class-times=true}
     else:
         from flint.schedule.pipelines import resolve, run_pipeline
 
