@@ -110,8 +110,9 @@ def _module_path(node: torch.fx.Node) -> str | None:
         return None
     path = list(stack.values())[-1][0]
     path = re.sub(r"^L\['self'\]\.?", "", path)
-    path = re.sub(r"(^|\.)module(\.|$)", r"\1", path).strip(".")
-    path = re.sub(r"\._modules\['([^']+)'\]", r".\1", path)
+    # Dynamo spells a submodule ._modules['x'] or .__dict__['_modules']['x'] (torch 2.13)
+    path = re.sub(r"\.?(?:__dict__\['_modules'\]|_modules)\['([^']+)'\]", r".\1", path)
+    path = re.sub(r"(^|\.)module(?=\.|$)", "", path).strip(".")
     return path or None
 
 

@@ -343,6 +343,35 @@ def test_plain_modules_capture(name, plan, inputs):
     assert sum(aten_op_work(op).flops for op in module.walk() if isinstance(op, AtenOp)) == step.summary().flops
 
 
+@pytest.mark.parametrize("plan", ["dp", "fsdp"])
+def test_container_reading_its_blocks_attributes(plan):
+    """nn.TransformerEncoder's forward reads ``layers[0].self_attn.batch_first``: the blocks' wrappers (the
+    data-parallel group, the pass-through standing for the repeated block in the model part) answer with the
+    wrapped block's attributes, as FSDP2's fully_shard keeps them (was: "'_Skip' object has no attribute
+    'self_attn'"). Module paths name the layers without Dynamo's ``__dict__['_modules']`` spelling."""
+    from flint.importer import import_step
+    from flint.ir.aten import AtenOp
+
+    step = captured_byom("encoder", plan, 2, 1, "tokens=4x16:int64,target=4x16:int64")
+    assert [(p.name, p.repeat) for p in step.parts] == [("model", 1), ("block", 2)]
+    modules = {op.module.data for op in import_step(step).walk() if isinstance(op, AtenOp) and op.module is not None}
+    assert {"block.self_attn", "block.linear1", "model.head"} <= modules
+    assert not any("_modules" in m or "__dict__" in m for m in modules)
+
+
+def test_lstm_captures_its_time_steps():
+    """nn.LSTM is captured as the time steps torch.compile traces with Dynamo's ``allow_rnn`` (Flint's capture
+    sets it; it was "graph break: Attempted to wrap RNN, GRU, or LSTM" at contextlib.py): the input projection
+    of the whole sequence, one recurrent GEMM per time step, the output projection; backward their data and
+    weight gradients (none for the zero initial state)."""
+    from flint.capture.opclass import GEMM
+
+    step = captured_byom("rnn", "dp", 2, 1, "tokens=4x8:int64,target=4x8:int64")
+    (part,) = step.parts
+    gemms = [sum(classify_aten(n.target) == GEMM for n in g.nodes()) for g in (part.fwd, part.bwd)]
+    assert gemms == [1 + 8 + 1, 2 + (8 + 7) + 2]
+
+
 @pytest.mark.slow
 def test_hf_llama_matches_zoo_llama_8b_shapes():
     """Acceptance: HF Llama (8B shapes, 2 layers) vs the zoo's Llama, same plan and world size."""

@@ -77,9 +77,18 @@ def _first_tensor(out: Any) -> torch.Tensor:
 class _Skip(nn.Module):
     """A block replaced by a pass-through: returns its hidden-state input in the block's output structure."""
 
-    def __init__(self, out_spec: Any, n_leaves: int, first: int) -> None:
+    def __init__(self, out_spec: Any, n_leaves: int, first: int, block: nn.Module) -> None:
         super().__init__()
         self.out_spec, self.n_leaves, self.first = out_spec, n_leaves, first
+        # the replaced block, unregistered (its parameters are the block part's): a container's forward may
+        # read its blocks' attributes (nn.TransformerEncoder reads layers[0].self_attn.batch_first)
+        object.__setattr__(self, "_replaced", block)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self.__dict__["_replaced"], name)
 
     def forward(self, hidden: Any, *args: Any, **kwargs: Any) -> Any:
         leaves = [None] * self.n_leaves
@@ -337,7 +346,7 @@ def capture_generic(model: nn.Module, dm, mesh, inputs: Mapping[str, InputSpec],
         first = next(i for i, t in enumerate(out_leaves) if isinstance(t, torch.Tensor))
         saved = list(blocks._modules.items())
         for key, _ in saved:
-            blocks._modules[key] = _Skip(out_spec, len(out_leaves), first)
+            blocks._modules[key] = _Skip(out_spec, len(out_leaves), first, blocks._modules[key])
         try:
             mpart, _ = _capture(capture_part, "model", call, args, ("input",) * len(args), 1, kw)
             _check_gradients(call, infos, "model")

@@ -246,7 +246,7 @@ def capture_pipeline(model_factory: Callable[[], nn.Module], build: Callable, pl
                 pos = next(i for i, t in enumerate(out_leaves) if isinstance(t, torch.Tensor))
                 saved = list(st.blocks._modules.items())
                 for key, _ in saved:
-                    st.blocks._modules[key] = _Skip(out_spec, len(out_leaves), pos)
+                    st.blocks._modules[key] = _Skip(out_spec, len(out_leaves), pos, st.blocks._modules[key])
                 try:
                     if first:
                         part, out = _capture(capture_part, "first_stage", st.submod, args,

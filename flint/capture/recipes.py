@@ -47,6 +47,7 @@ import functools
 import math
 import operator
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed._functional_collectives as funcol
@@ -542,6 +543,14 @@ class ParamGroup(nn.Module):
         chunks = torch.split_with_sizes_copy(full, [s.numel() for s in shards], dim=1)
         out = [c.reshape(-1, *shape[1:]) for c, shape in zip(chunks, self.local_shapes)]
         return [o if o.shape[0] == shape[0] else o[: shape[0]] for o, shape in zip(out, self.local_shapes)]
+
+    def __getattr__(self, name: str) -> Any:
+        """The wrapped module's attributes, as FSDP2's ``fully_shard`` keeps them on the module it wraps (a
+        container's forward may read its children's: nn.TransformerEncoder reads ``layers[0].self_attn``)."""
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(super().__getattr__("module"), name)
 
     def forward(self, *args: torch.Tensor, **kwargs: torch.Tensor) -> torch.Tensor:
         leaves = [self.local[n.replace(".", "__")] for n in self.names]

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import re
+import sysconfig
 import traceback
 from collections import Counter
 from dataclasses import dataclass, field
@@ -157,6 +158,7 @@ def summarize(step: CapturedStep) -> StepSummary:
 # ----------------------------------------------------------------- internals
 
 
+_STDLIB = sysconfig.get_paths()["stdlib"] + "/"  # contextlib's frames are not the user's
 _FRAME = re.compile(r'File "([^"]+)", line (\d+)(?:, in (\S+))?')
 
 
@@ -171,7 +173,8 @@ def _user_source(exc: BaseException) -> str | None:
     if not frames:
         frames = [(f.filename, f.lineno, f.name) for f in traceback.extract_tb(exc.__traceback__)
                   if "/site-packages/" not in f.filename and "/flint/" not in f.filename]
-    user = [f for f in frames if "/torch/" not in f[0] and "/flint/capture/" not in f[0]]
+    user = [f for f in frames
+            if "/torch/" not in f[0] and "/flint/capture/" not in f[0] and not f[0].startswith(_STDLIB)]
     if not user:
         return None
     file, line, fn = user[-1]
@@ -297,7 +300,8 @@ def _compile_part(module: nn.Module, args: Sequence[torch.Tensor], part: str,
     compiled = torch.compile(module, backend=backend, fullgraph=True, dynamic=False)
     try:
         torch.nn.functional.scaled_dot_product_attention = _fused_sdpa
-        with composite_autograd(), no_rng_state_on_meta():
+        # allow_rnn: Dynamo traces nn.LSTM / GRU / RNN into their time steps (its default refuses them)
+        with composite_autograd(), no_rng_state_on_meta(), torch._dynamo.config.patch(allow_rnn=True):
             out = compiled(*args)
             if not isinstance(out, torch.Tensor):
                 raise CaptureError("model", f"part '{part}' returned {type(out).__name__}, not a tensor")

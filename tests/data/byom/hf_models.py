@@ -87,6 +87,41 @@ def cnn():
     return CNN()
 
 
+class Encoder(nn.Module):
+    """torch's own nn.TransformerEncoder, whose forward reads its first layer's attributes
+    (``layers[0].self_attn.batch_first``) before running the layers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(256, 64)
+        self.enc = nn.TransformerEncoder(nn.TransformerEncoderLayer(64, 4, 128, batch_first=True), 2)
+        self.head = nn.Linear(64, 256)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self.enc(self.emb(tokens)))
+
+
+def encoder():
+    return Encoder()
+
+
+class RNNLM(nn.Module):
+    """An LSTM language model (Dynamo refuses nn.LSTM unless ``allow_rnn``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(100, 32)
+        self.rnn = nn.LSTM(32, 64, batch_first=True)
+        self.out = nn.Linear(64, 100)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.out(self.rnn(self.emb(tokens))[0])
+
+
+def rnn():
+    return RNNLM()
+
+
 def example_inputs():
     """Inputs of the CNN (``--model hf_models.py:cnn`` takes them from here)."""
     return {"x": "8x3x16x16:float32", "target": "8:int64"}
