@@ -109,3 +109,32 @@ def test_capture_plan_file_hsdp_tp(tmp_path, capsys):
     module = load_ir(str(out))
     assert plan_of(module) == Plan.from_dict({"dp_replicate": 2, "dp_shard": 2, "tp": 2})
     assert "flint.axis_names = [\"dp_replicate\", \"dp_shard\", \"tp\"]" in out.read_text()
+
+
+@pytest.mark.parametrize("tool", ["flint.tools.flint_opt", "flint.tools.flint_cli"])
+def test_closed_stdout_ends_quietly(tool, tmp_path):
+    """`flint-opt step.mlir | head` whose reader is gone: exit 141 (as SIGPIPE) without a message; it was
+    reported as an internal error (BrokenPipeError)."""
+    import os
+
+    ir = os.path.join(os.path.dirname(__file__), "..", "lit_tests", "dialects", "aten", "ops.mlir")
+    argv = [ir] if tool.endswith("opt") else ["inspect", str(tmp_path / "missing")]
+    proc = subprocess.Popen([sys.executable, "-m", tool, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # the reader goes away before the tool writes anything
+    err = proc.stderr.read().decode()
+    rc = proc.wait()
+    if tool.endswith("opt"):
+        assert rc == 141 and err == ""
+    else:  # an error goes to stderr as before: the closed stdout changes nothing
+        assert rc not in (0, 141) and "missing" in err and "internal error" not in err
+
+
+def test_broken_pipe_elsewhere_is_still_a_bug(capsys):
+    """A BrokenPipeError from another pipe (a worker's) while stdout is fine is reported as the bug it is."""
+    from flint.errors import run_cli
+
+    def fn():
+        raise BrokenPipeError(32, "Broken pipe")
+
+    assert run_cli("flint x", fn) == 2
+    assert "internal error: BrokenPipeError" in capsys.readouterr().err

@@ -173,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     def run() -> int:
         try:
             return FlintOptMain(args=argv).run()
+        except BrokenPipeError:  # stdout's reader went away (run_cli ends quietly)
+            raise
         except (ValueError, OSError, ArgSpecParseError) as e:  # ArgSpecParseError: a malformed -p / -t spec
             raise FlintError(str(e)) from None
 
