@@ -10,9 +10,9 @@ runs per rank (the product of the ``chakra.repeat`` counts around it). A pipelin
 pipeline rank; the breakdown is the one with the most compute.
 
 The times are the kernels as priced, the sum the compute stream would take alone: the simulator's compute
-time adds what SM sharing slows them by while collectives run. A decomposed collective's reductions that
-only some ranks run (a tree's, a hierarchical broadcast's: ``flint.active`` / ``flint.where``) are counted
-as if every rank ran them, so that class is an upper bound for those algorithms.
+time adds what SM sharing slows them by while collectives run. A node that only some ranks run (a tree's or a
+hierarchical broadcast's reductions: ``flint.active`` / ``flint.where``) counts with the share of the ranks
+that run it, so the breakdown is the mean over the ranks of the graph (a kernel count may then be fractional).
 """
 
 from __future__ import annotations
@@ -23,8 +23,10 @@ from dataclasses import dataclass
 from xdsl.dialects.builtin import ArrayAttr, DenseArrayBase, DictionaryAttr, FloatAttr, ModuleOp, f64, i64
 
 from flint.cost.opclass import classify_target
+from flint.chakra.from_ir import mesh_of
 from flint.errors import FlintError
 from flint.ir import chakra
+from flint.ir.dist import WHERE_ATTR
 from flint.passes.fuse_pointwise import GROUP_ATTR
 
 FUSED = "fused pointwise"
@@ -35,14 +37,14 @@ ORDER = ("gemm", "attention", FUSED, "elementwise", "reduction", "memory", "othe
 
 @dataclass(frozen=True)
 class ComputeBreakdown:
-    """Per class: kernel time (us), FLOPs, bytes moved and kernel launches per step, on ``graph`` (see the
-    module docstring)."""
+    """Per class: kernel time (us), FLOPs, bytes moved and kernel launches per step and rank, on ``graph`` (see
+    the module docstring; counts are ints unless some ranks skip a node)."""
 
     graph: str
     time_us: dict[str, float]
-    flops: dict[str, int]
-    bytes: dict[str, int]
-    kernels: dict[str, int]
+    flops: dict[str, int | float]
+    bytes: dict[str, int | float]
+    kernels: dict[str, int | float]
 
     @property
     def total_us(self) -> float:
@@ -89,7 +91,25 @@ def _unpack(value) -> tuple[float, tuple[int, int, int]]:
     return time.value.data, (int(f), int(b), int(k))
 
 
-def _graph_breakdown(graph: chakra.GraphOp) -> ComputeBreakdown:
+def _share(op: chakra.CompOp, shape: tuple[int, ...]) -> float:
+    """The share of the mesh's ranks that run ``op``: 1 unless masked to some coordinates of some axes
+    (``flint.active``: a 0/1 per coordinate; ``flint.where``: one coordinate)."""
+    allowed: dict[int, set[int]] = {}
+    active = op.attributes.get("flint.active")
+    if active is not None:
+        axis = op.attributes["flint.active_axis"].value.data
+        allowed[axis] = {c for c, on in enumerate(active.get_values()) if on}
+    where = op.attributes.get(WHERE_ATTR)
+    if where is not None:
+        axis, coord = (int(v) for v in where.get_values())
+        allowed[axis] = allowed.get(axis, set(range(shape[axis]))) & {coord}
+    share = 1.0
+    for axis, coords in allowed.items():
+        share *= len(coords) / shape[axis]
+    return share
+
+
+def _graph_breakdown(graph: chakra.GraphOp, shape: tuple[int, ...]) -> ComputeBreakdown:
     time, flops, nbytes, kernels = Counter(), Counter(), Counter(), Counter()
 
     def walk(block, times: int) -> None:
@@ -103,23 +123,33 @@ def _graph_breakdown(graph: chakra.GraphOp) -> ComputeBreakdown:
                 if not isinstance(per, DictionaryAttr):
                     raise FlintError(f"compute node '{op.node_name.data}' has no {CLASS_TIMES_ATTR}: lower the step "
                                      "with lower-to-chakra{class-times=true} for a breakdown by op class")
+                runs = times * _share(op, shape)
                 for cls, v in per.data.items():
                     t, (f, b, k) = _unpack(v)
-                    time[cls] += t * times
-                    flops[cls] += f * times
-                    nbytes[cls] += b * times
-                    kernels[cls] += k * times
+                    time[cls] += t * runs
+                    flops[cls] += f * runs
+                    nbytes[cls] += b * runs
+                    kernels[cls] += k * runs
 
     for region in graph.regions:
         for b in region.blocks:
             walk(b, 1)
     classes = [c for c in ORDER if kernels[c]]
-    return ComputeBreakdown(graph.sym_name.data, {c: time[c] for c in classes}, {c: flops[c] for c in classes},
-                            {c: nbytes[c] for c in classes}, {c: kernels[c] for c in classes})
+    return ComputeBreakdown(graph.sym_name.data, {c: time[c] for c in classes}, {c: _count(flops[c]) for c in classes},
+                            {c: _count(nbytes[c]) for c in classes}, {c: _count(kernels[c]) for c in classes})
+
+
+def _count(x: float) -> int | float:
+    """A whole count as an int (every count unless some ranks skip a node)."""
+    return int(x) if float(x).is_integer() else round(float(x), 3)
 
 
 def compute_breakdown(lowered: ModuleOp) -> ComputeBreakdown | None:
     """The breakdown of the graph with the most compute of a step lowered with ``class-times=true``
     (``None``: the module has no ``chakra.graph``)."""
-    graphs = [_graph_breakdown(op) for op in lowered.ops if isinstance(op, chakra.GraphOp)]
-    return max(graphs, key=lambda g: g.total_us) if graphs else None
+    graphs = [op for op in lowered.ops if isinstance(op, chakra.GraphOp)]
+    if not graphs:
+        return None
+    shape = mesh_of(lowered).shape
+    graphs = [_graph_breakdown(op, shape) for op in graphs]
+    return max(graphs, key=lambda g: g.total_us)
