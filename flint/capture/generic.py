@@ -274,9 +274,12 @@ def _resolve_hf_loss(model: nn.Module) -> None:
     Resolve it once eagerly, as the first eager call would, and keep it where
     the property looks first (``_loss_function``); the traced loss is the same.
     """
-    cfg = getattr(model, "config", None)
-    if getattr(cfg, "use_cache", None):
-        cfg.use_cache = False  # training keeps no KV cache (as HF's Trainer and torchtitan do)
+    # training keeps no KV cache (as HF's Trainer and torchtitan do); an encoder-decoder's stacks hold their own
+    # copies of the config (T5's decoder would build a cache from its copy)
+    for m in model.modules():
+        sub = getattr(m, "config", None)
+        if getattr(sub, "use_cache", None):
+            sub.use_cache = False
     prop = getattr(type(model), "loss_function", None)
     if isinstance(prop, property) and not hasattr(model, "_loss_function"):
         try:

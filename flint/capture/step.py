@@ -246,13 +246,19 @@ def _fused_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fals
     (``_scaled_dot_product_flash_attention_for_cpu``, with its own backward;
     it takes GQA key/value heads, masks, dropout and a scale as they are; the
     CPU kernel refuses dropout, so dropout is asked as a GPU's flash kernel
-    takes it) or, when PyTorch itself would, the math path.
+    takes it) or, when PyTorch itself would, the math path. A mask that needs a gradient (a learned bias)
+    takes the math path too: no flash kernel returns its gradient.
     """
     if query.dim() != 4 or not all(isinstance(t, torch.Tensor) and t.device.type == "meta"
                                    for t in (query, key, value)):
         return _EAGER_SDPA(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
                            scale=scale, enable_gqa=enable_gqa)
 
+    if isinstance(attn_mask, torch.Tensor) and attn_mask.requires_grad:
+        # a learned mask (T5's relative position bias): the flash kernels take no gradient for it (a GPU runs
+        # the memory-efficient kernel, which does); the math path computes it, as PyTorch's CPU run would
+        return _EAGER_SDPA(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                           scale=scale, enable_gqa=enable_gqa)
     mask = None if attn_mask is None else (tuple(attn_mask.shape), attn_mask.dtype)
     choice = _sdp_choice(tuple(query.shape), tuple(key.shape), tuple(value.shape), query.dtype, mask,
                          float(dropout_p), bool(is_causal), scale, bool(enable_gqa))

@@ -40,6 +40,16 @@ def gpt2():
     return GPT2LMHeadModel(GPT2Config(vocab_size=256, n_positions=128, n_embd=64, n_layer=2, n_head=4))
 
 
+def t5():
+    """An encoder-decoder: its stacks copy the config (use_cache stays on in the decoder's copy unless the
+    capture turns it off there too) and its self-attention mask is the learned relative position bias."""
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    return T5ForConditionalGeneration(T5Config(vocab_size=256, d_model=64, d_kv=16, d_ff=128, num_layers=2,
+                                               num_decoder_layers=2, num_heads=4, decoder_start_token_id=0,
+                                               pad_token_id=0))
+
+
 def mixtral():
     from transformers import MixtralConfig, MixtralForCausalLM
 
