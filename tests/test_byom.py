@@ -163,6 +163,30 @@ def test_factory_raises_names_user_line(tmp_path):
     assert err.value.source.startswith(f"{os.path.realpath(path)}:2")
 
 
+def test_list_indexing_is_explained(tmp_path):
+    """Indexing with a Python list makes a real (not fake) tensor on the meta device: the error says so and
+    what to write instead, at the user's line (was: 'RuntimeError when making fake tensor call: ...')."""
+    path = _write(tmp_path, """\
+        import torch
+        from torch import nn
+
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.a = nn.Linear(8, 8)
+
+            def forward(self, x):
+                return self.a(x)[:, [0, 2]]
+
+        def model_factory():
+            return M()
+        """)
+    fn, _ = user_function(path, "--model", "model_factory", "a factory")
+    with pytest.raises(CaptureError, match=r"indexing with a Python list .* index with a slice") as err:
+        capture_step(fn, {"x": (2, 8)}, world_size=1, plan="dp")
+    assert err.value.source.startswith(f"{os.path.realpath(path)}:10")
+
+
 def test_factory_not_a_module(tmp_path):
     path = _write(tmp_path, "def model_factory():\n    return 3\n")
     fn, _ = user_function(path, "--model", "model_factory", "a factory")
@@ -302,6 +326,20 @@ def _block_gemm_flops(step) -> int:
     from flint.capture.opclass import GEMM, node_flops
 
     return sum(node_flops(n) for n in step.part("block").fwd.nodes() if classify_aten(n.target) == GEMM)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,fused", [("phi3", True), ("opt", True), ("gemma2", False), ("bloom", False)])
+def test_more_hf_families_capture_under_fsdp(name, fused):
+    """More Hugging Face families, as a user brings them: repeated blocks found, FSDP2's gathers and
+    reduce-scatters per group, and attention as the model runs it (SDPA's fused kernel, or the eager matmul /
+    softmax Gemma-2 (soft-capping) and BLOOM (ALiBi) use)."""
+    step = captured_byom(name, "fsdp", 2)
+    assert [(p.name, p.repeat) for p in step.parts] == [("model", 1), ("block", 2)]
+    colls = step.summary().collectives
+    fwd = colls[("all_gather", ("dp_shard",), "fwd")]
+    assert fwd == colls[("reduce_scatter", ("dp_shard",), "bwd")] > 2
+    assert step.summary().op_classes.get("attention", 0) == (2 * 2 if fused else 0)
 
 
 @pytest.mark.slow

@@ -190,6 +190,11 @@ def _reason(exc: BaseException) -> str:
         inner = inner.__cause__ if inner.__cause__ is not None else inner.inner_exception
     lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
     first = lines[0] if lines else type(exc).__name__
+    if "Please convert all Tensors to FakeTensors" in str(exc):
+        return ("an op received a real tensor, not one derived from the inputs: indexing with a Python list "
+                "(x[..., [-2], :]) turns the list into a tensor on the inputs' device, which on the meta device "
+                "Flint captures on is real, not fake (a PyTorch limitation); index with a slice (x[..., -2:-1, :]) "
+                "instead")
     explained = [ln.strip()[len("Explanation:"):].strip() for ln in lines if ln.strip().startswith("Explanation:")]
     if explained and "fake tensor" in first:
         return f"{first.rstrip(':')}: {explained[0]}"

@@ -50,6 +50,35 @@ def t5():
                                                pad_token_id=0))
 
 
+def phi3():  # fused QKV and gate-up projections
+    from transformers import Phi3Config, Phi3ForCausalLM
+
+    return Phi3ForCausalLM(Phi3Config(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                                      pad_token_id=0, eos_token_id=1, bos_token_id=1))
+
+
+def opt():  # learned positions, its own module names
+    from transformers import OPTConfig, OPTForCausalLM
+
+    return OPTForCausalLM(OPTConfig(vocab_size=256, hidden_size=64, ffn_dim=128, num_hidden_layers=2,
+                                    num_attention_heads=4, max_position_embeddings=128, word_embed_proj_dim=64))
+
+
+def gemma2():  # logit soft-capping: Hugging Face runs eager attention (matmul, softmax), no SDPA
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    return Gemma2ForCausalLM(Gemma2Config(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                          num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                          max_position_embeddings=128))
+
+
+def bloom():  # ALiBi through baddbmm: eager attention only
+    from transformers import BloomConfig, BloomForCausalLM
+
+    return BloomForCausalLM(BloomConfig(vocab_size=256, hidden_size=64, n_layer=2, n_head=4))
+
+
 def mixtral():
     from transformers import MixtralConfig, MixtralForCausalLM
 
