@@ -148,6 +148,11 @@ def _attr(value: Any, where: str) -> Attribute | None:
     raise ImportError_(f"{where}: argument {value!r} of type {type(value).__name__} has no IR form")
 
 
+#: a constant tensor in a captured graph (see :meth:`_GraphImporter.constant`)
+CONSTANT_ATTR = "flint.constant"
+CONSTANT_LIMIT = 65536  # elements: constants from Python data are small; a large one is a model's tensor
+
+
 class _GraphImporter:
     def __init__(self, step: CapturedStep, graph: CapturedGraph, fn_name: str):
         self.step, self.graph, self.fn_name = step, graph, fn_name
@@ -191,15 +196,35 @@ class _GraphImporter:
             elif n.op == "output":
                 results = [self.operand(a, f"{self.fn_name} output") for a in _flatten(n.args[0]) if a is not None
                            and isinstance(self.values.get(a), SSAValue)]
-            elif n.op not in ("placeholder", "get_attr"):
-                raise ImportError_(f"{self.fn_name}: FX node '{n.name}' of kind '{n.op}' is not supported")
             elif n.op == "get_attr":
-                raise ImportError_(f"{self.fn_name}: FX get_attr '{n.target}' (a constant tensor) is not supported")
+                self.constant(n)
+            elif n.op != "placeholder":
+                raise ImportError_(f"{self.fn_name}: FX node '{n.name}' of kind '{n.op}' is not supported")
         block.add_ops(self.ops)
         block.add_op(func.ReturnOp(*results))
         fn = func.FuncOp(self.fn_name, (arg_types, [r.type for r in results]), Region(block),
                          arg_attrs=ArrayAttr(arg_attrs))
         return fn
+
+    def constant(self, n: torch.fx.Node) -> None:
+        """A constant tensor the forward built from Python data (``torch.tensor([...])``, a list index): an
+        ``aten.empty`` of its shape marked ``flint.constant`` (its values do not matter to the cost; in a real
+        run it is a small host-to-device copy, priced as one memory op)."""
+        val = self._val(n)
+        where = f"{self.fn_name}: FX get_attr '{n.target}'"
+        if not isinstance(val, torch.Tensor):
+            raise ImportError_(f"{where} is not a tensor constant")
+        if val.numel() > CONSTANT_LIMIT:
+            raise ImportError_(f"{where}: a constant tensor of {val.numel():,} elements; Flint imports the small "
+                               f"constants a forward builds from Python data (at most {CONSTANT_LIMIT:,} elements): "
+                               "register a larger tensor as a buffer or pass it as an input")
+        op = AtenOp("aten.empty.memory_format", [], [tensor_type(val, where)],
+                    args={"size": ArrayAttr([IntegerAttr(int(d), i64) for d in val.shape])},
+                    phase=self.graph.phase, module=_module_path(n))
+        op.attributes[CONSTANT_ATTR] = StringAttr(str(n.target))
+        op.location = _location(n)
+        self.ops.append(op)
+        self.values[n] = op.outputs[0]
 
     def call(self, n: torch.fx.Node) -> None:
         target = n.target

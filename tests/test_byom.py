@@ -163,28 +163,42 @@ def test_factory_raises_names_user_line(tmp_path):
     assert err.value.source.startswith(f"{os.path.realpath(path)}:2")
 
 
-def test_list_indexing_is_explained(tmp_path):
-    """Indexing with a Python list makes a real (not fake) tensor on the meta device: the error says so and
-    what to write instead, at the user's line (was: 'RuntimeError when making fake tensor call: ...')."""
+def test_tensors_from_python_data_are_constants(tmp_path):
+    """A tensor the forward builds from Python data (torch.tensor([...]), the index of x[:, [0, 2]]) is a real
+    meta tensor, not a fake one, on the meta device: it was refused ("Please convert all Tensors to
+    FakeTensors first"). It is captured as an FX constant and imported as a ``flint.constant`` of its shape,
+    in the forward and again in the backward that reads it; a large one is refused, named."""
+    from flint.importer import CONSTANT_ATTR, ImportError_, import_step
+    from flint.ir.aten import AtenOp
+
     path = _write(tmp_path, """\
         import torch
         from torch import nn
 
         class M(nn.Module):
-            def __init__(self):
+            def __init__(self, n=2):
                 super().__init__()
                 self.a = nn.Linear(8, 8)
+                self.n = n
 
             def forward(self, x):
-                return self.a(x)[:, [0, 2]]
+                w = torch.tensor([float(i) for i in range(self.n)], device=x.device)
+                return self.a(x)[:, [0, 2]] * w[:2]
 
         def model_factory():
             return M()
+
+        def big():
+            return M(70000)
         """)
     fn, _ = user_function(path, "--model", "model_factory", "a factory")
-    with pytest.raises(CaptureError, match=r"indexing with a Python list .* index with a slice") as err:
-        capture_step(fn, {"x": (2, 8)}, world_size=1, plan="dp")
-    assert err.value.source.startswith(f"{os.path.realpath(path)}:10")
+    module = import_step(capture_step(fn, {"x": (2, 8)}, world_size=1, plan="dp"))
+    consts = [(op.phase.data, op.results[0].type.get_shape()) for op in module.walk()
+              if isinstance(op, AtenOp) and CONSTANT_ATTR in op.attributes]
+    assert sorted(consts) == [("bwd", (2,))] * 2 + [("fwd", (2,))] * 2  # w and the index, read by both
+    fn, _ = user_function(f"{path}:big", "--model", "model_factory", "a factory")
+    with pytest.raises(ImportError_, match=r"a constant tensor of 70,000 elements.*register a larger tensor as a buffer"):
+        import_step(capture_step(fn, {"x": (2, 8)}, world_size=1, plan="dp"))
 
 
 def test_factory_not_a_module(tmp_path):
@@ -329,11 +343,13 @@ def _block_gemm_flops(step) -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name,fused", [("phi3", True), ("opt", True), ("gemma2", False), ("bloom", False)])
+@pytest.mark.parametrize("name,fused", [("phi3", True), ("opt", True), ("falcon", False), ("gemma2", False),
+                                        ("bloom", False)])
 def test_more_hf_families_capture_under_fsdp(name, fused):
     """More Hugging Face families, as a user brings them: repeated blocks found, FSDP2's gathers and
     reduce-scatters per group, and attention as the model runs it (SDPA's fused kernel, or the eager matmul /
-    softmax Gemma-2 (soft-capping) and BLOOM (ALiBi) use)."""
+    softmax Gemma-2 (soft-capping) and BLOOM (ALiBi) use). Falcon indexes with a Python list (a constant); its
+    multi-query key / value broadcast over the heads without enable_gqa, which SDPA's fused kernels refuse."""
     step = captured_byom(name, "fsdp", 2)
     assert [(p.name, p.repeat) for p in step.parts] == [("model", 1), ("block", 2)]
     colls = step.summary().collectives

@@ -18,6 +18,7 @@ repeated blocks found, parts ``model`` and ``block``).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 import sysconfig
@@ -190,11 +191,6 @@ def _reason(exc: BaseException) -> str:
         inner = inner.__cause__ if inner.__cause__ is not None else inner.inner_exception
     lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
     first = lines[0] if lines else type(exc).__name__
-    if "Please convert all Tensors to FakeTensors" in str(exc):
-        return ("an op received a real tensor, not one derived from the inputs: indexing with a Python list "
-                "(x[..., [-2], :]) turns the list into a tensor on the inputs' device, which on the meta device "
-                "Flint captures on is real, not fake (a PyTorch limitation); index with a slice (x[..., -2:-1, :]) "
-                "instead")
     explained = [ln.strip()[len("Explanation:"):].strip() for ln in lines if ln.strip().startswith("Explanation:")]
     if explained and "fake tensor" in first:
         return f"{first.rstrip(':')}: {explained[0]}"
@@ -279,6 +275,24 @@ def _fused_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fals
         query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)[0]
 
 
+@contextlib.contextmanager
+def _python_data_as_constants() -> Iterator[None]:
+    """Let a tensor the forward builds from Python data (``torch.tensor([1.0, 2.0])``, the index tensor of
+    ``x[..., [-2], :]``) into the graph as a constant. PyTorch makes such a tensor on the inputs' device, which
+    on the meta device Flint captures on is a real meta tensor, not a fake one, and fake tensor mode refuses
+    it ("Please convert all Tensors to FakeTensors first"); allowed, it becomes an FX ``get_attr`` constant
+    (imported by :mod:`flint.importer` as ``flint.constant``). Dynamo sets the same thread-local override
+    for the constants of the functions it runs as leaves."""
+    from torch._subclasses.fake_tensor import fake_tensor_tls
+
+    old = fake_tensor_tls.allow_non_fake_inputs_override
+    fake_tensor_tls.allow_non_fake_inputs_override = True
+    try:
+        yield
+    finally:
+        fake_tensor_tls.allow_non_fake_inputs_override = old
+
+
 def _compile_part(module: nn.Module, args: Sequence[torch.Tensor], part: str,
                   partitioner: str = "min-cut") -> tuple[_Capture, torch.Tensor]:
     """Run ``module(*args)`` and its backward through torch.compile, keeping the graphs; ``partitioner``
@@ -312,7 +326,8 @@ def _compile_part(module: nn.Module, args: Sequence[torch.Tensor], part: str,
     try:
         torch.nn.functional.scaled_dot_product_attention = _fused_sdpa
         # allow_rnn: Dynamo traces nn.LSTM / GRU / RNN into their time steps (its default refuses them)
-        with composite_autograd(), no_rng_state_on_meta(), torch._dynamo.config.patch(allow_rnn=True):
+        with composite_autograd(), no_rng_state_on_meta(), torch._dynamo.config.patch(allow_rnn=True), \
+                _python_data_as_constants():
             out = compiled(*args)
             if not isinstance(out, torch.Tensor):
                 raise CaptureError("model", f"part '{part}' returned {type(out).__name__}, not a tensor")

@@ -79,6 +79,12 @@ def bloom():  # ALiBi through baddbmm: eager attention only
     return BloomForCausalLM(BloomConfig(vocab_size=256, hidden_size=64, n_layer=2, n_head=4))
 
 
+def falcon():  # fused_qkv[..., [-2], :]: an index tensor from Python data (flint.constant)
+    from transformers import FalconConfig, FalconForCausalLM
+
+    return FalconForCausalLM(FalconConfig(vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4))
+
+
 def mixtral():
     from transformers import MixtralConfig, MixtralForCausalLM
 
