@@ -88,7 +88,10 @@ class _Skip(nn.Module):
         try:
             return super().__getattr__(name)
         except AttributeError:
-            return getattr(self.__dict__["_replaced"], name)
+            replaced = self.__dict__.get("_replaced")
+            if replaced is None:  # not built through __init__ (a copy under construction)
+                raise
+            return getattr(replaced, name)
 
     def forward(self, hidden: Any, *args: Any, **kwargs: Any) -> Any:
         leaves = [None] * self.n_leaves

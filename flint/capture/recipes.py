@@ -550,7 +550,10 @@ class ParamGroup(nn.Module):
         try:
             return super().__getattr__(name)
         except AttributeError:
-            return getattr(super().__getattr__("module"), name)
+            module = self.__dict__.get("_modules", {}).get("module")
+            if module is None:  # not built through __init__ (a copy under construction)
+                raise
+            return getattr(module, name)
 
     def forward(self, *args: torch.Tensor, **kwargs: torch.Tensor) -> torch.Tensor:
         leaves = [self.local[n.replace(".", "__")] for n in self.names]
