@@ -23,7 +23,7 @@ from flint.capture import opclass
 from flint.capture.byom import (GroupCall, InputSpec, call_user, check_inputs, find_blocks, forward_parameters,
                                 input_dtype, intercept, loss_of, preset_parallelize, where_defined)
 from flint.capture.errors import CaptureError
-from flint.capture.recipes import ParamGroup, ParamInfo
+from flint.capture.recipes import ParamGroup, ParamInfo, wrapped_attr
 
 
 class _Stop(Exception):
@@ -85,13 +85,7 @@ class _Skip(nn.Module):
         object.__setattr__(self, "_replaced", block)
 
     def __getattr__(self, name: str) -> Any:
-        try:
-            return super().__getattr__(name)
-        except AttributeError:
-            replaced = self.__dict__.get("_replaced")
-            if replaced is None:  # not built through __init__ (a copy under construction)
-                raise
-            return getattr(replaced, name)
+        return wrapped_attr(self, name, self.__dict__.get("_replaced"))
 
     def forward(self, hidden: Any, *args: Any, **kwargs: Any) -> Any:
         leaves = [None] * self.n_leaves

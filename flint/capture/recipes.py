@@ -460,6 +460,19 @@ def pre_backward_unshard(bwd: torch.fx.GraphModule, groups: set[str]) -> int:
     return moved
 
 
+def wrapped_attr(wrapper: nn.Module, name: str, wrapped: nn.Module | None) -> Any:
+    """``wrapper.__getattr__``: its own attribute, else the wrapped module's, as FSDP2's ``fully_shard`` keeps
+    them on the module it wraps (a container's forward may read its children's: nn.TransformerEncoder reads
+    ``layers[0].self_attn``). ``wrapped`` is None on a wrapper not built through ``__init__`` (a copy under
+    construction): its own AttributeError then."""
+    try:
+        return nn.Module.__getattr__(wrapper, name)
+    except AttributeError:
+        if wrapped is None:
+            raise
+        return getattr(wrapped, name)
+
+
 class ParamGroup(nn.Module):
     """One data-parallel parameter group (what FSDP2's ``fully_shard`` would wrap).
 
@@ -545,15 +558,7 @@ class ParamGroup(nn.Module):
         return [o if o.shape[0] == shape[0] else o[: shape[0]] for o, shape in zip(out, self.local_shapes)]
 
     def __getattr__(self, name: str) -> Any:
-        """The wrapped module's attributes, as FSDP2's ``fully_shard`` keeps them on the module it wraps (a
-        container's forward may read its children's: nn.TransformerEncoder reads ``layers[0].self_attn``)."""
-        try:
-            return super().__getattr__(name)
-        except AttributeError:
-            module = self.__dict__.get("_modules", {}).get("module")
-            if module is None:  # not built through __init__ (a copy under construction)
-                raise
-            return getattr(module, name)
+        return wrapped_attr(self, name, self.__dict__.get("_modules", {}).get("module"))
 
     def forward(self, *args: torch.Tensor, **kwargs: torch.Tensor) -> torch.Tensor:
         leaves = [self.local[n.replace(".", "__")] for n in self.names]

@@ -26,7 +26,7 @@ from flint.cost.opclass import classify_target
 from flint.chakra.from_ir import mesh_of
 from flint.errors import FlintError
 from flint.ir import chakra
-from flint.ir.dist import WHERE_ATTR
+from flint.ir.dist import where_of
 from flint.passes.fuse_pointwise import GROUP_ATTR
 
 FUSED = "fused pointwise"
@@ -99,9 +99,9 @@ def _share(op: chakra.CompOp, shape: tuple[int, ...]) -> float:
     if active is not None:
         axis = op.attributes["flint.active_axis"].value.data
         allowed[axis] = {c for c, on in enumerate(active.get_values()) if on}
-    where = op.attributes.get(WHERE_ATTR)
+    where = where_of(op)
     if where is not None:
-        axis, coord = (int(v) for v in where.get_values())
+        axis, coord = where
         allowed[axis] = allowed.get(axis, set(range(shape[axis]))) & {coord}
     share = 1.0
     for axis, coords in allowed.items():
