@@ -121,6 +121,37 @@ def test_count_host_trace_phases_nesting_bytes(tmp_path):
     assert rc.inside_collectives == {4}
 
 
+def test_callers_come_from_the_profilers_intervals(tmp_path):
+    """The execution trace's ctrl_deps can name the wrong caller: a real FSDP+TP gloo run under load recorded
+    a DTensor aten::add and the PythonSubclass inside it both as callees of the Redistribute before them,
+    so the add and the local add below it both counted (14 forward adds where every other run has 13).
+    With the profiler's trace each node's caller is the innermost event of its thread holding it in time;
+    a node with no enclosing event of its thread (gloo's worker) keeps the execution trace's caller."""
+    ADD = "aten::add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor"
+    nodes = [
+        _node(1, "[pytorch|profiler|execution_trace|thread]", 0),
+        _node(2, "Redistribute", 1), _node(3, "aten::clone", 2),
+        _node(4, "aten::add", 2, ADD), _node(5, "PythonSubclass", 2), _node(6, "aten::add", 5, ADD),
+        _node(7, "c10d::allreduce_", 1, AR_SCHEMA, [[[2, 2]], [], [], [], [], []],
+              ["GenericList[Tensor(float)]", "Object", "Object", "None", "Bool", "Int"]),
+        _node(8, "aten::copy_", 7),  # on gloo's worker thread
+    ]
+    span = {2: (0, 100, 1), 3: (10, 20, 1), 4: (150, 50, 1), 5: (160, 30, 1), 6: (170, 10, 1), 7: (300, 50, 1),
+            8: (400, 5, 2)}
+    for n in nodes:
+        n["attrs"].append({"name": "rf_id", "type": "uint64", "value": 1000 + n["id"]})
+    host, kineto = tmp_path / "host.0.json", tmp_path / "kineto.0.json"
+    host.write_text(json.dumps({"schema": "1.1.1-chakra.0.0.4", "nodes": nodes}))
+    kineto.write_text(json.dumps({"traceEvents": [
+        {"ph": "X", "name": "n", "ts": ts, "dur": dur, "tid": tid, "args": {"Record function id": 1000 + i}}
+        for i, (ts, dur, tid) in span.items()]}))
+    assert count_host_trace(host, 0).ops[("elementwise", "fwd", "aten::add")] == 2  # ctrl_deps alone
+    rc = count_host_trace(host, 0, kineto)
+    assert rc.ops[("elementwise", "fwd", "aten::add")] == 1
+    assert rc.durations_us[4] == 50 - 30 and rc.durations_us[2] == 100 - 20
+    assert rc.inside_collectives == {8}  # the worker's copy keeps its ET caller
+
+
 def test_ops_a_dispatch_mode_served_are_not_counted(tmp_path):
     """Selective AC's recompute, as PyTorch's execution trace records it: a saved mm goes into the SAC
     dispatch mode, which hands back the forward's output (callees: two detach and the mode, no mm); a

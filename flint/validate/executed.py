@@ -83,6 +83,9 @@ def count_host_trace(path: str | Path, rank: int, kineto: str | Path | None = No
     # a caller starts before its callees; a "caller" with a later id is no caller (records of
     # gloo's worker thread interleave with the main thread's: a view "inside" gloo:all_reduce)
     parents = [j if (j := index.get(n.get("ctrl_deps", -1), -1)) < i else -1 for i, n in enumerate(nodes)]
+    events = _profiler_events(kineto) if kineto is not None else {}
+    if events:
+        parents = _parents_by_time(nodes, parents, events)
     schemas = [_attr(n, "op_schema") for n in nodes]
     classes = [executed_class(n["name"], s) for n, s in zip(nodes, schemas)]
     counts = innermost_of_class(classes, parents)
@@ -127,6 +130,49 @@ def count_host_trace(path: str | Path, rank: int, kineto: str | Path | None = No
                 break
             p = parents[p]
     return result
+
+
+def _profiler_events(kineto: str | Path) -> dict[int, dict]:
+    """Record function id -> the profiler's (Kineto's) complete CPU event for it."""
+    with open(kineto) as f:
+        events = json.load(f).get("traceEvents", [])
+    return {int(rf): e for e in events
+            if e.get("ph") == "X" and (rf := e.get("args", {}).get("Record function id")) is not None}
+
+
+def _parents_by_time(nodes: list[dict], parents: list[int], events: dict[int, dict]) -> list[int]:
+    """Callers from the profiler's intervals: a node with a profiler event is called by the innermost
+    event of its thread whose interval holds its own (the execution trace's ``ctrl_deps`` is not
+    always that: under load it was seen to name an operator's caller's caller, or an op that had
+    already returned, so a DTensor ``aten::add`` and the local ``aten::add`` below it both counted).
+    With no enclosing event of its thread, a node keeps the nearest execution-trace ancestor that
+    is not an event of its thread ended before it: the thread's root, or a caller on another thread
+    (gloo's worker records under the main thread's collective)."""
+    out = list(parents)
+    span: dict[int, tuple] = {}  # node index -> (thread, start, end)
+    for i, n in enumerate(nodes):
+        e = events.get(int(_attr(n, "rf_id") or -1))
+        if e is not None:
+            ts = float(e["ts"])
+            span[i] = (e.get("tid"), ts, ts + float(e.get("dur", 0.0)))
+    by_thread: dict = {}
+    for i, (tid, ts, end) in span.items():
+        by_thread.setdefault(tid, []).append((ts, -end, i))
+    for spans in by_thread.values():
+        spans.sort()
+        stack: list[tuple[float, int]] = []  # (end, node index) of the open intervals
+        for ts, neg_end, i in spans:
+            while stack and stack[-1][0] < -neg_end:  # ends before this one ends: not enclosing
+                stack.pop()
+            if stack and stack[-1][1] < i:
+                out[i] = stack[-1][1]
+            else:
+                p = parents[i]
+                while p >= 0 and p in span and span[p][0] == span[i][0]:
+                    p = parents[p]  # an event of this thread that does not hold this one: not its caller
+                out[i] = p
+            stack.append((-neg_end, i))
+    return out
 
 
 def exclusive_durations_us(nodes: list[dict], parents: list[int], kineto: str | Path) -> dict[int, float]:
