@@ -109,15 +109,22 @@ def check_single_device(module: ModuleOp) -> None:
             raise FlintError("shard-annotate: the program is already annotated")
 
 
-def check_model(module: ModuleOp, plan: Plan) -> None:
-    """The plan against the shapes in the program (heads, KV heads, hidden, sequence, batch)."""
+def check_model(module: ModuleOp, plan: Plan, rules: Rules | None = None) -> None:
+    """The plan against the shapes in the program (heads, KV heads, hidden, sequence, batch), and
+    ``tp`` against the rules (default: the built-in ones): some parameter must be split."""
     heads = head_dim = hidden = seq = batch = None
     kv = attn_seq = None
     split_dims: list[tuple[str, int]] = []
-    rules = load_rules()
+    experts_named = False
+    whole_blocks: set[str] = set()  # repeated blocks (parts with a _bwd) none of whose parameters tp splits
+    rules = rules or load_rules()
     for fn in module.ops:
         if not isinstance(fn, func.FuncOp):
             continue
+        part = fn.sym_name.data[:-4] if fn.sym_name.data.endswith("_fwd") else None
+        if part is not None and part != "model" and any(_role(fn, i)[0] == "parameter"
+                                                         for i in range(len(fn.body.block.args))):
+            whole_blocks.add(part)
         for i, arg in enumerate(fn.body.block.args):
             role, param = _role(fn, i)
             shp = list(arg.type.get_shape()) if isinstance(arg.type, TensorType) else []
@@ -126,9 +133,12 @@ def check_model(module: ModuleOp, plan: Plan) -> None:
             if role == "input" and len(shp) == 2:
                 batch, seq = shp
             if role == "parameter" and param:
+                experts_named = experts_named or rules.is_expert(param)
                 d = rules.tp_dim(param)
                 if d is not None and d < len(shp):
                     split_dims.append((param, shp[d]))
+                if d is not None or rules.is_expert(param):
+                    whole_blocks.discard(part)
         for op in fn.walk():
             if isinstance(op, AtenOp) and rules.op_kind(op.overload) == "attention" and heads is None:
                 q = op.inputs[0].type.get_shape()
@@ -139,7 +149,7 @@ def check_model(module: ModuleOp, plan: Plan) -> None:
         seq = attn_seq
     if head_dim:
         for param, rows in split_dims:
-            if param.endswith("attention.wk.weight"):
+            if param.endswith(("attention.wk.weight", "self_attn.k_proj.weight")):
                 kv = rows // head_dim
     from flint.sharding.moe import check_plan, n_experts_of
 
@@ -153,6 +163,12 @@ def check_model(module: ModuleOp, plan: Plan) -> None:
     if batch is not None and batch % plan.dp:
         raise FlintError(f"plan: the batch of {batch} sequences is not divisible by the data-parallel degree "
                          f"dp_replicate*dp_shard = {plan.dp}")
+    if plan.tp > 1 and (not split_dims and not experts_named or whole_blocks):
+        what = f"no parameter of @{sorted(whole_blocks)[0]}_fwd" if whole_blocks else "no parameter of the program"
+        raise PlanError("tp", f"{what} matches a [[tp]] pattern of {rules.source}, so tensor parallelism "
+                        "would leave those weights whole on every TP rank; add your model's parameter names "
+                        "there (a copy, passed with --rules / rules=...), or capture the plan instead: "
+                        "flint capture --plan ... --tp ...", plan.source)
     for param, size in split_dims:
         if plan.tp > 1 and size % plan.tp:
             raise FlintError(f"plan field 'tp': {plan.tp} does not divide dim of size {size} of parameter '{param}'")
@@ -207,7 +223,7 @@ class ShardAnnotatePass(ModulePass):
         plan.require(EXPAND_FIELDS, "shard-expand")
         rules = load_rules(self.rules or None)
         check_single_device(op)
-        check_model(op, plan)
+        check_model(op, plan, rules)
         annotate(op, plan, rules)
 
 
@@ -258,7 +274,9 @@ def _annotate_function(fn: func.FuncOp, phase: str, plan: Plan, rules: Rules, ax
             elif role == "parameter" and plan.zero == 1:  # ZeRO-1: each rank steps its shard of the parameter
                 compute = param_storage_sharding(plan, rules, param, rank, arg.type.get_shape())
         elif role == "input":
+            # a dim of size 1 broadcasts (the rotary cos / sin a Hugging Face model passes every block)
             storage = batch_sharding(plan, rank)
+            storage = Sharding(tuple(() if n == 1 else ax for n, ax in zip(arg.type.get_shape(), storage.dims)))
         elif role in ("activation", "tangent"):
             storage = activation_sharding(plan, rank) if rank >= 2 else Sharding.replicated(rank)
         elif role in ("buffer", "step"):

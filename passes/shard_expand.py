@@ -8,7 +8,7 @@ from xdsl.context import Context
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ArrayAttr, IntegerAttr, ModuleOp, StringAttr, TensorType, i64
 from xdsl.dialects.shard import GridOp, ShardingOp, ShardOp
-from xdsl.ir import Block, Operation, Region, SSAValue
+from xdsl.ir import Block, BlockArgument, Operation, Region, SSAValue
 from xdsl.passes import ModulePass
 
 from flint.chakra.from_ir import AXIS_NAMES_ATTR
@@ -85,6 +85,7 @@ def expand(module: ModuleOp, plan: Plan, rules: Rules) -> None:
     order += [n for n in funcs if n not in order]
     state = _State(plan, rules, names, sizes)
     state.n_experts, state.assignments = n_experts_of(module, rules), assignments_of(module, rules)
+    state.own_units = embedding_units(module)
     for name in order:
         fn = funcs[name]
         new = state.expand_function(fn)
@@ -111,6 +112,7 @@ class _State:
         self.tp = tuple(plan.axes("tp"))
         self.n_experts: int | None = None  # MoE: experts per layer, tokens * top_k (flint.sharding.moe)
         self.assignments: int | None = None
+        self.own_units: frozenset[str] = frozenset()  # parameters that are an FSDP / DDP unit of their own
 
     # ------------------------------------------------------------------ one function
 
@@ -182,8 +184,8 @@ class _State:
                 else:
                     ex.bind(o.result, ex.value(o.src, s, f"argument {i} of @{name}"), s)
         gather = gather_experts(self, ex, old, gather, new_args, storage, phase, fn)
-        if gather:
-            self._unit_gather(ex, old, gather, new_args, storage, phase)
+        for unit in self._units(gather, lambda g: _role(fn, g[1])[1]):
+            self._unit_gather(ex, old, unit, new_args, storage, phase)
         # demanded splits of returned gradients (gemms producing them compute only their shard)
         seeds = {}
         for i, (s, _) in returns.items():
@@ -240,6 +242,13 @@ class _State:
         op = AtenOp(target, list(inputs), [out_t], args=attrs)
         ex.emit(op)
         return op.outputs[0]
+
+    def _units(self, items: list, param_of) -> list[list]:
+        """A function's data-parallel units, in forward order: its parameters but the untied input
+        embedding, then the embedding (as the captured recipes wrap it: its own ``fully_shard`` /
+        ``replicate``, before the blocks and the root's group)."""
+        rest = [x for x in items if param_of(x) not in self.own_units]
+        return ([rest] if rest else []) + [[x] for x in items if param_of(x) in self.own_units]
 
     def _unit_gather(self, ex, old: Block, gather, new_args, storage, phase: str) -> None:
         """One all-gather of the unit's flat parameter shards (FSDP2's unshard), then each full parameter."""
@@ -368,8 +377,8 @@ class _State:
                 results.append(new)
                 shardings.append(s)
         grads = reduce_expert_grads(self, ex, grads, results, shardings)
-        if grads:
-            self._unit_reduce(ex, grads, results, shardings)
+        for unit in reversed(self._units(grads, lambda g: g[3])):
+            self._unit_reduce(ex, unit, results, shardings)
         return results, shardings
 
     def _unit_reduce(self, ex, grads, results, shardings) -> None:
@@ -439,6 +448,53 @@ class _State:
             final = Sharding(target.dims, keep_tp)
             shardings[i] = final
             self.grad_sharding[param] = final
+
+
+def embedding_units(module: ModuleOp) -> frozenset[str]:
+    """Parameters an FSDP / DDP unit of their own, as the captured recipes wrap them: the untied
+    input embedding (``get_input_embeddings``) of a forward function that also holds parameters other
+    than embedding tables (a Hugging Face model's part around its blocks: norm, output projection):
+    a table only ``aten.embedding`` reads, looking up the step's token input (not a learned position
+    table, which looks up computed positions; not a table the output projection shares)."""
+    own = set()
+    for fn in module.ops:
+        if not isinstance(fn, func.FuncOp) or not fn.sym_name.data.endswith("_fwd"):
+            continue
+        args = fn.body.block.args
+        params = {i: p for i in range(len(args)) for r, p in [_role(fn, i)] if r == "parameter" and p}
+        if len(params) < 2:
+            continue
+        tables, tokens = set(), set()
+        for i, p in params.items():
+            users, todo = [], [args[i]]
+            while todo:  # through the annotations to the ops computing with the parameter
+                for u in todo.pop().uses:
+                    if isinstance(u.operation, ShardOp):
+                        todo.append(u.operation.result)
+                    else:
+                        users.append((u.operation, u.index))
+            if users and all(isinstance(o, AtenOp) and o.overload == "aten.embedding.default" and k == 0
+                             for o, k in users):
+                tables.add(p)
+                if all(_is_step_input(fn, o.operands[1]) for o, _ in users):
+                    tokens.add(p)
+        if len(tables) < len(params):  # a part of embeddings only (the zoo's) is one unit as it is
+            own |= tokens
+    return frozenset(own)
+
+
+def _is_step_input(fn: func.FuncOp, v: SSAValue) -> bool:
+    """Whether ``v`` is a batch input of ``fn`` (role ``input``), through annotations and views."""
+    while True:
+        if isinstance(v, BlockArgument):
+            return v.owner is fn.body.block and _role(fn, v.index)[0] == "input"
+        o = v.owner
+        if isinstance(o, ShardOp):
+            v = o.src
+        elif isinstance(o, AtenOp) and o.overload.split(".")[1] in ("view", "_unsafe_view", "reshape") and o.operands:
+            v = o.operands[0]
+        else:
+            return False
 
 
 def shape_of_storage(target: Sharding, results, i, staged, sizes) -> list[int]:

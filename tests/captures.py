@@ -49,18 +49,35 @@ def single_device(model: str, batch: int = 2):
 BYOM = "tests/data/byom/hf_models.py"
 
 
+def _byom_factory(name: str):
+    import os
+
+    from flint.capture.byom import user_function
+
+    path = os.path.join(os.path.dirname(__file__), "data", "byom", "hf_models.py")
+    return user_function(f"{path}:{name}", "--model", "model_factory", "a model factory")[0]
+
+
 @cache
 def captured_byom(name: str, plan: str, world: int, tp: int = 1, inputs: str | None = None):
     """A model of tests/data/byom/hf_models.py under recipe ``plan``; causal LMs: 2 x 32 tokens per DP rank."""
-    import os
+    from flint.capture.byom import parse_inputs
 
-    from flint.capture.byom import parse_inputs, user_function
-
-    path = os.path.join(os.path.dirname(__file__), "data", "byom", "hf_models.py")
-    fn, _ = user_function(f"{path}:{name}", "--model", "model_factory", "a model factory")
+    fn = _byom_factory(name)
     dp = from_recipe(plan, world, tp).dp
     shapes = parse_inputs(inputs) if inputs else {"input_ids": (2 * dp, 32), "labels": (2 * dp, 32)}
     return capture_step(fn, shapes, world_size=world, plan=plan, tp=tp)
+
+
+@cache
+def single_device_byom(name: str, batch: int):
+    """(captured step, its IR module) of causal LM ``name`` of tests/data/byom/hf_models.py on ONE device,
+    ``batch`` x 32 tokens: the input of shard expansion. Tests must not mutate the module."""
+    from flint.importer import import_step
+
+    step = capture_step(_byom_factory(name), {"input_ids": (batch, 32), "labels": (batch, 32)}, world_size=1,
+                        plan="dp")
+    return step, import_step(step)
 
 
 @cache

@@ -147,6 +147,34 @@ def _plan_file(fields) -> str:
     return f.name
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("name,recipe,world,tp", [("llama", "dp", 2, 1), ("mistral", "fsdp", 2, 1),
+                                                   ("qwen2", "fsdp+tp", 4, 2)])
+def test_hugging_face_causal_lm_planned_path_agrees_with_captured_path(name, recipe, world, tp):
+    """A Hugging Face causal LM (its own loss: labels padded with constant_pad_nd, ATen's cross-entropy
+    nll_loss; rotary cos / sin broadcast over the batch into every block) expands, and agrees with
+    PyTorch's recipe captured at world size 2: FLOPs, and collective kinds, counts and bytes (the untied
+    input embedding its own unit, as the captured recipe wraps it). TP splits the Hugging Face Llama-family
+    names of rules.toml as the captured path's "hf-llama" preset does."""
+    from captures import captured_byom, single_device_byom
+
+    from flint.importer import import_step
+
+    plan = from_recipe(recipe, world, tp)
+    m = single_device_byom(name, 2 * plan.dp)[1].clone()
+    CanonicalizeDistPass().apply(Context(), m)
+    ShardAnnotatePass(dp_replicate=plan.dp_replicate, dp_shard=plan.dp_shard, tp=plan.tp).apply(Context(), m)
+    ShardExpandPass().apply(Context(), m)
+    m.verify()
+    exp = summarize_program(m)
+    cm = import_step(captured_byom(name, recipe, world, tp))
+    CanonicalizeDistPass().apply(Context(), cm)
+    cap = summarize_program(cm)
+    assert abs(exp.flops - cap.flops) <= 0.01 * cap.flops
+    assert dict(exp.collectives) == dict(cap.collectives)
+    assert dict(exp.collective_bytes) == dict(cap.collective_bytes)
+
+
 def test_unknown_op_is_named_with_its_location():
     from xdsl.dialects import func
 
@@ -163,6 +191,27 @@ def test_unknown_op_is_named_with_its_location():
     with pytest.raises(FlintError, match=r"no sharding rule for 'aten.my_gelu.default' at .*llama.py:\d+:0 "
                                          r"\(module 'feed_forward'\)"):
         ShardExpandPass().apply(Context(), m)
+
+
+def test_tp_whose_rules_split_no_parameter_is_refused(tmp_path):
+    """tp > 1 on a program whose repeated block has no parameter a [[tp]] rule names would silently leave
+    its weights whole (each TP rank doing the whole block): refused, naming the plan field, the block and the
+    rules file."""
+    import re
+
+    from flint.sharding.rules import RULES_PATH
+
+    text = re.sub(r"\[\[tp\]\]\npattern = [^\n]*\nshard_dim = [^\n]*\n", "", RULES_PATH.read_text())
+    assert "[[tp]]" not in text
+    rules = tmp_path / "rules.toml"
+    rules.write_text('[[tp]]\npattern = "no.such.module.weight"\nshard_dim = 0\n' + text)
+    _, single = single_device("llama-tiny", 8)
+    m = single.clone()
+    CanonicalizeDistPass().apply(Context(), m)
+    with pytest.raises(PlanError, match=r"'tp'.*no parameter of @block_fwd matches a \[\[tp\]\] pattern of "
+                                        + re.escape(str(rules))):
+        ShardAnnotatePass(tp=2, rules=str(rules)).apply(Context(), m)
+    ShardAnnotatePass(dp_shard=2, rules=str(rules)).apply(Context(), m)  # no tp: nothing to split
 
 
 def test_plan_rejects_unknown_tp_style():

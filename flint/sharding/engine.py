@@ -879,6 +879,46 @@ class FunctionExpander:
         return Rule(req, res, lead_axes)
 
 
+    def rule_pad(self, op: AtenOp) -> Rule:
+        """``constant_pad_nd``: a padded dim (``pad`` lists (before, after) pairs from the last dim
+        backwards) must be whole; the others keep their split. Linear in its input only when padding
+        with zero."""
+        v = op.inputs[0]
+        s = self.sharding(v)
+        pad = _int_list(_arg(op, "pad")) or []
+        padded = {s.rank - 1 - i // 2 for i, x in enumerate(pad) if x}
+        dims = tuple(() if d in padded else ax for d, ax in enumerate(s.dims))
+        value = getattr(getattr(_arg(op, "value"), "value", None), "data", 0)
+        partial = s.partial if value == 0 else ()
+        return Rule([Sharding(dims, partial)], [Sharding(dims, partial)])
+
+    def rule_nll_loss(self, op: AtenOp) -> Rule:
+        """``nll_loss_forward`` / ``nll_loss_backward`` on log-probabilities ``[N, C]`` (or ``[C]``) and
+        targets ``[N]``: the class dim must be whole (no vocabulary-parallel loss here: the plan's
+        ``loss_parallel`` is torch's, on the captured path); a batch split carries over to ``N``. With
+        ``reduction`` mean or sum the loss and its total weight become partial sums over the batch
+        axes, and the backward takes them (and the loss's gradient) as they are: each rank's local
+        loss, as DDP and FSDP run it (no collective; the gradients are averaged by data parallelism)."""
+        backward = op.overload.split(".")[1] == "nll_loss_backward"
+        ins = list(op.inputs)
+        x, t = (ins[1], ins[2]) if backward else (ins[0], ins[1])
+        sx, st = self.sharding(x), self.sharding(t)
+        batched = sx.rank == 2
+        batch = (sx.dims[0] or (st.dims[0] if st.rank else ())) if batched else ()
+        x_s = Sharding((batch, ()) if batched else ((),))
+        t_s = Sharding((batch,) if st.rank else ())
+        red = getattr(getattr(_arg(op, "reduction"), "value", None), "data", 1)
+        if backward:
+            go, rest = ins[0], ins[3:]
+            go_s = Sharding((batch,)) if red == 0 and self.sharding(go).rank else self.sharding(go)
+            # weight (if given) replicated; total_weight (last) as the forward left it
+            extra = [Sharding.replicated(len(shape_of(v))) for v in rest[:-1]] + [self.sharding(rest[-1])]
+            return Rule([go_s, x_s, t_s] + extra, [x_s])
+        weight = [Sharding.replicated(len(shape_of(v))) for v in ins[2:]]
+        loss = Sharding((batch,)) if red == 0 and batched else Sharding((), batch)
+        return Rule([x_s, t_s] + weight, [loss, Sharding((), batch)], batch if red else ())
+
+
 # --------------------------------------------------------------- demand pass
 
 
