@@ -95,6 +95,59 @@ def test_bad_space_names_the_axis(tmp_path, edit, where):
         load_space(_write(tmp_path, BASE.replace(*edit)))
 
 
+HF_MODELS = Path(__file__).parent / "data" / "byom" / "hf_models.py"
+
+
+def test_model_files_resolve_from_the_space_file_and_are_checked(tmp_path):
+    """A model file in a space is taken relative to the space file, checked to define its factory, and its
+    content is part of the program's key (an edited file is a new program); zoo-only settings are refused."""
+    from flint.explore.stages import Workload
+
+    (tmp_path / "models").mkdir()
+    model = tmp_path / "models" / "m.py"
+    model.write_text(HF_MODELS.read_text())
+    sp = load_space(_write(tmp_path, BASE.replace('model = "llama-tiny"', 'model = "models/m.py:llama"')))
+    assert sp.axis("workload.model").values == (f"{model.resolve()}:llama",)
+    point = next(iter(sp.grid()))
+    w = Workload.of(point)
+    assert w.single_inputs()["model_sha256"] == w.capture_inputs()["model_sha256"] != ""
+    model.write_text(HF_MODELS.read_text() + "\n# edited\n")
+    assert Workload.of(point).single_key != w.single_key
+    with pytest.raises(SpaceError, match=r"workload\.model: .*no such file .*nope\.py"):
+        load_space(_write(tmp_path, BASE.replace('model = "llama-tiny"', 'model = "nope.py"')))
+    with pytest.raises(SpaceError, match=r"workload\.model: .*defines no function 'model_factory'"):
+        load_space(_write(tmp_path, BASE.replace('model = "llama-tiny"', 'model = "models/m.py"')))
+    with pytest.raises(SpaceError, match=r"workload\.layers: applies to zoo models only"):
+        load_space(_write(tmp_path, BASE.replace('model = "llama-tiny"', 'model = "models/m.py:llama"\nlayers = 2')))
+
+
+@pytest.mark.slow
+def test_explore_a_hugging_face_model_file_on_the_planned_path(tmp_path, cache):
+    """A Hugging Face causal LM from a model file, swept over TP on the planned path: one single-device
+    capture, every plan expanded from it (no point falls back to the captured path)."""
+    text = f"""
+name = "hf"
+[workload]
+model = "{HF_MODELS}:llama"
+world_size = 4
+seq_len = 32
+[workload.plan]
+dp_shard = -1
+tp = [1, 2]
+[system]
+network = "switch"
+"""
+    p = _write(tmp_path, text)
+    out = tmp_path / "out"
+    assert explore_main([str(p), "--out", str(out), "--cache", str(cache), "--no-progress", "--no-report"]) == 0
+    rows = _rows(out / "results.db")
+    assert len(rows) == 2 and all(r["status"] == "ok" for r in rows), rows
+    assert all(r["outputs"]["path"] == "planned" and r["outputs"]["path_note"] == "" for r in rows)
+    t = {r["inputs"]["workload.plan.tp"]: r["outputs"] for r in rows}
+    assert t[2]["peak_memory_bytes"] < t[1]["peak_memory_bytes"]  # TP splits the blocks' weights
+    assert t[2]["exposed_comm_us"] > 0
+
+
 def test_planned_path_refusals_name_the_plan_field():
     from flint.explore.stages import Workload
 

@@ -31,30 +31,6 @@ from flint.limits import MAX_WORLD_SIZE
 from flint.units import fmt_bytes
 
 
-
-def _model_factory(spec: str, layers: int | None):
-    """A zoo preset name, or ``path/to/file.py[:function]`` defining a model factory.
-
-    Returns (factory, zoo config or None, the user's module or None). The file is
-    imported as a registered module (``sys.modules``), so its globals resolve
-    under torch.compile.
-    """
-    if layers is not None and layers < 1:
-        raise FlintError(f"--layers must be at least 1, got {layers}")
-    if spec.endswith(".py") or ".py:" in spec:
-        from flint.capture.byom import load_user_module, user_function
-
-        fn, _ = user_function(spec, "--model", "model_factory", "a zero-argument model factory")
-        if layers is not None:
-            raise FlintError("--layers applies to zoo models only; set the depth in your factory")
-        return fn, None, load_user_module(spec.partition(":")[0], "--model")
-    from flint.models import config, factory
-
-    overrides = {"n_layers": layers} if layers is not None else {}
-    cfg = config(spec, **overrides)
-    return factory(spec, **overrides), cfg, None
-
-
 def _user_inputs(args: argparse.Namespace, user_module, batch: int, seq: int):
     """The batch of a model file: --inputs, else the file's example_inputs(), else None (defaults)."""
     from flint.capture.byom import InputSpec, call_user, parse_inputs
@@ -169,6 +145,8 @@ def cmd_capture(args: argparse.Namespace) -> int:
                             ac_every=plan.ac_every if args.ac_every is None else args.ac_every)
     if args.fp8 is not None:  # float8 linear layers (flint.capture.float8)
         plan = plan.replace(fp8=args.fp8)
+    from flint.capture.byom import model_factory as _model_factory
+
     model_factory, cfg, user_module = _model_factory(args.model, args.layers)
     parallelize = None
     if args.parallelize:

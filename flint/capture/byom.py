@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import fnmatch
 import importlib.util
+import logging
 import inspect
 import os
 import re
@@ -62,6 +63,12 @@ def load_user_module(path: str, field_name: str):
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     sys.path.insert(0, os.path.dirname(real))
+    # notices libraries print on import (torchao's optional CUDA kernels failing to load on a CPU machine,
+    # torch's pytree deprecations of torchao's enums): not the user's to act on; errors still show
+    quiet = [logging.getLogger(n) for n in _IMPORT_NOISE]
+    levels = [q.level for q in quiet]
+    for q in quiet:
+        q.setLevel(logging.ERROR)
     try:
         spec.loader.exec_module(module)
     except SystemExit as e:
@@ -74,7 +81,12 @@ def load_user_module(path: str, field_name: str):
                            _user_frame(e.__traceback__, real)) from None
     finally:
         sys.path.remove(os.path.dirname(real))
+        for q, level in zip(quiet, levels):
+            q.setLevel(level)
     return module
+
+
+_IMPORT_NOISE = ("torchao", "torch.utils._pytree")
 
 
 def user_function(spec: str, field_name: str, default: str, what: str) -> tuple[Callable, str]:
@@ -103,6 +115,35 @@ def call_user(fn: Callable, args: Sequence[Any], field_name: str, what: str) -> 
         file = inspect.getsourcefile(fn) or ""
         raise CaptureError(field_name, f"{what} '{getattr(fn, '__name__', fn)}' raised {type(e).__name__}: {e}",
                            _user_frame(e.__traceback__, file)) from None
+
+
+def is_model_file(spec: str) -> bool:
+    """Whether a model spec names a file (``path/to/file.py[:function]``) rather than a zoo preset."""
+    return spec.endswith(".py") or ".py:" in spec
+
+
+def model_factory(spec: str, layers: int | None = None, field_name: str = "--model",
+                  layers_field: str = "--layers") -> tuple[Callable, Any, Any]:
+    """A zoo preset name, or ``path/to/file.py[:function]`` defining a zero-argument model factory.
+
+    Returns (factory, zoo config or None, the user's module or None). The file is imported as a
+    registered module (``sys.modules``), so its globals resolve under torch.compile. ``layers``
+    (the zoo's depth override) is refused for a file, naming ``layers_field``.
+    """
+    from flint.errors import FlintError
+
+    if layers is not None and layers < 1:
+        raise FlintError(f"{layers_field} must be at least 1, got {layers}")
+    if is_model_file(spec):
+        fn, _ = user_function(spec, field_name, "model_factory", "a zero-argument model factory")
+        if layers is not None:
+            raise FlintError(f"{layers_field} applies to zoo models only; set the depth in your factory")
+        return fn, None, load_user_module(spec.partition(":")[0], field_name)
+    from flint.models import config, factory
+
+    overrides = {"n_layers": layers} if layers is not None else {}
+    cfg = config(spec, **overrides)
+    return factory(spec, **overrides), cfg, None
 
 
 def where_defined(obj: Any) -> str | None:

@@ -16,7 +16,7 @@ In the order they are checked (a point is counted under the first it fails):
                     HBM: parameters, gradients and AdamW's two moments at the
                     model dtype, divided by ``tp * pp * ep`` and, under ZeRO-3, by
                     ``dp_shard`` (exact shapes from the model built on the meta
-                    device). It never prunes a point that could fit; the
+                    device: a zoo preset, or a model file's factory). It never prunes a point that could fit; the
                     evaluated peak (tensor lifetimes) says whether the rest do
                     (output ``fits``).
 """
@@ -30,27 +30,35 @@ from flint.errors import FlintError
 
 
 @cache
-def _param_count(model: str, layers: int | None) -> int:
+def _built(model: str, layers: int | None):
+    """The model on the meta device (a zoo preset or a model file's factory) and its zoo config or None."""
     import torch
 
-    from flint.models import build
+    from flint.capture.byom import model_factory
 
-    overrides = {"n_layers": layers} if layers is not None else {}
+    fn, cfg, _ = model_factory(model, layers, "workload.model", "workload.layers")
     with torch.device("meta"):
-        m = build(model, **overrides)
-    return sum(p.numel() for p in m.parameters())
+        return fn(), cfg
+
+
+def _param_count(model: str, layers: int | None) -> int:
+    return sum(p.numel() for p in _built(model, layers)[0].parameters())
+
+
+# the shape fields checked against a plan: (ours, the zoo config's, Hugging Face's config's)
+_SHAPE_FIELDS = (("n_layers", "n_layers", "num_hidden_layers"), ("n_heads", "n_heads", "num_attention_heads"),
+                 ("n_kv_heads", "n_kv_heads", "num_key_value_heads"), ("hidden", "dim", "hidden_size"),
+                 ("ffn_hidden", "ffn_dim", "intermediate_size"), ("n_experts", "n_experts", "num_local_experts"))
 
 
 @cache
 def _model_shape(model: str, layers: int | None) -> dict[str, int]:
-    from flint.models import config
-
-    cfg = config(model, **({"n_layers": layers} if layers is not None else {}))
+    m, cfg = _built(model, layers)
+    hf = getattr(m, "config", None)  # a model file's Hugging Face model: its config's names
     out = {}
-    for ours, theirs in (("n_layers", "n_layers"), ("n_heads", "n_heads"), ("n_kv_heads", "n_kv_heads"),
-                         ("hidden", "dim"), ("ffn_hidden", "ffn_dim"), ("n_experts", "n_experts")):
-        v = getattr(cfg, theirs, None)
-        if isinstance(v, int):
+    for ours, zoo, theirs in _SHAPE_FIELDS:
+        v = getattr(cfg, zoo, None) if cfg is not None else getattr(hf, theirs, None)
+        if isinstance(v, int) and not isinstance(v, bool):
             out[ours] = v
     if "hidden" not in out and isinstance(getattr(cfg, "d_model", None), int):
         out["hidden"] = cfg.d_model

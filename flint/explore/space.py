@@ -11,7 +11,9 @@ A space file is TOML::
     objectives = ["iteration_time_us", "peak_memory_bytes", "gpus"]   # all minimized
 
     [workload]                   # what is captured (and how it is scheduled)
-    model = "llama-tiny"         # a scalar is one value; a list is an axis
+    model = "llama-tiny"         # a scalar is one value; a list is an axis; a zoo preset, or
+                                 # "path/to/model.py[:function]" (a model factory, relative to this
+                                 # file; its inputs: input_ids and labels, global_batch x seq_len)
     layers = 2
     global_batch = [16, 32]
     seq_len = 64
@@ -347,6 +349,7 @@ def space_from_dict(data: Mapping[str, Any], src: str = "<space>") -> Space:
     for key, default in SYSTEM_DEFAULTS.items():
         if key not in sysd:
             axes.append(Axis(f"system.{key}", (default,)))
+    axes = [Axis(a.name, _model_files(src, a.values)) if a.name == "workload.model" else a for a in axes]
     _check_axis_values(src, axes)
 
     search = data.get("search", {})
@@ -419,6 +422,25 @@ def space_from_dict(data: Mapping[str, Any], src: str = "<space>") -> Space:
                  reference)
 
 
+def _model_files(src: str, values: tuple) -> tuple:
+    """Model files (``path/to/file.py[:function]``) as absolute paths, relative ones taken from the space
+    file's directory; each checked to define its factory (the file is imported)."""
+    from flint.capture.byom import is_model_file, user_function
+
+    base = Path(src).parent if Path(src).is_file() else Path.cwd()
+    out = []
+    for v in values:
+        if is_model_file(v):
+            path, sep, fn = v.partition(":")
+            v = str((base / path).resolve()) + sep + fn
+            try:
+                user_function(v, "workload.model", "model_factory", "a zero-argument model factory")
+            except FlintError as e:
+                raise SpaceError(src, "workload.model", str(e)) from None
+        out.append(v)
+    return tuple(out)
+
+
 def _check_axis_values(src: str, axes: list[Axis]) -> None:
     """Values that can be checked without a point: presets exist, network dimensions exist, passes parse."""
     from flint.cost import load_device, load_network
@@ -445,11 +467,17 @@ def _check_axis_values(src: str, axes: list[Axis]) -> None:
                              "system.nic.dim")
                 raise SpaceError(src, where, f"network '{net.name}' has no dimension '{dim}' (its dimensions: "
                                  f"{', '.join(d.name for d in net.dims)})")
+    from flint.capture.byom import is_model_file
     from flint.models import presets
 
     for v in by["workload.model"].values:
-        if v not in presets():
-            raise SpaceError(src, "workload.model", f"unknown model '{v}'; known: {', '.join(sorted(presets()))}")
+        if not is_model_file(v) and v not in presets():
+            raise SpaceError(src, "workload.model", f"unknown model '{v}'; known: {', '.join(sorted(presets()))}, "
+                             "or path/to/file.py[:function] defining a model factory")
+    if any(is_model_file(v) for v in by["workload.model"].values) and \
+            any(v is not None for v in by["workload.layers"].values):
+        raise SpaceError(src, "workload.layers", "applies to zoo models only; a model file sets its depth in its "
+                         "factory")
     for v in by["workload.path"].values:
         if v not in PATHS:
             raise SpaceError(src, "workload.path", f"unknown path '{v}'; known: {', '.join(PATHS)}")

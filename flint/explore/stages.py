@@ -75,6 +75,7 @@ class Workload:
     plan: Plan
     passes: str
     path: str = "planned"
+    model_sha256: str = ""  # a model file's content (its edits are new programs); "" for a zoo preset
 
     @staticmethod
     def of(point: Mapping[str, Any]) -> "Workload":
@@ -82,20 +83,28 @@ class Workload:
 
         plan = plan_of_point(point)
         gb = point.get("workload.global_batch")
-        return Workload(point["workload.model"], point.get("workload.layers"), point.get("workload.dtype", "bfloat16"),
+        model = point["workload.model"]
+        return Workload(model, point.get("workload.layers"), point.get("workload.dtype", "bfloat16"),
                         int(gb) if gb is not None else plan.dp, int(point.get("workload.seq_len", 64)), plan,
-                        point.get("workload.passes", DEFAULT_PASSES), point.get("workload.path", "planned"))
+                        point.get("workload.passes", DEFAULT_PASSES), point.get("workload.path", "planned"),
+                        _file_sha256(model))
+
+    def _model_inputs(self) -> dict[str, Any]:
+        out = {"model": self.model, "layers": self.layers, "dtype": self.dtype}
+        if self.model_sha256:
+            out["model_sha256"] = self.model_sha256
+        return out
 
     def capture_inputs(self) -> dict[str, Any]:
-        """What decides the captured program: model, depth, dtype, plan, local shapes."""
+        """What decides the captured program: model (a file's content too), depth, dtype, plan, local shapes."""
         local = (self.global_batch // self.plan.dp, self.seq_len)
-        return {"model": self.model, "layers": self.layers, "dtype": self.dtype, "plan": self.plan.to_dict(),
+        return {**self._model_inputs(), "plan": self.plan.to_dict(),
                 "local_shapes": {"tokens": list(local), "labels": list(local)}, "recipe": "flint.capture.capture_step"}
 
     def single_inputs(self) -> dict[str, Any]:
         """What decides the single-device program the planned path expands: model, depth, dtype, global shapes."""
         shape = [self.global_batch, self.seq_len]
-        return {"model": self.model, "layers": self.layers, "dtype": self.dtype, "plan": SINGLE_DEVICE.to_dict(),
+        return {**self._model_inputs(), "plan": SINGLE_DEVICE.to_dict(),
                 "local_shapes": {"tokens": shape, "labels": shape}, "recipe": "flint.capture.capture_step"}
 
     @property
@@ -127,6 +136,22 @@ class Workload:
 
 
 SINGLE_DEVICE = Plan.from_dict({}, world_size=1)
+
+
+def _file_sha256(model: str) -> str:
+    """The content hash of a model file (``path.py[:function]``), "" for a zoo preset."""
+    import hashlib
+
+    from flint.capture.byom import is_model_file
+
+    if not is_model_file(model):
+        return ""
+    path = model.partition(":")[0]
+    try:
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()
+    except OSError as e:
+        raise FlintError(f"workload.model: cannot read {path}: {e.strerror}") from None
 
 
 def capture_stage(workload: Workload, cache: CaptureCache, isolated: bool = False) -> tuple[str, bool]:
@@ -161,19 +186,22 @@ def _capture_spec(w: Workload, single: bool) -> dict[str, Any]:
 
 
 def capture_program(spec: Mapping[str, Any]) -> str:
-    """Capture and import one step (``spec``: model, layers, dtype, plan dict, GLOBAL shapes); the IR text."""
+    """Capture and import one step (``spec``: model (a zoo preset or a model file), layers, dtype, plan dict,
+    GLOBAL shapes); the IR text."""
     from io import StringIO
 
     from xdsl.printer import Printer
 
     from flint.capture import capture_step
+    from flint.capture.byom import model_factory
     from flint.importer import import_step
-    from flint.models import factory
 
-    overrides = {"n_layers": spec["layers"]} if spec["layers"] is not None else {}
+    fn, cfg, _ = model_factory(spec["model"], spec["layers"], "workload.model", "workload.layers")
     plan = Plan.from_dict(spec["plan"])
     shapes = {k: tuple(v) for k, v in spec["shapes"].items()}
-    step = capture_step(factory(spec["model"], **overrides), shapes, plan=plan, dtype=spec["dtype"])
+    # a model file takes a causal LM's inputs, input_ids and labels of the same global shape
+    step = capture_step(fn, shapes if cfg is not None else None, plan=plan, dtype=spec["dtype"],
+                        default_batch=shapes["tokens"])
     module = import_step(step)
     out = StringIO()
     Printer(stream=out, print_debuginfo=True).print_op(module)
