@@ -785,6 +785,10 @@ class FunctionExpander:
             dims = [() if i == d else ax for i, ax in enumerate(s.dims)]
             p = s.partial if linear else ()
             return Rule([Sharding(tuple(dims), p)], [Sharding(tuple(dims[:d] + dims[d + 1:]), p)])
+        if name == "select_scatter":  # src is self without dim d
+            s = self.sharding(ins[0])
+            dims = [() if i == d else ax for i, ax in enumerate(s.dims)]
+            return Rule([Sharding(tuple(dims)), Sharding(tuple(dims[:d] + dims[d + 1:]))], [Sharding(tuple(dims))])
         if name == "select_backward":
             s = self.sharding(ins[0])
             dims = list(s.dims)
