@@ -116,14 +116,14 @@ def check_model(module: ModuleOp, plan: Plan, rules: Rules | None = None) -> Non
     kv = attn_seq = None
     split_dims: list[tuple[str, int]] = []
     experts_named = False
-    whole_blocks: set[str] = set()  # repeated blocks (parts with a _bwd) none of whose parameters tp splits
+    whole_blocks: set[str] = set()  # repeated parts (blocks) none of whose parameters tp splits
     rules = rules or load_rules()
+    repeated = {name for name, count in get_schedule(module) if count > 1 and name.endswith("_fwd")}
     for fn in module.ops:
         if not isinstance(fn, func.FuncOp):
             continue
-        part = fn.sym_name.data[:-4] if fn.sym_name.data.endswith("_fwd") else None
-        if part is not None and part != "model" and any(_role(fn, i)[0] == "parameter"
-                                                         for i in range(len(fn.body.block.args))):
+        part = fn.sym_name.data[:-4] if fn.sym_name.data in repeated else None
+        if part is not None and any(_role(fn, i)[0] == "parameter" for i in range(len(fn.body.block.args))):
             whole_blocks.add(part)
         for i, arg in enumerate(fn.body.block.args):
             role, param = _role(fn, i)

@@ -882,7 +882,6 @@ class FunctionExpander:
                 res.append(Sharding(((),) * k, lead_axes))
         return Rule(req, res, lead_axes)
 
-
     def rule_pad(self, op: AtenOp) -> Rule:
         """``constant_pad_nd``: a padded dim (``pad`` lists (before, after) pairs from the last dim
         backwards) must be whole; the others keep their split. Linear in its input only when padding
