@@ -397,6 +397,20 @@ def test_plain_modules_capture(name, plan, inputs):
     assert sum(aten_op_work(op).flops for op in module.walk() if isinstance(op, AtenOp)) == step.summary().flops
 
 
+def test_float_input_at_another_dtype_than_the_model_is_named():
+    """A float32 input into a model cast to bfloat16 fails inside its first layer with Dynamo's fake-tensor
+    message; the error names the input and both dtypes and says how to fix it."""
+    from flint.capture.byom import file_inputs, load_user_module
+
+    path = os.path.join(os.path.dirname(__file__), "data", "byom", "hf_models.py")
+    fn, _ = user_function(f"{path}:cnn", "--model", "model_factory", "a model factory")
+    inputs = file_inputs(load_user_module(path, "--model"), "--model")
+    assert inputs["x"].dtype == torch.float32
+    with pytest.raises(CaptureError, match=r"(?s)conv2d.*input 'x' is float32 while the model runs in bfloat16: "
+                                           r"give its shape without a dtype .* to float32\)\n  at .*hf_models.py"):
+        capture_step(fn, inputs, world_size=2, plan="dp", dtype="bfloat16")
+
+
 @pytest.mark.parametrize("plan", ["dp", "fsdp"])
 def test_container_reading_its_blocks_attributes(plan):
     """nn.TransformerEncoder's forward reads ``layers[0].self_attn.batch_first``: the blocks' wrappers (the

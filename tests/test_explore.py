@@ -95,23 +95,33 @@ def test_bad_space_names_the_axis(tmp_path, edit, where):
         load_space(_write(tmp_path, BASE.replace(*edit)))
 
 
-HF_MODELS = Path(__file__).parent / "data" / "byom" / "hf_models.py"
+HF_MODELS = Path(__file__).parent / "data" / "byom" / "hf_models.py"  # defines example_inputs() (the CNN's)
+
+LLAMA_FILE = """
+from transformers import LlamaConfig, LlamaForCausalLM
+
+
+def llama():
+    return LlamaForCausalLM(LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128))
+"""
 
 
 def test_model_files_resolve_from_the_space_file_and_are_checked(tmp_path):
     """A model file in a space is taken relative to the space file, checked to define its factory, and its
-    content is part of the program's key (an edited file is a new program); zoo-only settings are refused."""
+    content is part of the program's key (an edited file is a new program); zoo-only settings, and batch
+    axes for a file whose example_inputs() fixes the batch, are refused."""
     from flint.explore.stages import Workload
 
     (tmp_path / "models").mkdir()
     model = tmp_path / "models" / "m.py"
-    model.write_text(HF_MODELS.read_text())
+    model.write_text(LLAMA_FILE)
     sp = load_space(_write(tmp_path, BASE.replace('model = "llama-tiny"', 'model = "models/m.py:llama"')))
     assert sp.axis("workload.model").values == (f"{model.resolve()}:llama",)
     point = next(iter(sp.grid()))
     w = Workload.of(point)
     assert w.single_inputs()["model_sha256"] == w.capture_inputs()["model_sha256"] != ""
-    model.write_text(HF_MODELS.read_text() + "\n# edited\n")
+    model.write_text(LLAMA_FILE + "\n# edited\n")
     assert Workload.of(point).single_key != w.single_key
     with pytest.raises(SpaceError, match=r"workload\.model: .*no such file .*nope\.py"):
         load_space(_write(tmp_path, BASE.replace('model = "llama-tiny"', 'model = "nope.py"')))
@@ -119,16 +129,22 @@ def test_model_files_resolve_from_the_space_file_and_are_checked(tmp_path):
         load_space(_write(tmp_path, BASE.replace('model = "llama-tiny"', 'model = "models/m.py"')))
     with pytest.raises(SpaceError, match=r"workload\.layers: applies to zoo models only"):
         load_space(_write(tmp_path, BASE.replace('model = "llama-tiny"', 'model = "models/m.py:llama"\nlayers = 2')))
+    with pytest.raises(SpaceError, match=r"workload\.global_batch: .*hf_models\.py fixes its batch with "
+                                         r"example_inputs\(\)"):
+        load_space(_write(tmp_path, BASE.replace('model = "llama-tiny"', f'model = "{HF_MODELS}:cnn"')))
 
 
 @pytest.mark.slow
-def test_explore_a_hugging_face_model_file_on_the_planned_path(tmp_path, cache):
+def test_explore_model_files(tmp_path, cache):
     """A Hugging Face causal LM from a model file, swept over TP on the planned path: one single-device
-    capture, every plan expanded from it (no point falls back to the captured path)."""
-    text = f"""
+    capture, every plan expanded from it (no point falls back to the captured path). A CNN whose file's
+    example_inputs() gives its batch (float32, so the model dtype too) runs on the captured path
+    (convolutions have no sharding rule), saying why."""
+    (tmp_path / "m.py").write_text(LLAMA_FILE)
+    p = _write(tmp_path, """
 name = "hf"
 [workload]
-model = "{HF_MODELS}:llama"
+model = "m.py:llama"
 world_size = 4
 seq_len = 32
 [workload.plan]
@@ -136,8 +152,7 @@ dp_shard = -1
 tp = [1, 2]
 [system]
 network = "switch"
-"""
-    p = _write(tmp_path, text)
+""")
     out = tmp_path / "out"
     assert explore_main([str(p), "--out", str(out), "--cache", str(cache), "--no-progress", "--no-report"]) == 0
     rows = _rows(out / "results.db")
@@ -146,6 +161,22 @@ network = "switch"
     t = {r["inputs"]["workload.plan.tp"]: r["outputs"] for r in rows}
     assert t[2]["peak_memory_bytes"] < t[1]["peak_memory_bytes"]  # TP splits the blocks' weights
     assert t[2]["exposed_comm_us"] > 0
+    p = _write(tmp_path, f"""
+name = "cnn"
+[workload]
+model = "{HF_MODELS}:cnn"
+world_size = 2
+dtype = "float32"
+[workload.plan]
+dp_replicate = 2
+[system]
+network = "switch"
+""", "cnn.toml")
+    out = tmp_path / "out-cnn"
+    assert explore_main([str(p), "--out", str(out), "--cache", str(cache), "--no-progress", "--no-report"]) == 0
+    (row,) = _rows(out / "results.db")
+    assert row["status"] == "ok", row
+    assert row["outputs"]["path"] == "captured" and "convolution" in row["outputs"]["path_note"]
 
 
 def test_planned_path_refusals_name_the_plan_field():

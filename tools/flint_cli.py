@@ -31,37 +31,6 @@ from flint.limits import MAX_WORLD_SIZE
 from flint.units import fmt_bytes
 
 
-def _user_inputs(args: argparse.Namespace, user_module, batch: int, seq: int):
-    """The batch of a model file: --inputs, else the file's example_inputs(), else None (defaults)."""
-    from flint.capture.byom import InputSpec, call_user, parse_inputs
-
-    if args.inputs:
-        return parse_inputs(args.inputs)
-    fn = getattr(user_module, "example_inputs", None) if user_module is not None else None
-    if not callable(fn):
-        return None
-    value = call_user(fn, (), "example_inputs", "the model file's example_inputs")
-    if not isinstance(value, dict) or not value:
-        raise FlintError(f"--model: example_inputs() must return a dict name -> shape, 'DIMxDIM:dtype' or "
-                         f"tensor, got {type(value).__name__}")
-    out = {}
-    for name, v in value.items():
-        import torch
-
-        if isinstance(v, torch.Tensor):
-            out[name] = InputSpec(tuple(v.shape), v.dtype)
-        elif isinstance(v, str):
-            out[name] = parse_inputs(f"{name}={v}")[name]
-        elif isinstance(v, InputSpec):
-            out[name] = v
-        elif isinstance(v, (tuple, list)) and all(isinstance(d, int) for d in v):
-            out[name] = InputSpec(tuple(v))
-        else:
-            raise FlintError(f"--model: example_inputs()['{name}'] is {v!r}: expected a shape, 'DIMxDIM:dtype' "
-                             "or a tensor")
-    return out
-
-
 def _fmt_count(x: float) -> str:
     for unit, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("K", 1e3)):
         if abs(x) >= scale:
@@ -162,7 +131,9 @@ def cmd_capture(args: argparse.Namespace) -> int:
                              "(--batch-size, --seq-len)")
         shapes = {"tokens": (batch, seq), "labels": (batch, seq)}
     else:
-        shapes = _user_inputs(args, user_module, batch, seq)
+        from flint.capture.byom import file_inputs, parse_inputs
+
+        shapes = parse_inputs(args.inputs) if args.inputs else file_inputs(user_module, "--model")
     mesh = plan.mesh()
     what = (", ".join(f"{k} {'x'.join(map(str, v.shape))}" for k, v in shapes.items())
             if shapes and cfg is None else f"batch {batch}x{seq}")

@@ -146,6 +146,34 @@ def model_factory(spec: str, layers: int | None = None, field_name: str = "--mod
     return factory(spec, **overrides), cfg, None
 
 
+def file_inputs(user_module, field_name: str) -> dict[str, "InputSpec"] | None:
+    """The batch a model file's ``example_inputs()`` gives (name -> shape, ``'DIMxDIM:dtype'``, tensor or
+    :class:`InputSpec`; GLOBAL shapes), or None when the file defines none (a causal LM's defaults)."""
+    from flint.errors import FlintError
+
+    fn = getattr(user_module, "example_inputs", None) if user_module is not None else None
+    if not callable(fn):
+        return None
+    value = call_user(fn, (), "example_inputs", "the model file's example_inputs")
+    if not isinstance(value, dict) or not value:
+        raise FlintError(f"{field_name}: example_inputs() must return a dict name -> shape, 'DIMxDIM:dtype' or "
+                         f"tensor, got {type(value).__name__}")
+    out = {}
+    for name, v in value.items():
+        if isinstance(v, torch.Tensor):
+            out[name] = InputSpec(tuple(v.shape), v.dtype)
+        elif isinstance(v, str):
+            out[name] = parse_inputs(f"{name}={v}")[name]
+        elif isinstance(v, InputSpec):
+            out[name] = v
+        elif isinstance(v, (tuple, list)) and all(isinstance(d, int) for d in v):
+            out[name] = InputSpec(tuple(v))
+        else:
+            raise FlintError(f"{field_name}: example_inputs()['{name}'] is {v!r}: expected a shape, 'DIMxDIM:dtype' "
+                             "or a tensor")
+    return out
+
+
 def where_defined(obj: Any) -> str | None:
     try:
         fn = obj if inspect.isfunction(obj) else type(obj)

@@ -285,11 +285,29 @@ def _resolve_hf_loss(model: nn.Module) -> None:
             pass
 
 
-def capture_generic(model: nn.Module, dm, mesh, inputs: Mapping[str, InputSpec], *, parallelize: Callable | None,
-                    plan, loss: str, repeat: bool, capture_part: Callable, param_dtype: torch.dtype,
-                    data_axes: Sequence[str], local_batch: Callable, optimizer: str | None,
-                    buffers: dict[int, str]):
-    """(parts, local batch shapes) of ``model`` (see the module docstring)."""
+def capture_generic(model: nn.Module, dm, mesh, inputs: Mapping[str, InputSpec], **kw):
+    """(parts, local batch shapes) of ``model`` (see the module docstring). A failure while a
+    floating-point input is given a dtype other than the model's says so (the likely cause: a float32
+    input into a model cast to bfloat16 fails inside the first layer, far from its cause)."""
+    try:
+        return _capture_generic(model, dm, mesh, inputs, **kw)
+    except CaptureError as e:
+        name = lambda t: str(t).removeprefix("torch.")  # noqa: E731
+        other = [(k, name(s.dtype)) for k, s in inputs.items()
+                 if s.dtype is not None and s.dtype.is_floating_point and s.dtype != kw["param_dtype"]]
+        if not other:
+            raise
+        message = str(e).partition(": ")[2].split("\n  at ")[0]
+        raise CaptureError(e.field, f"{message}\n  (input {', '.join(f'{k!r} is {t}' for k, t in other)} while the "
+                           f"model runs in {name(kw['param_dtype'])}: give its shape without a dtype to follow the "
+                           f"model's, or set the model dtype (--dtype, workload.dtype) to {other[0][1]})",
+                           e.source) from e
+
+
+def _capture_generic(model: nn.Module, dm, mesh, inputs: Mapping[str, InputSpec], *, parallelize: Callable | None,
+                     plan, loss: str, repeat: bool, capture_part: Callable, param_dtype: torch.dtype,
+                     data_axes: Sequence[str], local_batch: Callable, optimizer: str | None,
+                     buffers: dict[int, str]):
     _resolve_hf_loss(model)
     names, var_kw = forward_parameters(model)
     targets = [n for n in inputs if n not in names and not var_kw]

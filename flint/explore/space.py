@@ -349,7 +349,7 @@ def space_from_dict(data: Mapping[str, Any], src: str = "<space>") -> Space:
     for key, default in SYSTEM_DEFAULTS.items():
         if key not in sysd:
             axes.append(Axis(f"system.{key}", (default,)))
-    axes = [Axis(a.name, _model_files(src, a.values)) if a.name == "workload.model" else a for a in axes]
+    axes = [Axis(a.name, _model_files(src, a.values, wl)) if a.name == "workload.model" else a for a in axes]
     _check_axis_values(src, axes)
 
     search = data.get("search", {})
@@ -422,10 +422,11 @@ def space_from_dict(data: Mapping[str, Any], src: str = "<space>") -> Space:
                  reference)
 
 
-def _model_files(src: str, values: tuple) -> tuple:
+def _model_files(src: str, values: tuple, workload: Mapping[str, Any]) -> tuple:
     """Model files (``path/to/file.py[:function]``) as absolute paths, relative ones taken from the space
-    file's directory; each checked to define its factory (the file is imported)."""
-    from flint.capture.byom import is_model_file, user_function
+    file's directory; each checked to define its factory (the file is imported). A file whose
+    ``example_inputs()`` fixes the batch takes no ``global_batch`` or ``seq_len``."""
+    from flint.capture.byom import is_model_file, load_user_module, user_function
 
     base = Path(src).parent if Path(src).is_file() else Path.cwd()
     out = []
@@ -437,6 +438,11 @@ def _model_files(src: str, values: tuple) -> tuple:
                 user_function(v, "workload.model", "model_factory", "a zero-argument model factory")
             except FlintError as e:
                 raise SpaceError(src, "workload.model", str(e)) from None
+            fixed = callable(getattr(load_user_module(v.partition(":")[0], "workload.model"), "example_inputs", None))
+            for key in ("global_batch", "seq_len"):
+                if fixed and key in workload:
+                    raise SpaceError(src, f"workload.{key}", f"{path} fixes its batch with example_inputs() (global "
+                                     "shapes); drop this axis, or change the shapes there")
         out.append(v)
     return tuple(out)
 

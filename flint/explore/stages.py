@@ -193,15 +193,15 @@ def capture_program(spec: Mapping[str, Any]) -> str:
     from xdsl.printer import Printer
 
     from flint.capture import capture_step
-    from flint.capture.byom import model_factory
+    from flint.capture.byom import file_inputs, model_factory
     from flint.importer import import_step
 
-    fn, cfg, _ = model_factory(spec["model"], spec["layers"], "workload.model", "workload.layers")
+    fn, cfg, user_module = model_factory(spec["model"], spec["layers"], "workload.model", "workload.layers")
     plan = Plan.from_dict(spec["plan"])
     shapes = {k: tuple(v) for k, v in spec["shapes"].items()}
-    # a model file takes a causal LM's inputs, input_ids and labels of the same global shape
-    step = capture_step(fn, shapes if cfg is not None else None, plan=plan, dtype=spec["dtype"],
-                        default_batch=shapes["tokens"])
+    # a model file: its example_inputs() (global shapes), else a causal LM's input_ids and labels
+    inputs = shapes if cfg is not None else file_inputs(user_module, "workload.model")
+    step = capture_step(fn, inputs, plan=plan, dtype=spec["dtype"], default_batch=shapes["tokens"])
     module = import_step(step)
     out = StringIO()
     Printer(stream=out, print_debuginfo=True).print_op(module)
