@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import fnmatch
 import importlib.util
-import logging
 import inspect
+import logging
 import os
 import re
 import sys

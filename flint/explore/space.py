@@ -13,7 +13,8 @@ A space file is TOML::
     [workload]                   # what is captured (and how it is scheduled)
     model = "llama-tiny"         # a scalar is one value; a list is an axis; a zoo preset, or
                                  # "path/to/model.py[:function]" (a model factory, relative to this
-                                 # file; its inputs: input_ids and labels, global_batch x seq_len)
+                                 # file; its batch: the file's example_inputs(), else input_ids and
+                                 # labels of global_batch x seq_len)
     layers = 2
     global_batch = [16, 32]
     seq_len = 64
