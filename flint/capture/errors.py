@@ -10,6 +10,7 @@ class CaptureError(FlintError):
 
     def __init__(self, field: str, message: str, source: str | None = None) -> None:
         self.field = field
+        self.message = message
         self.source = source
         text = f"{field}: {message}"
         if source:

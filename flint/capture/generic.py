@@ -297,8 +297,7 @@ def capture_generic(model: nn.Module, dm, mesh, inputs: Mapping[str, InputSpec],
                  if s.dtype is not None and s.dtype.is_floating_point and s.dtype != kw["param_dtype"]]
         if not other:
             raise
-        message = str(e).partition(": ")[2].split("\n  at ")[0]
-        raise CaptureError(e.field, f"{message}\n  (input {', '.join(f'{k!r} is {t}' for k, t in other)} while the "
+        raise CaptureError(e.field, f"{e.message}\n  (input {', '.join(f'{k!r} is {t}' for k, t in other)} while the "
                            f"model runs in {name(kw['param_dtype'])}: give its shape without a dtype to follow the "
                            f"model's, or set the model dtype (--dtype, workload.dtype) to {other[0][1]})",
                            e.source) from e

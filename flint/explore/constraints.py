@@ -30,19 +30,25 @@ from flint.errors import FlintError
 
 
 @cache
-def _built(model: str, layers: int | None):
-    """The model on the meta device (a zoo preset or a model file's factory) and its zoo config or None."""
-    import torch
-
+def _factory(model: str, layers: int | None):
+    """(model factory, zoo config or None) of a zoo preset or a model file."""
     from flint.capture.byom import model_factory
 
-    fn, cfg, _ = model_factory(model, layers, "workload.model", "workload.layers")
+    return model_factory(model, layers, "workload.model", "workload.layers")[:2]
+
+
+@cache
+def _built(model: str, layers: int | None):
+    """The model on the meta device."""
+    import torch
+
     with torch.device("meta"):
-        return fn(), cfg
+        return _factory(model, layers)[0]()
 
 
+@cache
 def _param_count(model: str, layers: int | None) -> int:
-    return sum(p.numel() for p in _built(model, layers)[0].parameters())
+    return sum(p.numel() for p in _built(model, layers).parameters())
 
 
 # the shape fields checked against a plan: (ours, the zoo config's, Hugging Face's config's)
@@ -53,8 +59,9 @@ _SHAPE_FIELDS = (("n_layers", "n_layers", "num_hidden_layers"), ("n_heads", "n_h
 
 @cache
 def _model_shape(model: str, layers: int | None) -> dict[str, int]:
-    m, cfg = _built(model, layers)
-    hf = getattr(m, "config", None)  # a model file's Hugging Face model: its config's names
+    cfg = _factory(model, layers)[1]
+    # a model file's Hugging Face model: its config's names (a zoo preset's config needs no model built)
+    hf = getattr(_built(model, layers), "config", None) if cfg is None else None
     out = {}
     for ours, zoo, theirs in _SHAPE_FIELDS:
         v = getattr(cfg, zoo, None) if cfg is not None else getattr(hf, theirs, None)

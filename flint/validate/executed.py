@@ -120,7 +120,7 @@ def count_host_trace(path: str | Path, rank: int, kineto: str | Path | None = No
                 p = parents[p]
             result.collective_ops.append(ExecutedCollective(n["id"], n["name"], cls, phases[i], nbytes, dp))
     if kineto is not None:
-        result.durations_us = exclusive_durations_us(nodes, parents, kineto)
+        result.durations_us = exclusive_durations_us(nodes, parents, events)
     coll_rows = {index[c.node_id] for c in result.collective_ops}
     for i in range(len(nodes)):
         p = parents[i]
@@ -175,21 +175,16 @@ def _parents_by_time(nodes: list[dict], parents: list[int], events: dict[int, di
     return out
 
 
-def exclusive_durations_us(nodes: list[dict], parents: list[int], kineto: str | Path) -> dict[int, float]:
+def exclusive_durations_us(nodes: list[dict], parents: list[int], events: dict[int, dict]) -> dict[int, float]:
     """node id -> exclusive host duration (µs): the profiler event's duration minus its callees'.
 
-    Profiler (Kineto) CPU events carry ``Record function id``, the ET node's
-    ``rf_id`` (the link ``chakra_trace_link`` makes for device traces). Nodes
-    without an event (labels, the ET's thread roots) get none.
+    ``events`` are :func:`_profiler_events`: Profiler (Kineto) CPU events carry
+    ``Record function id``, the ET node's ``rf_id`` (the link
+    ``chakra_trace_link`` makes for device traces). Nodes without an event
+    (labels, the ET's thread roots) get none.
     """
-    with open(kineto) as f:
-        events = json.load(f).get("traceEvents", [])
-    by_rf: dict[int, float] = {}
-    for e in events:
-        rf = e.get("args", {}).get("Record function id")
-        if e.get("ph") == "X" and rf is not None:
-            by_rf[int(rf)] = float(e.get("dur", 0.0))
-    inclusive = [by_rf.get(int(_attr(n, "rf_id") or -1)) for n in nodes]
+    inclusive = [float(e.get("dur", 0.0)) if (e := events.get(int(_attr(n, "rf_id") or -1))) is not None else None
+                 for n in nodes]
     exclusive = [d if d is not None else 0.0 for d in inclusive]
     for i, p in enumerate(parents):
         if p >= 0 and inclusive[i] is not None and inclusive[p] is not None:
