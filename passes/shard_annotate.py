@@ -9,7 +9,7 @@ from xdsl.dialects import func
 from xdsl.dialects.builtin import ArrayAttr, DenseArrayBase, DictionaryAttr, ModuleOp, StringAttr, TensorType, i16, i64
 from xdsl.dialects.shard import GridOp, ShardAxesArrayAttr, ShardingOp, ShardingType, ShardOp
 from xdsl.dialects.builtin import FlatSymbolRefAttr, UnitAttr
-from xdsl.ir import Block, SSAValue
+from xdsl.ir import Block, BlockArgument, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint, Rewriter
 
@@ -238,14 +238,30 @@ def annotate(module: ModuleOp, plan: Plan, rules: Rules) -> None:
             part = name[:-4]
             part_params[part] = [(p, a.type) for i, a in enumerate(fn.body.block.args)
                                  for r, p in [_role(fn, i)] if r == "parameter" and p]
+    kept = kept_through_backward(module, plan, part_params)
     for name, fn in funcs.items():
         part, _, phase = name.rpartition("_")
         if phase == "bwd" and fsdp_axes(plan) and part in part_params:
             have = {_role(fn, i)[1] for i in range(len(fn.body.block.args))}
             for p, t in part_params[part]:
-                if p not in have:
+                if p not in have and p not in kept:
                     _add_param_arg(fn, p, t)
-        _annotate_function(fn, phase, plan, rules, axis_index, part_params.get(part, []))
+        _annotate_function(fn, phase, plan, rules, axis_index, part_params.get(part, []), kept)
+
+
+def kept_through_backward(module: ModuleOp, plan: Plan, part_params: dict) -> frozenset[str]:
+    """Parameters FSDP keeps unsharded from forward to backward under ZeRO-3: those of the last part in
+    forward order that runs once (the zoo's head: final norm and output; a Hugging Face model's part around
+    its blocks), as torchtitan wraps ``[norm, output]`` with ``reshard_after_forward=False`` and FSDP2 never
+    reshards its root group: the backward starts there, so gathering again would repeat the forward's
+    gather. A token embedding that is its own unit (:func:`embedding_units`) is still resharded."""
+    if plan.zero != 3 or not fsdp_axes(plan):
+        return frozenset()
+    once = [n[:-4] for n, count in get_schedule(module) if n.endswith("_fwd") and count == 1]
+    if not once or once[-1] not in part_params:
+        return frozenset()  # repeated blocks: one unit per layer, each resharded (the last one too)
+    own = embedding_units(module)
+    return frozenset(p for p, _ in part_params[once[-1]] if p not in own)
 
 
 def _add_param_arg(fn: func.FuncOp, param: str, t: TensorType) -> None:
@@ -258,7 +274,7 @@ def _add_param_arg(fn: func.FuncOp, param: str, t: TensorType) -> None:
 
 
 def _annotate_function(fn: func.FuncOp, phase: str, plan: Plan, rules: Rules, axis_index: dict[str, int],
-                       params: list[tuple[str, TensorType]]) -> None:
+                       params: list[tuple[str, TensorType]], kept: frozenset[str] = frozenset()) -> None:
     block: Block = fn.body.block
     first = block.first_op
     for i, arg in enumerate(block.args):
@@ -269,6 +285,8 @@ def _annotate_function(fn: func.FuncOp, phase: str, plan: Plan, rules: Rules, ax
         storage = compute = None
         if role == "parameter" and param or role in ("gradient", "exp_avg", "exp_avg_sq") and param:
             storage = zero_storage_sharding(plan, rules, param, rank, role, phase, arg.type.get_shape())
+            if role == "parameter" and phase == "bwd" and param in kept:  # the forward's gather kept, as ZeRO-2's
+                storage = param_compute_sharding(plan, rules, param, rank)
             if role == "parameter" and phase != "optim":
                 compute = param_compute_sharding(plan, rules, param, rank)
             elif role == "parameter" and plan.zero == 1:  # ZeRO-1: each rank steps its shard of the parameter
@@ -349,3 +367,50 @@ def _forward_of(fn: func.FuncOp) -> func.FuncOp | None:
         if isinstance(op, func.FuncOp) and op.sym_name.data == name:
             return op
     return None
+
+
+def embedding_units(module: ModuleOp) -> frozenset[str]:
+    """Parameters an FSDP / DDP unit of their own, as the captured recipes wrap them: the untied
+    input embedding (``get_input_embeddings``) of a forward function that also holds parameters other
+    than embedding tables (a Hugging Face model's part around its blocks: norm, output projection):
+    a table only ``aten.embedding`` reads, looking up the step's token input (not a learned position
+    table, which looks up computed positions; not a table the output projection shares)."""
+    own = set()
+    for fn in module.ops:
+        if not isinstance(fn, func.FuncOp) or not fn.sym_name.data.endswith("_fwd"):
+            continue
+        args = fn.body.block.args
+        params = {i: p for i in range(len(args)) for r, p in [_role(fn, i)] if r == "parameter" and p}
+        if len(params) < 2:
+            continue
+        tables, tokens = set(), set()
+        for i, p in params.items():
+            users, todo = [], [args[i]]
+            while todo:  # through the annotations to the ops computing with the parameter
+                for u in todo.pop().uses:
+                    if isinstance(u.operation, ShardOp):
+                        todo.append(u.operation.result)
+                    else:
+                        users.append((u.operation, u.index))
+            if users and all(isinstance(o, AtenOp) and o.overload == "aten.embedding.default" and k == 0
+                             for o, k in users):
+                tables.add(p)
+                if all(_is_step_input(fn, o.operands[1]) for o, _ in users):
+                    tokens.add(p)
+        if len(tables) < len(params):  # a part of embeddings only (the zoo's) is one unit as it is
+            own |= tokens
+    return frozenset(own)
+
+
+def _is_step_input(fn: func.FuncOp, v: SSAValue) -> bool:
+    """Whether ``v`` is a batch input of ``fn`` (role ``input``), through annotations and views."""
+    while True:
+        if isinstance(v, BlockArgument):
+            return v.owner is fn.body.block and _role(fn, v.index)[0] == "input"
+        o = v.owner
+        if isinstance(o, ShardOp):
+            v = o.src
+        elif isinstance(o, AtenOp) and o.overload.split(".")[1] in ("view", "_unsafe_view", "reshape") and o.operands:
+            v = o.operands[0]
+        else:
+            return False

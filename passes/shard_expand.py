@@ -15,7 +15,7 @@ from flint.chakra.from_ir import AXIS_NAMES_ATTR
 from flint.errors import FlintError
 from flint.ir import dist
 from flint.ir.aten import AtenOp, get_schedule
-from flint.passes.shard_annotate import PARAM_ATTR, _role, read_sharding
+from flint.passes.shard_annotate import PARAM_ATTR, _role, embedding_units, read_sharding
 from flint.plan import Plan, plan_of
 from flint.sharding.engine import FILL_OPS, ExpandError, FunctionExpander, demand_pass, shape_of
 from flint.sharding.moe import assignments_of, gather_experts, make_expander, n_experts_of, reduce_expert_grads
@@ -36,8 +36,10 @@ class ShardExpandPass(ModulePass):
     and emits `dist` collectives where a value's sharding changes. Data
     parallelism follows FSDP2 / DDP per function (one unit: embedding, ONE
     block, head): FSDP gathers the unit's flat parameter shards with one
-    ``dist.all_gather`` at the top of its forward and again of its backward,
-    and reduce-scatters the flat gradients once; DDP all-reduces them once
+    ``dist.all_gather`` at the top of its forward and again of its backward
+    (but the last part, the head, whose gathered parameters are kept from
+    forward to backward as torchtitan's ``reshard_after_forward=False`` on
+    ``[norm, output]``), and reduce-scatters the flat gradients once; DDP all-reduces them once
     (average); HSDP reduce-scatters, then all-reduces the shard over
     ``dp_replicate``. Values saved for backward keep the layout the forward
     produced (``tp_style = "dtensor"``: the gathered input a matmul consumed;
@@ -448,53 +450,6 @@ class _State:
             final = Sharding(target.dims, keep_tp)
             shardings[i] = final
             self.grad_sharding[param] = final
-
-
-def embedding_units(module: ModuleOp) -> frozenset[str]:
-    """Parameters an FSDP / DDP unit of their own, as the captured recipes wrap them: the untied
-    input embedding (``get_input_embeddings``) of a forward function that also holds parameters other
-    than embedding tables (a Hugging Face model's part around its blocks: norm, output projection):
-    a table only ``aten.embedding`` reads, looking up the step's token input (not a learned position
-    table, which looks up computed positions; not a table the output projection shares)."""
-    own = set()
-    for fn in module.ops:
-        if not isinstance(fn, func.FuncOp) or not fn.sym_name.data.endswith("_fwd"):
-            continue
-        args = fn.body.block.args
-        params = {i: p for i in range(len(args)) for r, p in [_role(fn, i)] if r == "parameter" and p}
-        if len(params) < 2:
-            continue
-        tables, tokens = set(), set()
-        for i, p in params.items():
-            users, todo = [], [args[i]]
-            while todo:  # through the annotations to the ops computing with the parameter
-                for u in todo.pop().uses:
-                    if isinstance(u.operation, ShardOp):
-                        todo.append(u.operation.result)
-                    else:
-                        users.append((u.operation, u.index))
-            if users and all(isinstance(o, AtenOp) and o.overload == "aten.embedding.default" and k == 0
-                             for o, k in users):
-                tables.add(p)
-                if all(_is_step_input(fn, o.operands[1]) for o, _ in users):
-                    tokens.add(p)
-        if len(tables) < len(params):  # a part of embeddings only (the zoo's) is one unit as it is
-            own |= tokens
-    return frozenset(own)
-
-
-def _is_step_input(fn: func.FuncOp, v: SSAValue) -> bool:
-    """Whether ``v`` is a batch input of ``fn`` (role ``input``), through annotations and views."""
-    while True:
-        if isinstance(v, BlockArgument):
-            return v.owner is fn.body.block and _role(fn, v.index)[0] == "input"
-        o = v.owner
-        if isinstance(o, ShardOp):
-            v = o.src
-        elif isinstance(o, AtenOp) and o.overload.split(".")[1] in ("view", "_unsafe_view", "reshape") and o.operands:
-            v = o.operands[0]
-        else:
-            return False
 
 
 def shape_of_storage(target: Sharding, results, i, staged, sizes) -> list[int]:

@@ -4,6 +4,8 @@ configuration (the per-recipe eager comparisons are in test_capture.py)."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from captures import captured, imported
@@ -79,8 +81,10 @@ def test_collectives_match_how_pytorch_runs_it(model, plan, world):
         n_fwd, b_fwd = totals(step, "all_gather", "dp_shard", "fwd")
         n_bwd, b_bwd = totals(step, "all_gather", "dp_shard", "bwd")
         n_rs, b_rs = totals(step, "reduce_scatter", "dp_shard", "bwd")
-        assert n_fwd == n_bwd == n_rs == groups  # gathered again in backward (reshard after forward)
-        assert b_fwd == b_bwd and b_rs == dp * b_fwd  # reduce-scatter input = full (padded) gradient
+        # gathered again in backward (reshard after forward), but the head: kept from its forward, as torchtitan
+        assert n_fwd == n_rs == groups and n_bwd == groups - 1
+        head = sum(math.prod(p.local_shape) * 4 for p in step.part("head").params)  # its gather's input: the shards
+        assert b_fwd - head == b_bwd and b_rs == dp * b_fwd  # reduce-scatter input = full (padded) gradient
         if tp == 1:
             assert b_rs == param_bytes(model, pad_dim0_to=dp)
         else:  # TP shards most weights (not norms / biases) before FSDP pads them

@@ -56,9 +56,11 @@ def test_cp4_collective_bytes_match_the_hand_calculation():
     # forward: 4 FSDP unit gathers + 1 K/V all-gather per layer
     assert got.collectives[("all_gather", ("cp",), "fwd")] == 3 + LAYERS + LAYERS - 1
     assert got.collective_bytes[("all_gather", ("cp",), "fwd")] == fsdp_gather + LAYERS * kv_elems * ELEM
-    # backward: FSDP re-gathers each unit; the ring backward all-gathers K/V again
-    assert got.collectives[("all_gather", ("cp",), "bwd")] == 3 + LAYERS + LAYERS - 1
-    assert got.collective_bytes[("all_gather", ("cp",), "bwd")] == fsdp_gather + LAYERS * kv_elems * ELEM
+    # backward: FSDP re-gathers each unit but the head (kept from its forward, as torchtitan); the ring
+    # backward all-gathers K/V again
+    assert got.collectives[("all_gather", ("cp",), "bwd")] == 2 + LAYERS + LAYERS - 1
+    assert got.collective_bytes[("all_gather", ("cp",), "bwd")] == \
+        fsdp_gather - HEAD_PARAMS // cp * ELEM + LAYERS * kv_elems * ELEM
     # backward: cp hops of the float32 K/V gradient per attention call (send to r+1, recv from r-1)
     assert got.collectives[("send", ("cp",), "bwd")] == LAYERS * cp
     assert got.collective_bytes[("send", ("cp",), "bwd")] == LAYERS * cp * kv_elems * F32

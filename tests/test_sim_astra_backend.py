@@ -102,8 +102,9 @@ COMPARED = {"fsdp": 1, "tp": 8, "fsdp+tp": 2}
 @pytest.mark.slow
 @pytest.mark.parametrize("plan", list(COMPARED))
 def test_astra_sim_agrees_with_flint(plan, tmp_path, capsys):
-    """Both simulators run the same emitted trace files: iteration times agree within 1% on one-level networks,
-    with Flint's SM sharing off (ASTRA-sim does not slow compute under communication) and with it on."""
+    """Both simulators run the same emitted trace files: iteration times agree within 1% on one-level networks
+    with Flint's SM sharing off (ASTRA-sim does not slow compute under communication), and within 2% with it on
+    (the share of compute that overlaps communication, which ASTRA-sim runs at full speed)."""
     from captures import imported
     from xdsl.printer import Printer
 
@@ -128,7 +129,7 @@ def test_astra_sim_agrees_with_flint(plan, tmp_path, capsys):
             assert rc == 0, err
             flint = json.loads(out)["iteration_time_us"]
             rows.append((f"{plan} {network}: ASTRA-sim {astra:.1f} us, Flint{label} {flint:.1f} us, "
-                         f"ratio {astra / flint:.4f}", astra / flint))
-    print("\n".join(text for text, _ in rows))
-    for text, ratio in rows:
-        assert abs(ratio - 1) < 0.01, text
+                         f"ratio {astra / flint:.4f}", astra / flint, 0.01 if extra else 0.02))
+    print("\n".join(text for text, _, _ in rows))
+    for text, ratio, tolerance in rows:
+        assert abs(ratio - 1) < tolerance, text

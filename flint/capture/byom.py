@@ -476,6 +476,10 @@ TP_PRESETS: dict[str, dict[str, Any]] = {
                   "mlp.down_proj": "rowwise", "input_layernorm": "sp_norm", "post_attention_layernorm": "sp_norm",
                   "self_attn": "prepare", "mlp": "prepare"},
         "heads": ("num_attention_heads", "num_key_value_heads"),
+        # sequence parallel: Hugging Face computes the positions and the causal mask from the embedding
+        # output's sequence length, so the residual stream stays a DTensor (global shape, Shard(1)); the
+        # decoder layer calls self_attn with keywords only
+        "sp_dtensor_stream": True, "kwarg_inputs": {"self_attn": "hidden_states"},
     },
     # GPT-2's fused c_attn (x @ [Wq Wk Wv]) is column-sharded as one Conv1D: each rank holds n/tp of
     # its 3n columns and reads them as its own [q | k | v] slices (split_size divided), Megatron's
@@ -549,7 +553,9 @@ def tp_plan(preset: str, sp: bool, model: nn.Module) -> dict[str, Any]:
     table = TP_PRESETS[preset]
     Conv1DColwiseParallel, Conv1DRowwiseParallel = _conv1d_styles()
     out_layout = Shard(1) if sp else Replicate()
-    plan: dict[str, Any] = {table["embed"]: RowwiseParallel(input_layouts=Replicate(), output_layouts=out_layout),
+    local = not (sp and table.get("sp_dtensor_stream", False))  # use_local_output of the stream's producers
+    plan: dict[str, Any] = {table["embed"]: RowwiseParallel(input_layouts=Replicate(), output_layouts=out_layout,
+                                                            use_local_output=local),
                             table["head"]: ColwiseParallel(input_layouts=out_layout, output_layouts=Replicate())}
     if sp:
         plan[table["norm"]] = SequenceParallel()
@@ -561,13 +567,17 @@ def tp_plan(preset: str, sp: bool, model: nn.Module) -> dict[str, Any]:
         if style == "colwise":
             plan[key] = ColwiseParallel()
         elif style == "rowwise":
-            plan[key] = RowwiseParallel(output_layouts=out_layout)
+            plan[key] = RowwiseParallel(output_layouts=out_layout, use_local_output=local)
         elif style == "conv1d_colwise":
             plan[key] = Conv1DColwiseParallel()
         elif style == "conv1d_rowwise":
             plan[key] = Conv1DRowwiseParallel(output_layouts=out_layout)
         elif sp and style == "sp_norm":
             plan[key] = SequenceParallel()
+        elif sp and style == "prepare" and sub in table.get("kwarg_inputs", {}):
+            kw = table["kwarg_inputs"][sub]
+            plan[key] = PrepareModuleInput(input_kwarg_layouts={kw: Shard(1)},
+                                           desired_input_kwarg_layouts={kw: Replicate()})
         elif sp and style == "prepare":
             plan[key] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
     return plan
@@ -642,7 +652,7 @@ def preset_parallelize(plan, model: nn.Module, blocks_path: str | None) -> Calla
                                                                 ("reduce", plan.reduce_dtype)) if v != "param"}
             if mp:
                 kw["mp_policy"] = fsdp_mod.MixedPrecisionPolicy(**mp)
-            wrap = lambda m: fsdp_mod.fully_shard(m, mesh=dp_mesh, **kw)  # noqa: E731
+            wrap = lambda m, **extra: fsdp_mod.fully_shard(m, mesh=dp_mesh, **{**kw, **extra})  # noqa: E731
         elif plan.reduce_dtype != "param":
             raise CaptureError("reduce_dtype", f"'{plan.reduce_dtype}' with replicate (dp_replicate only) on a model "
                                "Flint has no recipe for: torch's replicate takes no reduce dtype; use dp_shard "
@@ -659,9 +669,11 @@ def preset_parallelize(plan, model: nn.Module, blocks_path: str | None) -> Calla
             for block in model.get_submodule(blocks_path).children():
                 wrap(block)
         preset = detect_tp_preset(model)
-        if preset is not None:  # final norm and output as one group, as torchtitan does
+        if preset is not None:
+            # final norm and output as one group, not resharded after forward, as torchtitan does
             table = TP_PRESETS[preset]
-            wrap([model.get_submodule(table["norm"]), model.get_submodule(table["head"])])
+            extra = {"reshard_after_forward": False} if plan.dp_shard > 1 else {}
+            wrap([model.get_submodule(table["norm"]), model.get_submodule(table["head"])], **extra)
         wrap(model)
 
     parallelize.__name__ = plan.describe()

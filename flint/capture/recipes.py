@@ -37,7 +37,8 @@ The named recipes of ``flint capture --plan`` (``dp``, ``fsdp``, ``tp``,
 ``tp+sp``, ``dp+tp``, ``fsdp+tp``, ``fsdp+tp+sp``) are presets for plans
 (:func:`flint.plan.from_recipe`). A *parameter group* is what FSDP2 would wrap
 with ``fully_shard``: the embedding, each transformer block, and the head
-(final norm + output).
+(final norm + output), which is not resharded after forward (torchtitan's
+default ``reshard_after_forward_policy``: the backward starts with it).
 """
 
 from __future__ import annotations
@@ -359,7 +360,8 @@ class _BackwardUnshard(torch.autograd.Function):
         # FSDP2's all-gather copy-in: ONE copy of the shards into the flat input (all_gather_copy_in);
         # an empty view of ``grad`` in it keeps it in the backward graph
         flat = [s.to(ctx.dtype).reshape(-1) for s in shards]
-        empty = grad.as_strided((0,), (1,)) if grad.dtype == ctx.dtype else grad.new_empty(0, dtype=ctx.dtype)
+        local = grad.to_local() if isinstance(grad, DTensor) else grad  # a sequence-parallel DTensor stream
+        empty = local.as_strided((0,), (1,)) if local.dtype == ctx.dtype else local.new_empty(0, dtype=ctx.dtype)
         buffer = torch.cat([empty, *flat])
         funcol.wait_tensor(torch.ops._c10d_functional.all_gather_into_tensor(buffer, *ctx.group))
         return (grad, None, None, None, *(None for _ in shards))
@@ -594,7 +596,9 @@ def apply_data_parallel(model: nn.Module, dp_mesh: DeviceMesh, mode: str, infos:
     model.embed = ParamGroup(model.embed, dp_mesh, mode, "embed", infos, **kw)
     for i in range(len(model.layers)):
         model.layers[i] = ParamGroup(model.layers[i], dp_mesh, mode, f"layers.{i}", infos, **kw)
-    model.head = ParamGroup(model.head, dp_mesh, mode, "head", infos, **kw)
+    # the final norm and output are not resharded after forward (torchtitan's default policy: FSDP would
+    # gather them again at once for the backward, which starts there)
+    model.head = ParamGroup(model.head, dp_mesh, mode, "head", infos, **dict(kw, reshard_after_forward=False))
 
 
 def data_parallel_mode(plan: Plan) -> str | None:
@@ -642,7 +646,9 @@ def apply(plan: Plan, model: nn.Module, mesh: DeviceMesh) -> tuple[dict[int, Par
     kw = dict(reshard_after_forward=plan.zero == 3, reduce_dtype=REDUCE_DTYPE[plan.reduce_dtype],
               param_dtype=REDUCE_DTYPE[plan.param_dtype])
     if not staged:
-        return infos, ParamGroup(model, dp_mesh, mode, "", infos, replicate_mesh=replicate, **kw)
+        # one group at the root, which FSDP2 never reshards after forward
+        return infos, ParamGroup(model, dp_mesh, mode, "", infos, replicate_mesh=replicate,
+                                 **dict(kw, reshard_after_forward=False))
     apply_data_parallel(model, dp_mesh, mode, infos, replicate, **kw)
     return infos, model
 

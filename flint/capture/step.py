@@ -476,11 +476,12 @@ def _capture_part(name: str, module: nn.Module, args: Sequence[torch.Tensor], in
                   repeat: int, infos: dict[int, ParamInfo], buffers: dict[int, str], optimizer: str | None,
                   dp_group: str | None, partitioner: str = "min-cut") -> tuple[CapturedPart, torch.Tensor]:
     cap, out = _compile_part(module, args, name, partitioner)
-    if dp_group is not None and _needs_backward_unshard(cap, dp_group):
-        # FSDP2 re-gathers every group before its backward; AOTAutograd dropped an unused one.
-        for sub in module.modules():
-            if isinstance(sub, ParamGroup):
-                sub.backward_unshard = True
+    resharded = [g for g in module.modules() if isinstance(g, ParamGroup) and g.mode == "fsdp"
+                 and g.reshard_after_forward]
+    if dp_group is not None and resharded and _needs_backward_unshard(cap, dp_group, len(resharded)):
+        # FSDP2 re-gathers every resharded group before its backward; AOTAutograd dropped an unused one.
+        for sub in resharded:
+            sub.backward_unshard = True
         torch._dynamo.reset()
         for p in module.parameters():
             p.grad = None
@@ -496,14 +497,13 @@ def _capture_part(name: str, module: nn.Module, args: Sequence[torch.Tensor], in
     return CapturedPart(name, repeat, fwd, bwd, optim, params), out
 
 
-def _needs_backward_unshard(cap: _Capture, dp_group: str) -> bool:
-    def gathers(gm: torch.fx.GraphModule | None) -> int:
-        if gm is None:
-            return 0
-        return sum(1 for n in gm.graph.nodes if n.op == "call_function"
-                   and opclass.classify_aten(n.target) == opclass.ALL_GATHER
-                   and opclass.collective_group(n) == dp_group)
-    return cap.bwd is not None and gathers(cap.bwd) < gathers(cap.fwd)
+def _needs_backward_unshard(cap: _Capture, dp_group: str, resharded: int) -> bool:
+    """Whether the backward gathers fewer times than the part has groups resharded after forward."""
+    if cap.bwd is None:
+        return False
+    return sum(1 for n in cap.bwd.graph.nodes if n.op == "call_function"
+               and opclass.classify_aten(n.target) == opclass.ALL_GATHER
+               and opclass.collective_group(n) == dp_group) < resharded
 
 
 def _check_layers(layers: nn.ModuleList) -> None:

@@ -27,7 +27,12 @@ What allocates, and for how long
   function whose parameter types equal exactly one forward's) and each role is
   counted once per group, as the largest of the group members' counts.
   Arguments without a role of the first scheduled function count as resident
-  ``other`` (nothing produced them).
+  ``other`` (nothing produced them). A backward paired with a forward (below)
+  takes its parameters from that forward and does not count them again; where
+  they are larger (kept unsharded from forward to backward: ZeRO-2, and the
+  head under ZeRO-3, as torchtitan's ``reshard_after_forward=False`` on
+  ``[norm, output]``), the difference is allocated (``params``) per forward
+  iteration, from its start to the end of the backward iteration consuming it.
 - *Op results*: every `aten.op` result and every `dist` collective / recv
   result allocates its bytes at its op's position; category ``comm`` for
   `dist` results, ``activations`` for `aten` results (``other`` in the
@@ -631,11 +636,18 @@ def step_memory(module: ModuleOp, capacity_bytes: int | None = None, role: int =
                      and param_types(q) == param_types(p) and counts.get(f) == counts.get(n)]
             if len(match) == 1:
                 groups.union(n, match[0])
+    def param_bytes(p: _Profile) -> int:
+        return sum(_value_bytes(a) for a, r in zip(p.args, p.roles) if r == "parameter")
+
+    # A paired backward's parameters beyond its forward's are kept unsharded from that forward (ZeRO-2,
+    # FSDP's head under ZeRO-3): per forward iteration, allocated at its start, freed at its backward's end.
+    paired_fwd = {schedule[be][0]: pair.fwd for be, pair in pairs.items() if pair.fwd}
+    kept_bytes = {b: max(param_bytes(profiles[b]) - param_bytes(profiles[f]), 0) for b, f in paired_fwd.items()}
     resident: dict[tuple[str, str], int] = {}
     for n, p in profiles.items():
         per_role: dict[str, int] = {}
         for a, r in zip(p.args, p.roles):
-            if r in RESIDENT_CATEGORY:
+            if r in RESIDENT_CATEGORY and not (r == "parameter" and n in paired_fwd):
                 per_role[r] = per_role.get(r, 0) + _value_bytes(a)
         for r, b in per_role.items():
             key = (groups.find(n), r)
@@ -730,6 +742,14 @@ def step_memory(module: ModuleOp, capacity_bytes: int | None = None, role: int =
             for k, arg in zip(pairs[be].saved_results, pairs[be].saved_args):
                 until = saved_until.setdefault(k, hand.copy())
                 until[rows] = offsets[be] + cons_i[rows] * bp.n_pos + max(bp.arg_last_use[arg], 0)
+        for be in np.unique(cons_e[cons_e >= 0]).tolist():
+            bname = schedule[be][0]
+            if kept_bytes.get(bname):
+                rows = np.nonzero(cons_e == be)[0]
+                cols_bytes.append(np.full(rows.size, kept_bytes[bname], dtype=np.int64))
+                cols_pos.append(start[rows])
+                cols_free.append(offsets[be] + (cons_i[rows] + 1) * profiles[bname].n_pos - 1)
+                cols_cat.append(np.full(rows.size, "params", dtype=object))
         if any(p.held):  # reduce-scatter inputs: until the next group's reduce-scatter input is formed
             held_until = np.where(hand == -1, start + p.n_pos - 1, hand)  # the step's last part: its own end
             nxt = next_reduce_scatter_input(e, j)

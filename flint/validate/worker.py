@@ -41,8 +41,9 @@ def parallelize(model: nn.Module, plan: Plan, mesh: DeviceMesh) -> None:
 
     - TP part: :func:`flint.capture.recipes.apply_tp` itself (``parallelize_module``
       with the recipe's plans), on mesh axis ``tp``.
-    - ``dp_shard``: ``fully_shard`` on the embedding, every block, the head and the root
-      (FSDP2's parameter groups = the recipe's groups) on mesh axis ``dp_shard``.
+    - ``dp_shard``: ``fully_shard`` on the embedding, every block, the head
+      (``reshard_after_forward=False``, as torchtitan) and the root (FSDP2's parameter
+      groups = the recipe's groups) on mesh axis ``dp_shard``.
     - both (HSDP): ``fully_shard`` on the 2-D ``(dp_replicate, dp_shard)`` mesh.
     - ``dp_replicate``: ``replicate`` (FSDP2-based,
       ``torch.distributed._composable.replicate_with_fsdp``) on the same groups, on
@@ -65,7 +66,9 @@ def parallelize(model: nn.Module, plan: Plan, mesh: DeviceMesh) -> None:
         if plan.dp_shard > 1 and plan.dp_replicate > 1:  # HSDP: FSDP2 on the 2-D (replicate, shard) mesh
             dp_mesh = mesh["dp_replicate", "dp_shard"]
         for module in (model.embed, *model.layers, model.head, model):
-            wrap(module, mesh=dp_mesh)
+            # torchtitan keeps the head (final norm + output) unsharded from forward to backward
+            kw = {"reshard_after_forward": False} if mode == "fsdp" and module is model.head else {}
+            wrap(module, mesh=dp_mesh, **kw)
 
 
 def case_plan(recipe: str, world_size: int, tp: int, ac: str = "none", loss_parallel: bool = False) -> Plan:

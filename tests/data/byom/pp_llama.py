@@ -68,7 +68,7 @@ def pipeline(model: nn.Module, mesh, fsdp: bool = False, tp: bool = False) -> Sc
         for layer in module.layers:
             fully_shard(layer, mesh=dp)
         if last:
-            fully_shard([module.norm, module.output], mesh=dp)
+            fully_shard([module.norm, module.output], mesh=dp, reshard_after_forward=False)  # as torchtitan
     tokens = torch.empty(MICROBATCH, SEQ, dtype=torch.int64, device="meta")
     hidden = torch.empty(MICROBATCH, SEQ, dim, dtype=dtype, device="meta")
     logits = torch.empty(MICROBATCH, SEQ, model.config.vocab_size, dtype=dtype, device="meta")
