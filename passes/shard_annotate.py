@@ -169,9 +169,27 @@ def check_model(module: ModuleOp, plan: Plan, rules: Rules | None = None) -> Non
                         "would leave those weights whole on every TP rank; add your model's parameter names "
                         "there (a copy, passed with --rules / rules=...), or capture the plan instead: "
                         "flint capture --plan ... --tp ...", plan.source)
+    if plan.sp and plan.tp > 1 and (around := _part_around_blocks(module)) is not None:
+        raise PlanError("sp", f"sequence parallelism where @{around}_fwd runs around the blocks (passes them "
+                        "through, as a Hugging Face model is captured: embedding, final norm and head in one "
+                        "function) is not implemented by shard-expand: the program does not say where the "
+                        "sequence is split at the blocks' boundary; capture the plan instead: flint capture "
+                        "--plan tp+sp ...", plan.source)
     for param, size in split_dims:
         if plan.tp > 1 and size % plan.tp:
             raise FlintError(f"plan field 'tp': {plan.tp} does not divide dim of size {size} of parameter '{param}'")
+
+
+def _part_around_blocks(module: ModuleOp) -> str | None:
+    """The part run once that computes the loss before a later forward in the schedule (the blocks it
+    passes through), or None: there, the activation handed to the blocks is not the part's first result."""
+    funcs = {f.sym_name.data: f for f in module.ops if isinstance(f, func.FuncOp)}
+    fwd = [n for n, _ in get_schedule(module) if n.endswith("_fwd") and n in funcs]
+    for name in fwd[:-1]:
+        results = funcs[name].function_type.outputs.data
+        if results and isinstance(results[0], TensorType) and not results[0].get_shape():
+            return name[:-4]
+    return None
 
 
 @dataclass(frozen=True)

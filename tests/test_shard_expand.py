@@ -176,6 +176,23 @@ def test_hugging_face_causal_lm_planned_path_agrees_with_captured_path(name, rec
 
 
 @pytest.mark.slow
+def test_hugging_face_sequence_parallel_is_refused_not_expanded_wrong():
+    """A Hugging Face model's part around its blocks (embedding, final norm, head and loss in one function, the
+    blocks passed through) does not say where the sequence is split at the blocks' boundary. Expanded anyway,
+    the embedding all-reduced where the real run reduce-scatters and every block's backward all-reduced its
+    input gradient (2x a reduce-scatter's time): refused, naming the field and the part; explore then takes the
+    captured path, which runs it (tests/test_byom.py::test_hf_llama_sequence_parallel)."""
+    from captures import single_device_byom
+
+    m = single_device_byom("llama", 2)[1].clone()
+    CanonicalizeDistPass().apply(Context(), m)
+    with pytest.raises(PlanError, match=r"plan field 'sp': sequence parallelism where @model_fwd runs around the "
+                                        r"blocks .* flint capture --plan tp\+sp"):
+        ShardAnnotatePass(tp=2, sp=True).apply(Context(), m)
+    ShardAnnotatePass(tp=2).apply(Context(), m)  # without sp it expands (checked against the capture above)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["gpt2", "opt", "phi3", "gemma2", "bloom", "falcon", "t5"])
 def test_more_hugging_face_families_expand_under_fsdp(name):
     """More Hugging Face families expand (Falcon's and T5's math attention: _safe_softmax; T5's decoder
