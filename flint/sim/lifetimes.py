@@ -636,6 +636,7 @@ def step_memory(module: ModuleOp, capacity_bytes: int | None = None, role: int =
                      and param_types(q) == param_types(p) and counts.get(f) == counts.get(n)]
             if len(match) == 1:
                 groups.union(n, match[0])
+
     def param_bytes(p: _Profile) -> int:
         return sum(_value_bytes(a) for a, r in zip(p.args, p.roles) if r == "parameter")
 
