@@ -55,10 +55,14 @@ of ``pp``), ``interleaved-zero-bubble`` (the same) and ``zbv-zero-bubble``
 weight-gradient halves. ``pp_layers`` lists blocks per stage (``pp * pp_virtual_stages``
 entries), else an even split. ``grad_sync = "step"`` reduces data-parallel
 gradients once per step (the last microbatch), ``"microbatch"`` every time.
-With ``zero = 2`` (FSDP2 ``reshard_after_forward=False``) the gathered parameters
-also stay unsharded from one microbatch to the next (torch's pipelining runs
-non-last backwards with ``set_reshard_after_backward(False)``): they are
-all-gathered once per step, in the first microbatch's forward.
+With ``zero = 2`` (FSDP2 ``reshard_after_forward=False``, torchtitan's default
+for every block when pipeline parallelism is on: ``reshard_after_forward = not
+pp_enabled``) the gathered parameters also stay unsharded from one microbatch to
+the next (torch's pipelining runs non-last backwards with
+``set_reshard_after_backward(False)``): they are all-gathered once per step, in
+the first microbatch's forward. ``zero = 3`` (the default) reshards every block
+after each microbatch's forward; the head (final norm and output) is never
+resharded after forward, as torchtitan wraps ``[norm, output]``.
 
 Gradient reduction dtype (``reduce_dtype``, FSDP2's ``MixedPrecisionPolicy.reduce_dtype``):
 ``"param"`` (default, FSDP2's None) reduces gradients in their own dtype;
