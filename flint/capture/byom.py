@@ -484,16 +484,18 @@ TP_PRESETS: dict[str, dict[str, Any]] = {
     # GPT-2's fused c_attn (x @ [Wq Wk Wv]) is column-sharded as one Conv1D: each rank holds n/tp of
     # its 3n columns and reads them as its own [q | k | v] slices (split_size divided), Megatron's
     # layout of a fused QKV (a pretrained checkpoint is permuted on load, as Megatron's GPT-2
-    # converter does). Sequence parallel is refused: the learned position embedding is added to the
-    # token embedding's output at full sequence length.
+    # converter does). Sequence parallel: a DTensor stream as hf-llama's; the learned position
+    # embedding (whole on every rank) is redistributed to the sequence shard before it is added.
     "hf-gpt2": {
         "blocks": "transformer.h",
         "embed": "transformer.wte", "norm": "transformer.ln_f", "head": "lm_head",
+        "positions": "transformer.wpe",
         "block": {"attn.c_attn": "conv1d_colwise", "attn.c_proj": "conv1d_rowwise",
-                  "mlp.c_fc": "conv1d_colwise", "mlp.c_proj": "conv1d_rowwise"},
+                  "mlp.c_fc": "conv1d_colwise", "mlp.c_proj": "conv1d_rowwise", "ln_1": "sp_norm",
+                  "ln_2": "sp_norm", "attn": "prepare", "mlp": "prepare"},
         "divide": ("attn.split_size",),
         "heads": ("num_attention_heads",),
-        "sp": False,
+        "sp_dtensor_stream": True,
     },
 }
 
@@ -547,8 +549,8 @@ def detect_tp_preset(model: nn.Module) -> str | None:
 def tp_plan(preset: str, sp: bool, model: nn.Module) -> dict[str, Any]:
     """The ``parallelize_module`` plan (module-path patterns -> ParallelStyle) of ``preset``."""
     from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
-                                                   SequenceParallel)
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleOutput,
+                                                   RowwiseParallel, SequenceParallel)
 
     table = TP_PRESETS[preset]
     Conv1DColwiseParallel, Conv1DRowwiseParallel = _conv1d_styles()
@@ -559,6 +561,9 @@ def tp_plan(preset: str, sp: bool, model: nn.Module) -> dict[str, Any]:
                             table["head"]: ColwiseParallel(input_layouts=out_layout, output_layouts=Replicate())}
     if sp:
         plan[table["norm"]] = SequenceParallel()
+    if sp and "positions" in table:  # a learned position table: its rows for this rank's sequence shard
+        plan[table["positions"]] = PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Shard(1),
+                                                       use_local_output=False)
     names = {n for n, _ in model.named_modules()}
     for sub, style in table["block"].items():
         if f"{table['blocks']}.0.{sub}" not in names and style != "prepare":
@@ -571,7 +576,7 @@ def tp_plan(preset: str, sp: bool, model: nn.Module) -> dict[str, Any]:
         elif style == "conv1d_colwise":
             plan[key] = Conv1DColwiseParallel()
         elif style == "conv1d_rowwise":
-            plan[key] = Conv1DRowwiseParallel(output_layouts=out_layout)
+            plan[key] = Conv1DRowwiseParallel(output_layouts=out_layout, use_local_output=local)
         elif sp and style == "sp_norm":
             plan[key] = SequenceParallel()
         elif sp and style == "prepare" and sub in table.get("kwarg_inputs", {}):
@@ -622,10 +627,6 @@ def preset_parallelize(plan, model: nn.Module, blocks_path: str | None) -> Calla
                 raise CaptureError("plan", "tensor parallelism of mixture-of-experts layers is not implemented; "
                                    "use 'dp' or 'fsdp' for MoE models")
             table = TP_PRESETS[preset]
-            if plan.sp and not table.get("sp", True):
-                raise CaptureError("sp", f"sequence parallelism of {type(model).__name__} (TP preset '{preset}') is "
-                                   "not implemented: use tensor parallelism without sp, or --parallelize",
-                                   where_defined(model))
             head, embed = model.get_submodule(table["head"]), model.get_submodule(table["embed"])
             tied = head.weight is embed.weight
             parallelize_module(model, mesh["tp"], tp_plan(preset, plan.sp, model))

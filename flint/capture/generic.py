@@ -12,6 +12,7 @@ one part ``model``. After the backward, every parameter must have a gradient.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
@@ -290,7 +291,11 @@ def capture_generic(model: nn.Module, dm, mesh, inputs: Mapping[str, InputSpec],
     floating-point input is given a dtype other than the model's says so (the likely cause: a float32
     input into a model cast to bfloat16 fails inside the first layer, far from its cause)."""
     try:
-        return _capture_generic(model, dm, mesh, inputs, **kw)
+        with warnings.catch_warnings():
+            # DTensor's dropout on the capture's CPU mesh (a sequence-parallel stream): the fake run's RNG, not
+            # what the program computes
+            warnings.filterwarnings("ignore", message="DTensor random operators may not have complete support")
+            return _capture_generic(model, dm, mesh, inputs, **kw)
     except CaptureError as e:
         name = lambda t: str(t).removeprefix("torch.")  # noqa: E731
         other = [(k, name(s.dtype)) for k, s in inputs.items()

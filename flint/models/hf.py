@@ -17,6 +17,11 @@ HF_MODELS: dict[str, tuple[str, dict[str, Any]]] = {
     "hf-llama-tiny": ("llama", dict(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
                                     num_attention_heads=16, num_key_value_heads=8, max_position_embeddings=256,
                                     rope_theta=500000.0, rms_norm_eps=1e-5)),
+    # the shapes of the zoo's gpt2-tiny, in Hugging Face's GPT2LMHeadModel (tied embedding, Conv1D layers), and
+    # like it without dropout (CPU SDPA runs attention with dropout as its math path, a GPU as its flash kernel)
+    "hf-gpt2-tiny": ("gpt2", dict(vocab_size=512, n_positions=128, n_embd=128, n_layer=2, n_head=8, n_inner=512,
+                                  layer_norm_epsilon=1e-5, bos_token_id=0, eos_token_id=0, attn_pdrop=0.0,
+                                  resid_pdrop=0.0, embd_pdrop=0.0)),
 }
 
 
@@ -31,6 +36,10 @@ def build_hf(name: str) -> nn.Module:
         from transformers import LlamaConfig, LlamaForCausalLM
 
         return LlamaForCausalLM(LlamaConfig(**fields))
+    if family == "gpt2":
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        return GPT2LMHeadModel(GPT2Config(**fields))
     raise KeyError(name)
 
 

@@ -25,7 +25,7 @@ DEFAULT_MODELS = ("llama-tiny", "gpt2-tiny")
 DEFAULT_PLANS = ("dp", "fsdp", "tp", "tp+sp", "fsdp+tp")
 DEFAULT_WORLD_SIZES = (2, 4)
 # A Hugging Face model (flint.models.hf), captured by the generic path, run with the same preset function.
-HF_CASES = (("hf-llama-tiny", "fsdp", 2), ("hf-llama-tiny", "tp+sp", 2))
+HF_CASES = (("hf-llama-tiny", "fsdp", 2), ("hf-llama-tiny", "tp+sp", 2), ("hf-gpt2-tiny", "tp+sp", 2))
 # Activation checkpointing (torchtitan's modes, checkpoint_wrapper in the real run): model, recipe, world, mode.
 AC_CASES = (("llama-tiny", "fsdp", 2, "full"), ("llama-tiny", "fsdp", 2, "selective-op"))
 # The plan's loss_parallel (torch's loss_parallel in the real run): model, recipe, world.
