@@ -219,43 +219,6 @@ def _fresh(t: Any) -> Any:
     return t
 
 
-def _gather_numels(gm: torch.fx.GraphModule | None, groups: set[str]) -> list[int]:
-    if gm is None:
-        return []
-    out = []
-    for n in gm.graph.nodes:
-        if n.op == "call_function" and opclass.classify_aten(n.target) == opclass.ALL_GATHER \
-                and opclass.collective_group(n) in groups:
-            val = n.args[0].meta.get("val")
-            out.append(int(val.numel()) if val is not None else -1)
-    return out
-
-
-def _capture(capture_part, name: str, module: nn.Module, args, kinds, repeat: int, kw: dict):
-    """capture_part, then again with FSDP2's pre-backward unshard for groups AOTAutograd left ungathered."""
-    part, out = capture_part(name, module, args, kinds, repeat, **kw)
-    groups = [g for g in module.modules() if isinstance(g, ParamGroup) and g.mode == "fsdp" and g.reshard_after_forward]
-    if part.bwd is None or not groups:
-        return part, out
-    names = {g.group_name for g in groups}
-    bwd = _gather_numels(part.bwd.gm, names)
-    missing = []
-    for g in groups:
-        numel = sum(p.numel() for p in g.local.values())
-        if numel in bwd:
-            bwd.remove(numel)
-        else:
-            missing.append(g)
-    if not missing:
-        return part, out
-    for g in missing:
-        g.backward_unshard = True
-    torch._dynamo.reset()
-    for p in module.parameters():
-        p.grad = None
-    return capture_part(name, module, args, kinds, repeat, **kw)
-
-
 def _check_gradients(module: nn.Module, infos: dict[int, ParamInfo], part: str) -> None:
     lacking = [infos[id(p)].name if id(p) in infos else "?" for p in module.parameters()
                if p.requires_grad and p.grad is None]
@@ -348,7 +311,7 @@ def _capture_generic(model: nn.Module, dm, mesh, inputs: Mapping[str, InputSpec]
     recorded = _record_block_inputs(call, args, first_block) if blocks is not None else None
     root = _apply_groups(model, calls, infos)
     call.model = root
-    kw = dict(infos=infos, buffers=buffers, optimizer=optimizer, dp_group=None)
+    kw = dict(infos=infos, buffers=buffers, optimizer=optimizer)
     parts = []
     if blocks is not None:
         b_args, b_kwargs, b_out = recorded
@@ -362,7 +325,7 @@ def _capture_generic(model: nn.Module, dm, mesh, inputs: Mapping[str, InputSpec]
         tensors[0].requires_grad_()
         kinds = ("activation",) + ("input",) * (len(tensors) - 1)
         block_call = _BlockCall(blocks._modules[next(iter(blocks._modules))], spec, consts)
-        part, _ = _capture(capture_part, "block", block_call, tuple(tensors), kinds, len(blocks), kw)
+        part, _ = capture_part("block", block_call, tuple(tensors), kinds, len(blocks), **kw)
         _check_gradients(block_call, infos, "block")
         out_leaves, out_spec = tree_flatten(b_out)
         first = next(i for i, t in enumerate(out_leaves) if isinstance(t, torch.Tensor))
@@ -370,14 +333,14 @@ def _capture_generic(model: nn.Module, dm, mesh, inputs: Mapping[str, InputSpec]
         for key, _ in saved:
             blocks._modules[key] = _Skip(out_spec, len(out_leaves), first, blocks._modules[key])
         try:
-            mpart, _ = _capture(capture_part, "model", call, args, ("input",) * len(args), 1, kw)
+            mpart, _ = capture_part("model", call, args, ("input",) * len(args), 1, **kw)
             _check_gradients(call, infos, "model")
         finally:
             for key, mod in saved:
                 blocks._modules[key] = mod
         parts = [mpart, part]
     else:
-        mpart, _ = _capture(capture_part, "model", call, args, ("input",) * len(args), 1, kw)
+        mpart, _ = capture_part("model", call, args, ("input",) * len(args), 1, **kw)
         _check_gradients(call, infos, "model")
         parts = [mpart]
     return parts, local

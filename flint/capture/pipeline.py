@@ -134,8 +134,8 @@ def capture_pipeline(model_factory: Callable[[], nn.Module], build: Callable, pl
     """
     from flint.capture.byom import call_user, intercept, where_defined
     from flint.capture.fake_dist import device_mesh, fake_world, group_axes
-    from flint.capture.generic import (_TENSOR, _apply_groups, _BlockCall, _capture, _infos_after_tp,
-                                       _record_block_inputs, _Skip)
+    from flint.capture.generic import (_TENSOR, _apply_groups, _BlockCall, _infos_after_tp, _record_block_inputs,
+                                       _Skip)
     from flint.capture.step import CapturedStep
     from flint.pipeline.schedules import stage_ranks
 
@@ -207,7 +207,7 @@ def capture_pipeline(model_factory: Callable[[], nn.Module], build: Callable, pl
                 if id(c) not in placed:
                     raise CaptureError("parallelize", f"{'fully_shard' if c.mode == 'fsdp' else 'replicate'} on "
                                        "modules that are not all in one of this rank's stages", c.source)
-            kw = dict(infos=infos, buffers=buffers, optimizer=optimizer, dp_group=None)
+            kw = dict(infos=infos, buffers=buffers, optimizer=optimizer)
             captured: list[Any] = []
             for st in stages:
                 first, last = st.index == 0, st.index == st.num - 1
@@ -236,7 +236,7 @@ def capture_pipeline(model_factory: Callable[[], nn.Module], build: Callable, pl
                     tensors[0].requires_grad_()
                     kinds = ("activation",) + ("input",) * (len(tensors) - 1)
                     call = _BlockCall(next(iter(st.blocks.children())), spec, consts)
-                    parts["block"], out = _capture(capture_part, "block", call, tuple(tensors), kinds, 1, kw)
+                    parts["block"], out = capture_part("block", call, tuple(tensors), kinds, 1, **kw)
                     captured.append(parts["block"])
                     boundary = tuple(int(d) for d in tensors[0].shape)
                     info["boundary"] = (boundary, tensors[0].dtype)
@@ -249,8 +249,7 @@ def capture_pipeline(model_factory: Callable[[], nn.Module], build: Callable, pl
                     st.blocks._modules[key] = _Skip(out_spec, len(out_leaves), pos, st.blocks._modules[key])
                 try:
                     if first:
-                        part, out = _capture(capture_part, "first_stage", st.submod, args,
-                                             ("input",) * len(args), 1, kw)
+                        part, out = capture_part("first_stage", st.submod, args, ("input",) * len(args), 1, **kw)
                         parts["first_stage"] = part
                         captured.append(part)
                     if last:
@@ -260,8 +259,8 @@ def capture_pipeline(model_factory: Callable[[], nn.Module], build: Callable, pl
                         target = torch.zeros(local[names[-1]], dtype=torch.int64, device="meta")
                         h = tuple(a.detach().requires_grad_(a.is_floating_point()) for a in args)
                         kinds = ("activation",) * len(h) + ("input",)
-                        part, _ = _capture(capture_part, "last_stage", _LossStage(st.submod, loss_fn),
-                                           (*h, target), kinds, 1, kw)
+                        part, _ = capture_part("last_stage", _LossStage(st.submod, loss_fn), (*h, target), kinds, 1,
+                                               **kw)
                         parts["last_stage"] = part
                         captured.append(part)
                 finally:

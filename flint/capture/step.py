@@ -43,7 +43,7 @@ from flint.capture.float8 import apply_float8
 from flint.capture.partition import PARTITIONERS, partition_fn
 from flint.capture.fake_dist import device_mesh, fake_world, group_axes
 from flint.capture.recipes import (CAPTURE_FIELDS, RECIPES, ParamGroup, ParamInfo, ac_layers, apply, check_ac,
-                                   data_parallel_mode, loss_context, pre_backward_unshard)
+                                   loss_context, pre_backward_unshard)
 from flint.mesh import Mesh
 from flint.models.base import is_staged
 from flint.plan import Plan, PlanError, from_recipe
@@ -474,14 +474,13 @@ def _capture_optimizer(module: nn.Module, infos: dict[int, ParamInfo]) -> Captur
 
 def _capture_part(name: str, module: nn.Module, args: Sequence[torch.Tensor], input_kinds: Sequence[str],
                   repeat: int, infos: dict[int, ParamInfo], buffers: dict[int, str], optimizer: str | None,
-                  dp_group: str | None, partitioner: str = "min-cut") -> tuple[CapturedPart, torch.Tensor]:
+                  partitioner: str = "min-cut") -> tuple[CapturedPart, torch.Tensor]:
     cap, out = _compile_part(module, args, name, partitioner)
-    resharded = [g for g in module.modules() if isinstance(g, ParamGroup) and g.mode == "fsdp"
-                 and g.reshard_after_forward]
-    if dp_group is not None and resharded and _needs_backward_unshard(cap, dp_group, len(resharded)):
+    missing = _missing_backward_unshards(module, cap.bwd)
+    if missing:
         # FSDP2 re-gathers every resharded group before its backward; AOTAutograd dropped an unused one.
-        for sub in resharded:
-            sub.backward_unshard = True
+        for g in missing:
+            g.backward_unshard = True
         torch._dynamo.reset()
         for p in module.parameters():
             p.grad = None
@@ -497,13 +496,24 @@ def _capture_part(name: str, module: nn.Module, args: Sequence[torch.Tensor], in
     return CapturedPart(name, repeat, fwd, bwd, optim, params), out
 
 
-def _needs_backward_unshard(cap: _Capture, dp_group: str, resharded: int) -> bool:
-    """Whether the backward gathers fewer times than the part has groups resharded after forward."""
-    if cap.bwd is None:
-        return False
-    return sum(1 for n in cap.bwd.graph.nodes if n.op == "call_function"
-               and opclass.classify_aten(n.target) == opclass.ALL_GATHER
-               and opclass.collective_group(n) == dp_group) < resharded
+def _missing_backward_unshards(module: nn.Module, bwd: torch.fx.GraphModule | None) -> list[ParamGroup]:
+    """The FSDP groups of ``module`` resharded after forward whose all-gather (of their flat shards' size, on
+    their process group) the backward lacks: AOTAutograd drops a re-gather nothing in the backward reads."""
+    groups = [g for g in module.modules() if isinstance(g, ParamGroup) and g.mode == "fsdp" and g.reshard_after_forward]
+    if bwd is None or not groups:
+        return []
+    names = {g.group_name for g in groups}
+    gathered = [int(v.numel()) if (v := n.args[0].meta.get("val")) is not None else -1 for n in bwd.graph.nodes
+                if n.op == "call_function" and opclass.classify_aten(n.target) == opclass.ALL_GATHER
+                and opclass.collective_group(n) in names]
+    missing = []
+    for g in groups:
+        numel = sum(p.numel() for p in g.local.values())
+        if numel in gathered:
+            gathered.remove(numel)
+        else:
+            missing.append(g)
+    return missing
 
 
 def _check_layers(layers: nn.ModuleList) -> None:
@@ -697,15 +707,12 @@ def capture_step(
         plan.check_model(n_layers=getattr(cfg, "n_layers", None), n_experts=getattr(cfg, "n_experts", None))
         infos, model = apply(plan, model, dm)
         data_axes = [a for a in mesh.axis_names if a in ("dp_replicate", "dp_shard")]
-        # FSDP2 re-gathers resharded groups before backward (ZeRO-3; ZeRO-2 keeps the forward's gather)
-        dp_group = dm["dp_shard"].get_group().group_name \
-            if data_parallel_mode(plan) == "fsdp" and plan.zero == 3 else None
         dp = mesh.group_size(data_axes) if data_axes else 1
         local = _local_batch(batch_shapes, dp)
         if not custom and plan.microbatches > 1:  # capture ONE microbatch; pipeline-split runs it M times
             plan.check_model(local_batch=next(iter(local.values()))[0])
             local = {k: (v[0] // plan.microbatches, *v[1:]) for k, v in local.items()}
-        kw = dict(infos=infos, buffers=buffers, optimizer=optimizer, dp_group=dp_group, partitioner=partitioner)
+        kw = dict(infos=infos, buffers=buffers, optimizer=optimizer, partitioner=partitioner)
         parts: list[CapturedPart] = []
         tokens = torch.zeros(local["tokens"], dtype=torch.long, device="meta")
         labels = torch.zeros(local["labels"], dtype=torch.long, device="meta")
