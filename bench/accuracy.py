@@ -57,7 +57,12 @@ states wins), and what Flint does not model:
   optimizer (``lower-to-chakra{grad-wait=optimizer}``: Megatron's ``finish_grad_sync``); the fp32 AdamW
   step on the 1/DP shard. All data-parallel collectives run on their own stream
   (``assign-streams{data-parallel=dp}``: Megatron's DP communicator, apart from the TP one); TP
-  collectives stay in the compute stream's order. The S rows (2022) have no data parallelism.
+  collectives stay in the compute stream's order. The S rows (2022) have no data parallelism; their
+  optimizer is Megatron's mixed-precision one (``Float16OptimizerWithFloat16Params``, which every
+  Megatron bf16 / fp16 run uses): the bf16 model's fp32 main parameters and fp32 Adam state, the
+  gradients cast to fp32, the result copied back into the model (plan ``master_dtype = "float32"``).
+  Megatron accumulates the gradients in an fp32 buffer and computes their norm for clipping, which
+  Flint does not (about 2 + 4 bytes per parameter more read by the step).
   Micro-batch: the row's (S rows); the M rows leave it unstated, so Megatron-LM's own
   example (``examples/gpt3/train_gpt3_175b_distributed.sh``: ``--micro-batch-size 1``): the local
   batch runs as micro-batches of one sequence with gradient accumulation, gradients reduced once
@@ -222,6 +227,9 @@ def plan_of(row: dict):
         # Megatron's distributed optimizer: FSDP2 reshard_after_forward=False, gradients reduced in fp32
         # (fp32 master parameters, which the optimizer steps, gathered and computed in bf16)
         fields.update(dp_replicate=1, dp_shard=dp, zero=2, reduce_dtype="float32", param_dtype="bfloat16")
+    else:  # Megatron's mixed-precision optimizer (Float16OptimizerWithFloat16Params), every bf16 / fp16 run:
+        # bf16 model, fp32 main parameters and Adam state, the result copied back into the model's
+        fields["master_dtype"] = "float32"
     if pp > 1 or "microbatch" in row:  # without pipelining: gradient accumulation over the micro-batches
         fields["microbatches"] = local // row.get("microbatch", 1)
         if row.get("interleave", 1) > 1:

@@ -73,6 +73,13 @@ Megatron-LM does for bf16 models: ``accumulate_allreduce_grads_in_fp32``).
 sharded parameters keep the model's dtype (e.g. fp32 master weights, which the
 optimizer steps) and are cast to it before their all-gather, so forward and
 backward compute in it (Megatron's bf16 model with fp32 main parameters).
+``master_dtype`` (``"param"``, the default, or ``"float32"``): without FSDP's mixed
+precision, the optimizer keeps master copies of the (bf16 / fp16) parameters in
+fp32, steps them with fp32 Adam state and the gradients cast to fp32, and copies
+the result back into the parameters: Megatron-LM's mixed-precision optimizer
+(``Float16OptimizerWithFloat16Params``), which every Megatron bf16 / fp16 run
+uses, and DeepSpeed's bf16 optimizer. Not with ``param_dtype``, whose fp32
+sharded parameters already are the master copies.
 
 ``pp_p2p`` (:func:`flint.pipeline.schedules.check_p2p`): the stage-boundary
 send/recv as the schedule runs them (``schedule``, the default), ``overlap``
@@ -120,6 +127,8 @@ GRAD_SYNC = ("step", "microbatch")
 # FSDP2's None (the gradients' own dtype), else the gradients are cast to it for the reduce-scatter /
 # all-reduce and back to the parameters' dtype after (Megatron-LM reduces bf16 models' gradients in fp32)
 REDUCE_DTYPES = ("param", "float32", "bfloat16", "float16")
+# dtype of the optimizer's master copies of the parameters ("param": none, the optimizer steps the parameters)
+MASTER_DTYPES = ("param", "float32")
 # Where expanded TP reduces partial sums: "dtensor" as PyTorch's DTensor runs it (one backward all-reduce
 # per column-parallel linear: five per Llama block; sequence-parallel norm gradients reduced by the
 # optimizer), "megatron" as Megatron-LM (one per attention and MLP input; norm gradients in backward).
@@ -160,6 +169,7 @@ class Plan:
     grad_sync: str = "step"  # data-parallel gradient collectives once per step or per microbatch
     reduce_dtype: str = "param"  # data-parallel gradient reduction dtype (FSDP2 MixedPrecisionPolicy.reduce_dtype)
     param_dtype: str = "param"  # dtype FSDP gathers and computes parameters in (MixedPrecisionPolicy.param_dtype)
+    master_dtype: str = "param"  # fp32 master copies the optimizer steps (Megatron's mixed-precision optimizer)
     pp_schedule: str = "1f1b"
     pp_virtual_stages: int = 1  # stages per pipeline rank (interleaved schedules: > 1)
     pp_layers: tuple[int, ...] | None = None  # explicit layers per stage; None: even split
@@ -280,6 +290,14 @@ class Plan:
         if self.param_dtype != "param" and dp_shard == 1:
             raise PlanError("param_dtype", f"'{self.param_dtype}' is the dtype FSDP all-gathers parameters in "
                             "(MixedPrecisionPolicy.param_dtype); this plan has dp_shard = 1", src)
+        if self.master_dtype not in MASTER_DTYPES:
+            raise PlanError("master_dtype", f"unknown dtype '{self.master_dtype}'; known: {', '.join(MASTER_DTYPES)} "
+                            "(param: the optimizer steps the parameters themselves)", src)
+        if self.master_dtype != "param" and self.param_dtype != "param":
+            raise PlanError("master_dtype", f"FSDP's mixed precision (param_dtype = \"{self.param_dtype}\") keeps "
+                            "the sharded parameters in the model's dtype, which the optimizer steps: they already "
+                            "are the master copies; give a float32 model with param_dtype, or master_dtype "
+                            "without it", src)
         if self.activation_checkpoint not in AC_MODES:
             raise PlanError("activation_checkpoint", f"unknown mode '{self.activation_checkpoint}'; known: "
                             f"{', '.join(AC_MODES)}", src)
@@ -484,6 +502,8 @@ class Plan:
             extra.append(f"params gathered in {self.param_dtype}")
         if self.reduce_dtype != "param":
             extra.append(f"grads reduced in {self.reduce_dtype}")
+        if self.master_dtype != "param":
+            extra.append(f"{self.master_dtype} master params")
         if self.loss_parallel:
             extra.append("loss parallel")
         if self.activation_checkpoint != "none":
@@ -495,7 +515,7 @@ class Plan:
 
 _BOOL_FIELDS = {"sp", "loss_parallel"}
 _STR_FIELDS = {"grad_sync", "pp_schedule", "activation_checkpoint", "tp_style", "fp8", "reduce_dtype", "param_dtype",
-               "pp_p2p"}
+               "master_dtype", "pp_p2p"}
 _LIST_FIELDS = {"order": str, "pp_layers": int, "fp8_filter_fqns": str}
 _FLOAT_FIELDS = {"capacity_factor"}
 

@@ -301,7 +301,7 @@ def _annotate_function(fn: func.FuncOp, phase: str, plan: Plan, rules: Rules, ax
         role, param = _role(fn, i)
         rank = len(arg.type.get_shape())
         storage = compute = None
-        if role == "parameter" and param or role in ("gradient", "exp_avg", "exp_avg_sq") and param:
+        if role == "parameter" and param or role in ("gradient", "master", "exp_avg", "exp_avg_sq") and param:
             storage = zero_storage_sharding(plan, rules, param, rank, role, phase, arg.type.get_shape())
             if role == "parameter" and phase == "bwd" and param in kept:  # the forward's gather kept, as ZeRO-2's
                 storage = param_compute_sharding(plan, rules, param, rank)

@@ -55,8 +55,10 @@ def test_megatron_rows_run_micro_batch_one_with_gradient_accumulation():
     assert (m1.pp, m1.dp, m1.microbatches) == (1, 48, 4)
     # Megatron-Core's distributed optimizer: ZeRO-2-like sharding over dp, gradients reduced in fp32
     assert (m1.dp_shard, m1.zero, m1.reduce_dtype, m1.param_dtype) == (48, 2, "float32", "bfloat16")
+    assert m1.master_dtype == "param"  # the fp32 sharded parameters are the masters
     s1 = acc.plan_of(rows["S1-full"])
-    assert (s1.dp_shard, s1.reduce_dtype) == (1, "param")
+    # no data parallelism; Megatron's mixed-precision optimizer: fp32 masters of the bf16 model
+    assert (s1.dp_shard, s1.reduce_dtype, s1.master_dtype) == (1, "param", "float32")
     assert acc.plan_of(rows["S1-full"]).microbatches == 1  # global batch 4 = one micro-batch of 4
 
 

@@ -82,7 +82,9 @@ CAPTURE_FIELDS = ("dp_replicate", "dp_shard", "tp", "sp", "loss_parallel",
                   "fp8", "fp8_filter_fqns",
                   # ZeRO-2 / -3 of dp_shard and the gradient reduction dtype (FSDP2's reshard_after_forward and
                   # MixedPrecisionPolicy.reduce_dtype, ParamGroup)
-                  "zero", "reduce_dtype", "param_dtype")
+                  "zero", "reduce_dtype", "param_dtype",
+                  # fp32 master copies of the parameters in the optimizer (Megatron's mixed-precision optimizer)
+                  "master_dtype")
 
 
 @dataclass

@@ -42,8 +42,8 @@ from flint.capture.errors import CaptureError
 from flint.capture.float8 import apply_float8
 from flint.capture.partition import PARTITIONERS, partition_fn
 from flint.capture.fake_dist import device_mesh, fake_world, group_axes
-from flint.capture.recipes import (CAPTURE_FIELDS, RECIPES, ParamGroup, ParamInfo, ac_layers, apply, check_ac,
-                                   loss_context, pre_backward_unshard)
+from flint.capture.recipes import (CAPTURE_FIELDS, RECIPES, REDUCE_DTYPE, ParamGroup, ParamInfo, ac_layers, apply,
+                                   check_ac, loss_context, pre_backward_unshard)
 from flint.mesh import Mesh
 from flint.models.base import is_staged
 from flint.plan import Plan, PlanError, from_recipe
@@ -57,7 +57,8 @@ class Role:
     ``input`` (batch data), ``activation`` (the hidden state entering the
     part), ``saved`` (a forward value saved for backward), ``tangent`` (the
     gradient of a forward output), ``gradient`` (of a parameter, optimizer
-    input), ``exp_avg`` / ``exp_avg_sq`` (AdamW state) or ``step``.
+    input), ``master`` (the optimizer's fp32 copy of a parameter: plan field
+    ``master_dtype``), ``exp_avg`` / ``exp_avg_sq`` (AdamW state) or ``step``.
     """
 
     kind: str
@@ -431,7 +432,11 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
-def _capture_optimizer(module: nn.Module, infos: dict[int, ParamInfo]) -> CapturedGraph | None:
+def _capture_optimizer(module: nn.Module, infos: dict[int, ParamInfo],
+                       master: torch.dtype | None = None) -> CapturedGraph | None:
+    """The AdamW step over ``module``'s local parameters. With ``master`` (plan field ``master_dtype``), the
+    optimizer steps master copies of the parameters in that dtype, with its state in it and the gradients cast
+    to it, then copies the result into the parameters: Megatron-LM's ``Float16OptimizerWithFloat16Params``."""
     params = [p for p in module.parameters() if p.requires_grad]
     if not params:
         return None
@@ -446,35 +451,47 @@ def _capture_optimizer(module: nn.Module, infos: dict[int, ParamInfo]) -> Captur
             for dim, pl in enumerate(grad.placements):
                 if pl.is_partial() and not p.placements[dim].is_partial():
                     pending.append((i, pl.reduce_op, grad.device_mesh.get_group(dim).group_name))
-    m = [torch.empty_like(t) for t in local]
-    v = [torch.empty_like(t) for t in local]
+    if master is not None and local[0].dtype == master:
+        raise CaptureError("master_dtype", f"the parameters already are {str(master).removeprefix('torch.')}: "
+                           "master copies are for a model in bf16 or fp16 (capture it with --dtype bfloat16)")
+    masters = [torch.empty_like(t, dtype=master) for t in local] if master is not None else []
+    stepped = masters or local
+    m = [torch.empty_like(t) for t in stepped]
+    v = [torch.empty_like(t) for t in stepped]
     step = torch.zeros((), device=local[0].device)
     n = len(local)
+    kinds = ["parameter", "gradient"] + (["master"] if masters else []) + ["exp_avg", "exp_avg_sq"]
 
     def flat_step(*flat: torch.Tensor) -> None:
-        gs = list(flat[n:2 * n])
+        ps, gs = list(flat[:n]), list(flat[n:2 * n])
         for i, op, group in pending:
             gs[i] = torch.ops._c10d_functional.wait_tensor(torch.ops._c10d_functional.all_reduce(gs[i], op, group))
-        adamw_step(list(flat[:n]), gs, list(flat[2 * n:3 * n]), list(flat[3 * n:4 * n]), flat[-1])
+        state = [list(flat[k * n:(k + 1) * n]) for k in range(2, len(kinds))]
+        if masters:
+            adamw_step(state[0], [g.to(master) for g in gs], state[1], state[2], flat[-1])
+            for p, w in zip(ps, state[0]):
+                p.copy_(w)
+        else:
+            adamw_step(ps, gs, state[0], state[1], flat[-1])
 
-    gm = make_fx(flat_step)(*local, *grads, *m, *v, step)
+    gm = make_fx(flat_step)(*local, *grads, *masters, *m, *v, step)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    values = [*local, *grads, *masters, *m, *v]
     roles: dict[str, Role] = {}
-    kinds = ["parameter", "gradient", "exp_avg", "exp_avg_sq"]
     for i, node in enumerate(placeholders):
         if i == len(placeholders) - 1:
             roles[node.name] = Role("step", (), step.dtype)
             continue
         kind, j = kinds[i // len(params)], i % len(params)
         info = infos.get(id(params[j]))
-        roles[node.name] = Role(kind, tuple(local[j].shape), local[j].dtype, info.name if info else None,
+        roles[node.name] = Role(kind, tuple(values[i].shape), values[i].dtype, info.name if info else None,
                                 info.global_shape if info else None, dict(info.sharding) if info else {})
     return CapturedGraph("optim", gm, roles)
 
 
 def _capture_part(name: str, module: nn.Module, args: Sequence[torch.Tensor], input_kinds: Sequence[str],
                   repeat: int, infos: dict[int, ParamInfo], buffers: dict[int, str], optimizer: str | None,
-                  partitioner: str = "min-cut") -> tuple[CapturedPart, torch.Tensor]:
+                  partitioner: str = "min-cut", master: torch.dtype | None = None) -> tuple[CapturedPart, torch.Tensor]:
     cap, out = _compile_part(module, args, name, partitioner)
     missing = _missing_backward_unshards(module, cap.bwd)
     if missing:
@@ -491,7 +508,7 @@ def _capture_part(name: str, module: nn.Module, args: Sequence[torch.Tensor], in
     fwd_roles = _fwd_roles(cap, infos, buffers, input_kinds)
     fwd = CapturedGraph("fwd", cap.fwd, fwd_roles)
     bwd = CapturedGraph("bwd", cap.bwd, _bwd_roles(cap.bwd, fwd_roles)) if cap.bwd is not None else None
-    optim = _capture_optimizer(module, infos) if optimizer else None
+    optim = _capture_optimizer(module, infos, master) if optimizer else None
     params = [infos[id(p)] for p in module.parameters() if id(p) in infos]
     return CapturedPart(name, repeat, fwd, bwd, optim, params), out
 
@@ -630,6 +647,8 @@ def capture_step(
             raise CaptureError("mesh_shape", "the mesh of a plan or recipe comes from the plan "
                                "(flint.plan.Plan.mesh); give mesh_shape only with a parallelisation function")
         mesh = plan.mesh()
+    if not custom:  # the optimizer's master copies (Plan.master_dtype)
+        capture_part = partial(capture_part, master=REDUCE_DTYPE[plan.master_dtype])
     if parallelize is not None and not custom and plan.pp > 1:
         # the user's own torch.distributed.pipelining stages and schedule (flint/capture/pipeline.py)
         from flint.capture.pipeline import capture_pipeline
@@ -712,7 +731,8 @@ def capture_step(
         if not custom and plan.microbatches > 1:  # capture ONE microbatch; pipeline-split runs it M times
             plan.check_model(local_batch=next(iter(local.values()))[0])
             local = {k: (v[0] // plan.microbatches, *v[1:]) for k, v in local.items()}
-        kw = dict(infos=infos, buffers=buffers, optimizer=optimizer, partitioner=partitioner)
+        kw = dict(infos=infos, buffers=buffers, optimizer=optimizer, partitioner=partitioner,
+                  master=REDUCE_DTYPE[plan.master_dtype])
         parts: list[CapturedPart] = []
         tokens = torch.zeros(local["tokens"], dtype=torch.long, device="meta")
         labels = torch.zeros(local["labels"], dtype=torch.long, device="meta")

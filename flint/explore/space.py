@@ -285,7 +285,8 @@ def _check_type(src: str, name: str, v: Any, typ: type, list_valued: bool) -> An
 def _plan_type(f: dataclasses.Field) -> type:
     if f.name in ("sp",):
         return bool
-    if f.name in ("grad_sync", "pp_schedule", "activation_checkpoint", "reduce_dtype", "param_dtype"):
+    if f.name in ("grad_sync", "pp_schedule", "activation_checkpoint", "reduce_dtype", "param_dtype",
+                  "master_dtype"):
         return str
     return int
 

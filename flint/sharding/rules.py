@@ -160,7 +160,7 @@ def zero_storage_sharding(plan: Plan, rules: Rules, param: str, rank: int, role:
       gathered back into every rank's parameters.
     """
     sharded = param_storage_sharding(plan, rules, param, rank, shape)
-    if plan.zero == 3 or not fsdp_axes(plan) or role in ("exp_avg", "exp_avg_sq") or \
+    if plan.zero == 3 or not fsdp_axes(plan) or role in ("master", "exp_avg", "exp_avg_sq") or \
             plan.ep > 1 and rules.is_expert(param):
         return sharded
     full = param_compute_sharding(plan, rules, param, rank)

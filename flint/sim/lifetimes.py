@@ -16,8 +16,8 @@ costs 126 rows per allocation, not 126 analyses.
 What allocates, and for how long
 --------------------------------
 - *Resident state* (live the whole step): arguments with role
-  ``parameter`` (category ``params``), ``exp_avg`` / ``exp_avg_sq`` /
-  ``step`` (``optimizer``), ``buffer`` and ``input`` (batch data)
+  ``parameter`` (category ``params``), ``master`` (fp32 master copies) /
+  ``exp_avg`` / ``exp_avg_sq`` / ``step`` (``optimizer``), ``buffer`` and ``input`` (batch data)
   (``other``), times the function's repeat count (with several schedule
   entries, its largest: entries of one function are taken to be the same
   layers run again, e.g. microbatches). The forward, backward and optimizer functions
@@ -154,7 +154,8 @@ from flint.ir.aten import AtenOp, get_schedule, get_schedule_entries
 from flint.passes.lower_to_chakra import ROLE_ATTR
 from flint.sim.memory import MemoryReport, peak_memory
 
-RESIDENT_CATEGORY = {"parameter": "params", "exp_avg": "optimizer", "exp_avg_sq": "optimizer", "step": "optimizer",
+RESIDENT_CATEGORY = {"parameter": "params", "master": "optimizer", "exp_avg": "optimizer", "exp_avg_sq": "optimizer",
+                     "step": "optimizer",
                      "buffer": "other", "input": "other"}
 _HANDOFF_ROLES = (None, "activation", "tangent", "unknown")
 _PHASE_WORDS = frozenset({"fwd", "bwd", "optim", "opt", "forward", "backward", "optimizer"})
