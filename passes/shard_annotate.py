@@ -39,6 +39,9 @@ EXPAND_FIELDS = ("dp_replicate", "dp_shard", "tp", "sp", "tp_style", "ep", "capa
 EXPAND_FIELDS += ("cp",)  # context parallelism (flint/sharding/cp.py)
 EXPAND_FIELDS += ("zero",)  # ZeRO-1/2/3 of the FSDP axes (flint.sharding.rules.zero_storage_sharding)
 EXPAND_FIELDS += ("etp",)  # expert tensor parallelism (flint/sharding/moe.py)
+# fp32 master parameters: the single-device program's optimizer has them (captured with the field), shard-expand
+# shards them as the Adam state (check_model refuses a plan asking for masters the program does not have)
+EXPAND_FIELDS += ("master_dtype",)
 
 
 def sharding_op(s: Sharding, axis_index: dict[str, int], grid: str = GRID) -> ShardingOp:
@@ -157,6 +160,13 @@ def check_model(module: ModuleOp, plan: Plan, rules: Rules | None = None) -> Non
     plan.check_model(n_heads=heads, n_kv_heads=kv, hidden=hidden, seq_len=seq, n_experts=experts,
                      local_batch=batch // plan.dp if batch and batch % plan.dp == 0 else None)
     check_plan(plan, experts, module)
+    if plan.master_dtype != "param" and not any(_role(fn, i)[0] == "master" for fn in module.ops
+                                                if isinstance(fn, func.FuncOp)
+                                                for i in range(len(fn.body.block.args))):
+        raise PlanError("master_dtype", f"'{plan.master_dtype}' master parameters: the program's optimizer steps "
+                        "the parameters themselves, and shard-expand cannot add masters; capture the "
+                        f"single-device program with master_dtype = \"{plan.master_dtype}\" (a plan file with "
+                        "it, --world-size 1)", plan.source)
     if plan.zero != 3 and not fsdp_axes(plan):
         raise PlanError("zero", f"ZeRO-{plan.zero} shards over dp_shard (and cp); this plan has dp_shard = 1 and "
                         "cp = 1, so there is nothing to shard", plan.source)

@@ -29,6 +29,16 @@ def captured(master: str):
     return step, import_step(step)
 
 
+@cache
+def single_device(master: str):
+    """gpt2-tiny in bf16 on one device (the planned path's input), the global batch of ``captured``."""
+    from flint.importer import import_step
+
+    plan = Plan.from_dict({"master_dtype": master})
+    return import_step(capture_step(factory("gpt2-tiny"), {"tokens": (4, SEQ), "labels": (4, SEQ)}, plan=plan,
+                                    dtype="bfloat16"))
+
+
 def optim_roles(step, kind: str):
     return [(part, role) for part in step.parts if part.optim for role in part.optim.roles.values()
             if role.kind == kind]
@@ -46,10 +56,6 @@ def test_plan_field_validated_and_named():
         Plan.from_dict({"tp": 2, "master_dtype": "fp32"})
     with pytest.raises(PlanError, match="'master_dtype': FSDP's mixed precision .* already are the master copies"):
         Plan.from_dict({"dp_shard": 2, "param_dtype": "bfloat16", "master_dtype": "float32"})
-    from flint.passes.shard_annotate import EXPAND_FIELDS
-
-    with pytest.raises(PlanError, match="'master_dtype': shard-expand does not support it yet"):
-        plan.require(EXPAND_FIELDS, "shard-expand")
 
 
 def test_optimizer_steps_fp32_masters_and_copies_them_back():
@@ -97,15 +103,12 @@ def test_planned_path_expands_the_masters_as_the_capture_has_them():
     optimizer's state per rank is the direct capture's (masters sharded as the Adam state, every ZeRO stage)."""
     from xdsl.context import Context
 
-    from flint.importer import import_step
     from flint.passes.canonicalize_dist import CanonicalizeDistPass
     from flint.passes.shard_annotate import ShardAnnotatePass
     from flint.passes.shard_expand import ShardExpandPass
     from flint.sim.lifetimes import step_memory
 
-    plan = Plan.from_dict({"master_dtype": "float32"})
-    single = import_step(capture_step(factory("gpt2-tiny"), {"tokens": (4, SEQ), "labels": (4, SEQ)}, plan=plan,
-                                      dtype="bfloat16"))
+    single = single_device("float32")
     direct = step_memory(captured("float32")[1]).report.category_peak_bytes
     n = numel(captured("float32")[0], "parameter")
     for zero in (1, 2, 3):
@@ -117,3 +120,23 @@ def test_planned_path_expands_the_masters_as_the_capture_has_them():
         peak = step_memory(m).report.category_peak_bytes
         steps = sum(p.repeat for p in captured("float32")[0].parts if p.optim)  # fp32 step counters
         assert peak["optimizer"] == direct["optimizer"] == 12 * n + 4 * steps, zero
+
+
+def test_explore_expands_masters_on_the_planned_path():
+    """flint explore captures a planned point's single-device program with its masters (a cache key of its own)
+    and expands it; a plan asking for masters the program lacks is refused with the field named."""
+    from flint.explore.stages import Workload, expand_stage
+    from flint.sim.lifetimes import step_memory
+
+    base = {"workload.model": "gpt2-tiny", "workload.world_size": 4, "workload.seq_len": SEQ,
+            "workload.global_batch": 4, "workload.dtype": "bfloat16", "workload.plan.dp_shard": -1,
+            "workload.plan.tp": 2}
+    plain, masters = Workload.of(base), Workload.of({**base, "workload.plan.master_dtype": "float32"})
+    assert masters.planned_refusal() is None and masters.single_key != plain.single_key
+    assert masters.single_inputs()["plan"] == {"world_size": 1, "master_dtype": "float32"}
+    expanded = expand_stage(single_device("float32"), masters.plan)
+    direct = step_memory(captured("float32")[1]).report.category_peak_bytes
+    assert step_memory(expanded).report.category_peak_bytes["optimizer"] == direct["optimizer"]
+    with pytest.raises(PlanError, match="'master_dtype': 'float32' master parameters: the program's optimizer "
+                                        "steps the parameters themselves"):
+        expand_stage(single_device("param"), masters.plan)

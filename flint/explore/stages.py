@@ -104,7 +104,7 @@ class Workload:
     def single_inputs(self) -> dict[str, Any]:
         """What decides the single-device program the planned path expands: model, depth, dtype, global shapes."""
         shape = [self.global_batch, self.seq_len]
-        return {**self._model_inputs(), "plan": SINGLE_DEVICE.to_dict(),
+        return {**self._model_inputs(), "plan": single_device_plan(self.plan).to_dict(),
                 "local_shapes": {"tokens": shape, "labels": shape}, "recipe": "flint.capture.capture_step"}
 
     @property
@@ -135,7 +135,16 @@ class Workload:
         return None
 
 
-SINGLE_DEVICE = Plan.from_dict({}, world_size=1)
+# Plan fields the single-device program itself is captured with (what its optimizer steps)
+SINGLE_DEVICE_FIELDS = ("master_dtype",)
+
+
+def single_device_plan(plan: Plan) -> Plan:
+    """The plan the planned path's single-device program of ``plan`` is captured under: one rank, and the
+    fields that are the program's own (:data:`SINGLE_DEVICE_FIELDS`)."""
+    default = Plan()
+    return Plan.from_dict({f: getattr(plan, f) for f in SINGLE_DEVICE_FIELDS
+                           if getattr(plan, f) != getattr(default, f)}, world_size=1)
 
 
 def _file_sha256(model: str) -> str:
@@ -180,7 +189,7 @@ def _cached_capture(cache: CaptureCache, key: str, inputs: dict, spec: dict, iso
 
 
 def _capture_spec(w: Workload, single: bool) -> dict[str, Any]:
-    plan = SINGLE_DEVICE if single else w.plan
+    plan = single_device_plan(w.plan) if single else w.plan
     return {"model": w.model, "layers": w.layers, "dtype": w.dtype, "plan": plan.to_dict(),
             "shapes": {"tokens": [w.global_batch, w.seq_len], "labels": [w.global_batch, w.seq_len]}}
 
