@@ -102,7 +102,8 @@ class Workload:
                 "local_shapes": {"tokens": list(local), "labels": list(local)}, "recipe": "flint.capture.capture_step"}
 
     def single_inputs(self) -> dict[str, Any]:
-        """What decides the single-device program the planned path expands: model, depth, dtype, global shapes."""
+        """What decides the single-device program the planned path expands: model, depth, dtype, global shapes,
+        and the plan fields that are the program's own (:data:`SINGLE_DEVICE_FIELDS`)."""
         shape = [self.global_batch, self.seq_len]
         return {**self._model_inputs(), "plan": single_device_plan(self.plan).to_dict(),
                 "local_shapes": {"tokens": shape, "labels": shape}, "recipe": "flint.capture.capture_step"}
