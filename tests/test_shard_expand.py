@@ -306,8 +306,10 @@ ZERO_COLLECTIVES = {
         ("reduce_scatter", ("dp_shard",), "bwd"): (4, 1.0)},
 }
 # resident bytes per rank as a fraction of P: (parameters, gradients, optimizer state = exp_avg + exp_avg_sq)
-# (ZeRO-3: at its peak, the head's gathered half, kept from its forward to its backward)
-ZERO_MEMORY = {1: (1.0, 1.0, 1.0), 2: (1.0, 0.5, 1.0), 3: (0.5 + 0.5 * 262400 / 1705216, 0.5, 1.0)}
+# (ZeRO-2: at its peak the resident half and the whole model kept gathered from forward to backward, as
+# FSDP2 holds the unsharded parameters beside the shards; ZeRO-3: the resident half and the head's whole
+# gathered parameters, kept from its forward to its backward)
+ZERO_MEMORY = {1: (1.0, 1.0, 1.0), 2: (1.5, 0.5, 1.0), 3: (0.5 + 262400 / 1705216, 0.5, 1.0)}
 
 
 @pytest.mark.parametrize("zero", [1, 2, 3])
@@ -336,9 +338,9 @@ def test_zero_stages_collectives_and_memory_per_rank(zero):
 
 def test_kept_parameters_are_freed_at_their_backward_end():
     """ZeRO-2 keeps each block's gathered parameters from its forward to its backward (and ZeRO-3 the head's):
-    they are allocated per forward iteration and freed when the backward consuming it ends, not held for the
-    step. So the optimizer step holds the same as ZeRO-3's (sharded parameters, gradients and state), while
-    ZeRO-2's parameter peak is the whole model's, at the forward / backward turn."""
+    they are allocated per forward iteration and freed in the backward consuming it, not held for the step.
+    So the optimizer step holds the same as ZeRO-3's (sharded parameters, gradients and state), while
+    ZeRO-2's parameter peak is the whole model's beside the resident shards, at the forward / backward turn."""
     from flint.sim.lifetimes import step_memory
 
     _, single = single_device("llama-tiny", 8)
@@ -350,7 +352,7 @@ def test_kept_parameters_are_freed_at_their_backward_end():
         ShardExpandPass().apply(Context(), m)
         reports[zero] = step_memory(m).report
     assert reports[2].live_bytes[-1] == reports[3].live_bytes[-1] > 0
-    assert reports[2].category_peak_bytes["params"] == 1705216 * 4 > reports[3].category_peak_bytes["params"]
+    assert reports[2].category_peak_bytes["params"] == 1705216 * 4 * 3 // 2 > reports[3].category_peak_bytes["params"]
 
 
 def test_zero1_steps_only_its_shard():
@@ -515,3 +517,30 @@ def test_planned_simulated_compute_and_memory_agree_with_captured(recipe, world,
     # under one collective. Regression: the captured recipe gathered a block (and the head) in backward
     # after the ops that need no gathered weight, FSDP2 before all of them (fsdp: 97.8 vs 85.8 us).
     assert xe == pytest.approx(xc, rel=0.005, abs=0.5)
+
+
+@pytest.mark.slow
+def test_kept_head_memory_agrees_with_the_capture_where_the_head_dominates():
+    """FSDP's head is kept gathered from its forward to its backward. With a vocabulary large enough for the
+    head to set the peak (llama-tiny, 65,536 tokens: a 32 MiB bf16 head), the planned program's peak equals
+    the captured one's, at the same op. Regressions (the planned path's kept parameters): held from the
+    forward's start beside its own gather (double), only their excess over the shards (FSDP2 holds the
+    unsharded parameters beside the resident shards), and to the end of the backward, past the head
+    gradient's reduce-scatter copy-in (Llama-3 70B FSDP at 1,024 ranks: 54.34 planned vs 53.39 GiB)."""
+    from flint.capture import capture_step
+    from flint.explore.stages import expand_stage
+    from flint.importer import import_step
+    from flint.models import factory
+    from flint.sim.lifetimes import step_memory
+
+    make = factory("llama-tiny", vocab_size=65536)
+    shape = (8, 64)
+    single = import_step(capture_step(make, {"tokens": shape, "labels": shape}, world_size=1, plan="dp",
+                                      dtype="bfloat16"))
+    CanonicalizeDistPass().apply(Context(), single)
+    planned = step_memory(expand_stage(single, from_recipe("fsdp", 4)))
+    captured = step_memory(import_step(capture_step(make, {"tokens": shape, "labels": shape}, world_size=4,
+                                                    plan="fsdp", dtype="bfloat16")))
+    assert planned.peak_function == captured.peak_function == "head_bwd"
+    assert planned.peak_op == captured.peak_op == "aten.scatter_add.default"
+    assert planned.peak_bytes == pytest.approx(captured.peak_bytes, rel=1e-4)

@@ -31,8 +31,12 @@ What allocates, and for how long
   takes its parameters from that forward and does not count them again; where
   they are larger (kept unsharded from forward to backward: ZeRO-2, and the
   head under ZeRO-3, as torchtitan's ``reshard_after_forward=False`` on
-  ``[norm, output]``), the difference is allocated (``params``) per forward
-  iteration, from its start to the end of the backward iteration consuming it.
+  ``[norm, output]``), the forward's unsharded parameters live to the end of its
+  iteration, and from there the backward's whole parameters are allocated
+  (``params``, beside the resident shards) to the last read of them in the
+  backward iteration consuming it. FSDP2's
+  post-backward reshards the group before its reduce-scatter copy-in; the
+  captured program's saved weights die at that read.
 - *Op results*: every `aten.op` result and every `dist` collective / recv
   result allocates its bytes at its op's position; category ``comm`` for
   `dist` results, ``activations`` for `aten` results (``other`` in the
@@ -263,6 +267,8 @@ class _Profile:
     result_of: list[list[int]] = field(default_factory=list)  # the function results it leaves as (if any)
     held: list[bool] = field(default_factory=list)  # a reduce-scatter input, held like a hand-off (docstring)
     param_gathers: list[int] = field(default_factory=list)  # allocations of FSDP parameter all-gathers
+    # the unsharded parameters those gathers make: copy-out results, or the gather output nothing copies out of
+    unsharded: list[int] = field(default_factory=list)
     # arguments
     arg_last_use: list[int] = field(default_factory=list)
     arg_returned: list[bool] = field(default_factory=list)
@@ -406,6 +412,7 @@ def _profile(fn: func.FuncOp, prefetch: int = 0, nosync: frozenset[int] = frozen
     # the weights, e.g. the embedding's) holds the unsharded parameters: FSDP2 frees them at its reshard,
     # before it forms the reduce-scatter input, even when the wait was sunk past that.
     sources = {s for s, _ in copy_outs}
+    p.unsharded = [i for _, group in copy_outs for i in group] + [g for g in p.param_gathers if g not in sources]
     held = [p.pos[i] for i in range(len(p.nbytes)) if p.held[i]]
     if held:
         for g in p.param_gathers:
@@ -642,9 +649,13 @@ def step_memory(module: ModuleOp, capacity_bytes: int | None = None, role: int =
         return sum(_value_bytes(a) for a, r in zip(p.args, p.roles) if r == "parameter")
 
     # A paired backward's parameters beyond its forward's are kept unsharded from that forward (ZeRO-2,
-    # FSDP's head under ZeRO-3): per forward iteration, allocated at its start, freed at its backward's end.
+    # FSDP's head under ZeRO-3): per forward iteration, the forward's unsharded parameters are held to its end,
+    # where the kept ones are allocated, freed at its backward's last read of them.
     paired_fwd = {schedule[be][0]: pair.fwd for be, pair in pairs.items() if pair.fwd}
-    kept_bytes = {b: max(param_bytes(profiles[b]) - param_bytes(profiles[f]), 0) for b, f in paired_fwd.items()}
+    # FSDP2 holds the unsharded parameters beside the sharded ones (which stay resident): the kept bytes are the
+    # backward's whole parameters, not their excess over the shards
+    kept_bytes = {b: param_bytes(profiles[b]) if param_bytes(profiles[b]) > param_bytes(profiles[f]) else 0
+                  for b, f in paired_fwd.items()}
     resident: dict[tuple[str, str], int] = {}
     for n, p in profiles.items():
         per_role: dict[str, int] = {}
@@ -748,9 +759,19 @@ def step_memory(module: ModuleOp, capacity_bytes: int | None = None, role: int =
             bname = schedule[be][0]
             if kept_bytes.get(bname):
                 rows = np.nonzero(cons_e == be)[0]
+                # the forward's unsharded parameters live to its end, where the kept ones take over
+                end_fwd = start[rows] + p.n_pos - 1
+                for u in p.unsharded:
+                    free[rows, u] = np.where(free[rows, u] == -1, -1, np.maximum(free[rows, u], end_fwd - 1))
                 cols_bytes.append(np.full(rows.size, kept_bytes[bname], dtype=np.int64))
-                cols_pos.append(start[rows])
-                cols_free.append(offsets[be] + (cons_i[rows] + 1) * profiles[bname].n_pos - 1)
+                cols_pos.append(end_fwd)
+                # freed after the backward's last read of them (FSDP2's post-backward reshards the group
+                # before its reduce-scatter copy-in; the captured path's saved weights die at that read)
+                bp = profiles[bname]
+                end = max((bp.arg_last_use[a] for a, r in enumerate(bp.roles) if r == "parameter"), default=-1)
+                if end < 0:
+                    end = first_held(be) - 1 if first_held(be) > 0 else bp.n_pos - 1
+                cols_free.append(offsets[be] + cons_i[rows] * bp.n_pos + end)
                 cols_cat.append(np.full(rows.size, "params", dtype=object))
         if any(p.held):  # reduce-scatter inputs: until the next group's reduce-scatter input is formed
             held_until = np.where(hand == -1, start + p.n_pos - 1, hand)  # the step's last part: its own end
