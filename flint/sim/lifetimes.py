@@ -34,9 +34,9 @@ What allocates, and for how long
   ``[norm, output]``), the forward's unsharded parameters live to the end of its
   iteration, and from there the backward's whole parameters are allocated
   (``params``, beside the resident shards) to the last read of them in the
-  backward iteration consuming it. FSDP2's
-  post-backward reshards the group before its reduce-scatter copy-in; the
-  captured program's saved weights die at that read.
+  backward iteration consuming it. FSDP2's post-backward reshards the group
+  before its reduce-scatter copy-in; the captured program's saved weights die
+  at that read.
 - *Op results*: every `aten.op` result and every `dist` collective / recv
   result allocates its bytes at its op's position; category ``comm`` for
   `dist` results, ``activations`` for `aten` results (``other`` in the
