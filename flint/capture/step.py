@@ -731,12 +731,11 @@ def capture_step(
         if not custom and plan.microbatches > 1:  # capture ONE microbatch; pipeline-split runs it M times
             plan.check_model(local_batch=next(iter(local.values()))[0])
             local = {k: (v[0] // plan.microbatches, *v[1:]) for k, v in local.items()}
-        kw = dict(infos=infos, buffers=buffers, optimizer=optimizer, partitioner=partitioner,
-                  master=REDUCE_DTYPE[plan.master_dtype])
+        kw = dict(infos=infos, buffers=buffers, optimizer=optimizer)
         parts: list[CapturedPart] = []
         tokens = torch.zeros(local["tokens"], dtype=torch.long, device="meta")
         labels = torch.zeros(local["labels"], dtype=torch.long, device="meta")
-        part, h = _capture_part("embed", model.embed, (tokens,), ("input",), 1, **kw)
+        part, h = capture_part("embed", model.embed, (tokens,), ("input",), 1, **kw)
         parts.append(part)
         if repeat:
             # one body per block role: plain blocks and checkpointed blocks (selective-layer has
@@ -751,18 +750,18 @@ def capture_step(
                 roles.reverse()
             x = h.detach()
             for name, index, count in roles:
-                part, h = _capture_part(name, model.layers[index], (x.requires_grad_(),), ("activation",),
-                                        count, **kw)
+                part, h = capture_part(name, model.layers[index], (x.requires_grad_(),), ("activation",), count,
+                                       **kw)
                 parts.append(part)
                 x = x.detach()
         else:
             h = h.detach().requires_grad_()
-            part, h = _capture_part("layers", _Stack(model.layers), (h,), ("activation",), 1, **kw)
+            part, h = capture_part("layers", _Stack(model.layers), (h,), ("activation",), 1, **kw)
             parts.append(part)
         h = h.detach().requires_grad_()
         # torch's loss_parallel: the cross-entropy's forward and backward on vocabulary-sharded logits
         with loss_context(plan):
-            part, _ = _capture_part("head", model.head, (h, labels), ("activation", "input"), 1, **kw)
+            part, _ = capture_part("head", model.head, (h, labels), ("activation", "input"), 1, **kw)
         parts.append(part)
         axes = group_axes(dm)
         _check_groups(parts, axes)

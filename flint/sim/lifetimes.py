@@ -159,8 +159,7 @@ from flint.passes.lower_to_chakra import ROLE_ATTR
 from flint.sim.memory import MemoryReport, peak_memory
 
 RESIDENT_CATEGORY = {"parameter": "params", "master": "optimizer", "exp_avg": "optimizer", "exp_avg_sq": "optimizer",
-                     "step": "optimizer",
-                     "buffer": "other", "input": "other"}
+                     "step": "optimizer", "buffer": "other", "input": "other"}
 _HANDOFF_ROLES = (None, "activation", "tangent", "unknown")
 _PHASE_WORDS = frozenset({"fwd", "bwd", "optim", "opt", "forward", "backward", "optimizer"})
 
@@ -654,7 +653,7 @@ def step_memory(module: ModuleOp, capacity_bytes: int | None = None, role: int =
     paired_fwd = {schedule[be][0]: pair.fwd for be, pair in pairs.items() if pair.fwd}
     # FSDP2 holds the unsharded parameters beside the sharded ones (which stay resident): the kept bytes are the
     # backward's whole parameters, not their excess over the shards
-    kept_bytes = {b: param_bytes(profiles[b]) if param_bytes(profiles[b]) > param_bytes(profiles[f]) else 0
+    kept_bytes = {b: whole if (whole := param_bytes(profiles[b])) > param_bytes(profiles[f]) else 0
                   for b, f in paired_fwd.items()}
     resident: dict[tuple[str, str], int] = {}
     for n, p in profiles.items():
@@ -769,8 +768,8 @@ def step_memory(module: ModuleOp, capacity_bytes: int | None = None, role: int =
                 # before its reduce-scatter copy-in; the captured path's saved weights die at that read)
                 bp = profiles[bname]
                 end = max((bp.arg_last_use[a] for a, r in enumerate(bp.roles) if r == "parameter"), default=-1)
-                if end < 0:
-                    end = first_held(be) - 1 if first_held(be) > 0 else bp.n_pos - 1
+                if end < 0:  # no read: FSDP2's reshard before the reduce-scatter copy-in, else the iteration's end
+                    end = held - 1 if (held := first_held(be)) > 0 else bp.n_pos - 1
                 cols_free.append(offsets[be] + cons_i[rows] * bp.n_pos + end)
                 cols_cat.append(np.full(rows.size, "params", dtype=object))
         if any(p.held):  # reduce-scatter inputs: until the next group's reduce-scatter input is formed
