@@ -336,6 +336,47 @@ def test_hf_models_capture(name, plan, world, tp):
     import_step(step)
 
 
+@pytest.mark.slow
+def test_hf_declared_tensor_parallel_plans():
+    """A Hugging Face model no TP preset fits runs the plan its config declares (base_model_tp_plan), applied by
+    Hugging Face's own apply_tensor_parallelism: GPT-NeoX's fused query_key_value column-parallel (whole heads per
+    rank), one forward all-reduce per row-parallel layer; the head gathers its logits (colwise_gather_output).
+    Starcoder2's tied embedding stays ONE vocabulary-sharded weight: the embedding's partial lookup is
+    all-reduced, and one reduce-scatter per FSDP group (2 blocks, the root) holds it once."""
+    neox = captured_byom("gpt_neox", "fsdp+tp", 4, 2).summary().collectives
+    assert neox[("all_reduce", ("tp",), "fwd")] == 2 * 2
+    assert neox[("all_gather", ("tp",), "fwd")] == 1
+    assert captured_byom("gpt_neox", "fsdp+tp", 4, 2).summary().op_classes["attention"] == 2 * 2
+    star = captured_byom("starcoder2", "fsdp+tp", 4, 2)
+    colls = star.summary().collectives
+    assert colls[("all_reduce", ("tp",), "fwd")] == 2 * 2 + 1
+    assert colls[("reduce_scatter", ("dp_shard",), "bwd")] == 3
+    wte = [i for p in star.parts for i in p.params if i.name.endswith("embed_tokens.weight")]
+    assert len(wte) == 1 and wte[0].sharding.get("tp") == 0
+
+
+@pytest.mark.slow
+def test_hf_plan_all_reduces_the_per_head_norm_gradients():
+    """Qwen3 (the hf-llama preset's module names) with its plan's replicated_with_grad_allreduce q/k norms: each
+    norm weight's gradient is all-reduced over tp (two per block more than Qwen2, which has no such norms)."""
+    qwen3 = captured_byom("qwen3", "fsdp+tp", 4, 2).summary().collectives
+    qwen2 = captured_byom("qwen2", "fsdp+tp", 4, 2).summary().collectives
+    tp_ar = lambda c: sum(n for (k, ax, _), n in c.items() if k == "all_reduce" and ax == ("tp",))  # noqa: E731
+    assert tp_ar(qwen3) == tp_ar(qwen2) + 2 * 2
+
+
+@pytest.mark.parametrize("name,plan,field,message", [
+    ("falcon", "fsdp+tp", "plan", "match no TP preset .* and it declares no Hugging Face tensor-parallel plan"),
+    ("gpt_neox", "tp+sp", "sp", "Hugging Face's plan has none; drop sp"),
+    ("gpt_neox_packed", "fsdp+tp", "plan", r"shards 'gpt_neox\.layers\.\*\.attention\.query_key_value' with "
+                                           "'packed_colwise', which Flint does not capture"),
+])
+def test_hf_tensor_parallel_refusals(name, plan, field, message):
+    with pytest.raises(CaptureError, match=message) as err:
+        captured_byom(name, plan, 4 if "fsdp" in plan else 2, 2)
+    assert err.value.field == field
+
+
 def _block_gemm_flops(step) -> int:
     from flint.capture.opclass import GEMM, node_flops
 

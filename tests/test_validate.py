@@ -304,9 +304,10 @@ def test_timeout_is_reported_and_cleaned_up(tmp_path):
 
 # ------------------------------------------------- real runs vs Flint (slow)
 
-#: one case per supported parallelism; world size 4 for the 2-D recipe
+#: one case per supported parallelism; world size 4 for the 2-D recipe; OLMo 2 under Hugging Face's own
+#: tensor-parallel plan (flint.capture.byom.apply_hf_tp), in the real run and in the capture
 SLOW_CASES = [Case("gpt2-tiny", "dp", 2), Case("llama-tiny", "fsdp", 2), Case("llama-tiny", "tp", 2),
-              Case("llama-tiny", "fsdp+tp", 4), Case(*HF_CASES[0])]
+              Case("llama-tiny", "fsdp+tp", 4), Case(*HF_CASES[0]), Case("hf-olmo2-tiny", "fsdp+tp", 4)]
 
 #: the stated tolerance for classes that need not match: Flint / executed count ratio, rank by rank
 TOLERANCE = {"elementwise": (0.5, 2.0), "reduction": (0.5, 1.5)}

@@ -588,6 +588,77 @@ def tp_plan(preset: str, sp: bool, model: nn.Module) -> dict[str, Any]:
     return plan
 
 
+# Hugging Face's own tensor-parallel styles (transformers.distributed.tensor_parallel) that are DTensor
+# layouts around a module's forward: torch.compile captures their collectives as it does torch's styles.
+HF_TP_STYLES = frozenset({"colwise", "rowwise", "colwise_gather_output", "colwise_rep", "rowwise_split_input",
+                          "rowwise_rep", "embedding_rowwise", "embedding_colwise", "all_reduce", "replicate"})
+# A replicated weight whose gradient Hugging Face all-reduces over tp in a post-accumulate-grad hook (a norm
+# between a colwise and a rowwise layer, over this rank's heads: Qwen3's q_norm / k_norm). No compiled graph
+# holds such a hook; Flint applies its DTensor equivalent (hf_grad_allreduce).
+HF_GRAD_ALLREDUCE = "replicated_with_grad_allreduce"
+
+
+def hf_tp_plan(model: nn.Module, tp: int) -> dict[str, str] | None:
+    """Hugging Face's resolved tensor-parallel plan of ``model`` (module and parameter names -> style names):
+    what ``from_pretrained(tp_plan="auto")`` applies, from the model's ``base_model_tp_plan`` and its head's
+    ``_tp_plan``. None for a model that is not a Hugging Face model or declares no plan."""
+    if not getattr(model, "supports_tp_plan", False) or not hasattr(model, "_resolve_parallel_plans"):
+        return None
+    from transformers import DistributedConfig
+
+    plan, _, _ = model._resolve_parallel_plans(DistributedConfig(tp_size=tp))
+    return plan or None
+
+
+def hf_grad_allreduce(model: nn.Module, tp_mesh, hf_plan: Mapping[str, str]) -> None:
+    """Hugging Face's ``replicated_with_grad_allreduce`` modules as DTensor states it: the weights
+    ``Replicate`` and the input declared sharded on its second-to-last dim (the heads the norm sees:
+    ``SequenceParallel(sequence_dim=-2)``, local output), so the weight's gradient is ``Partial`` and
+    all-reduced over tp before the optimizer, where Hugging Face's hook all-reduces it after accumulation."""
+    from torch.distributed.tensor.parallel import SequenceParallel, parallelize_module
+
+    modules = {n for n, _ in model.named_modules()}
+    names = [n for n, style in hf_plan.items() if style == HF_GRAD_ALLREDUCE and n in modules]
+    if names:
+        parallelize_module(model, tp_mesh, {n: SequenceParallel(sequence_dim=-2, use_local_output=True)
+                                            for n in names})
+
+
+def apply_hf_tp(model: nn.Module, tp_mesh, hf_plan: Mapping[str, str]) -> None:
+    """Tensor parallelism as Hugging Face applies it (``transformers.distributed.tensor_parallel.
+    apply_tensor_parallelism`` on the resolved plan); a style Flint cannot capture is refused by name."""
+    from transformers.distributed.tensor_parallel import apply_tensor_parallelism
+
+    bad = {re.sub(r"\.\d+(?=\.)", ".*", n): s for n, s in hf_plan.items()
+           if s not in HF_TP_STYLES and s != HF_GRAD_ALLREDUCE}
+    if bad:
+        name, style = min(bad.items())
+        raise CaptureError("plan", f"tensor parallelism of {type(model).__name__}: Hugging Face's plan shards "
+                           f"'{name}' with '{style}', which Flint does not capture (it captures "
+                           f"{', '.join(sorted(HF_TP_STYLES | {HF_GRAD_ALLREDUCE}))}); pass --parallelize with "
+                           "your own parallelize_module plan", where_defined(model))
+    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    tied = emb is not None and out is not None and out.weight is emb.weight
+    # a tied output weight is not a parameter of its own (named_parameters lists it once, under the
+    # embedding); Hugging Face shards it at load time before tying, then ties the two again
+    names = {n for n, _ in model.named_parameters()} | {n for n, _ in model.named_modules()}
+    if tied:
+        path = {id(m): n for n, m in model.named_modules()}
+        # both vocabulary-sharded (Shard(0)) or both whole: one weight serves both
+        vocab_sharded = (hf_plan.get(path[id(emb)]) == "embedding_rowwise",
+                         hf_plan.get(path[id(out)]) in ("colwise", "colwise_gather_output", "colwise_rep"))
+        if vocab_sharded[0] != vocab_sharded[1]:
+            raise CaptureError("plan", f"tensor parallelism of {type(model).__name__}: Hugging Face's plan shards "
+                               f"the tied input and output embeddings differently ('{path[id(emb)]}': "
+                               f"{hf_plan.get(path[id(emb)])}, '{path[id(out)]}': {hf_plan.get(path[id(out)])}); "
+                               "untie them (tie_word_embeddings=False) or pass --parallelize", where_defined(model))
+    apply_tensor_parallelism(model, tp_mesh, {n: s for n, s in hf_plan.items() if s in HF_TP_STYLES and n in names})
+    if tied:
+        out.weight = emb.weight
+    hf_grad_allreduce(model, tp_mesh, hf_plan)
+
+
 def _cfg_get(model: nn.Module, key: str) -> Any:
     cfg = getattr(model, "config", None)
     if cfg is None:
@@ -595,11 +666,32 @@ def _cfg_get(model: nn.Module, key: str) -> Any:
     return cfg.get(key) if isinstance(cfg, dict) else getattr(cfg, key, None)
 
 
+def _apply_preset(model: nn.Module, mesh, preset: str, plan, hf_plan: Mapping[str, str] | None) -> None:
+    """TP preset ``preset`` on ``model`` (``parallelize_module``), with the weights Hugging Face's own plan
+    all-reduces the gradients of (``hf_plan``: e.g. Qwen3's per-head norms, which the preset leaves alone)."""
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    table = TP_PRESETS[preset]
+    head, embed = model.get_submodule(table["head"]), model.get_submodule(table["embed"])
+    tied = head.weight is embed.weight
+    parallelize_module(model, mesh["tp"], tp_plan(preset, plan.sp, model))
+    if tied:  # both vocab-sharded (Shard(0)): keep ONE parameter, as the untouched model does
+        head.weight = embed.weight
+    if hf_plan:
+        hf_grad_allreduce(model, mesh["tp"], hf_plan)
+    for block in model.get_submodule(table["blocks"]).children():
+        for attr in table.get("divide", ()):
+            owner, _, name = attr.rpartition(".")
+            holder = block.get_submodule(owner) if owner else block
+            setattr(holder, name, getattr(holder, name) // plan.tp)
+
+
 def preset_parallelize(plan, model: nn.Module, blocks_path: str | None) -> Callable[[nn.Module, Any], None]:
     """Flint's named plan as a parallelize function, written as a training script would.
 
     TP (``plan.tp > 1``): the TP preset matching the model's module names
-    (:data:`TP_PRESETS`). Data parallelism: ``fully_shard`` (``dp_shard``,
+    (:data:`TP_PRESETS`), else a Hugging Face model's own plan applied by
+    Hugging Face's code (:func:`apply_hf_tp`). Data parallelism: ``fully_shard`` (``dp_shard``,
     HSDP with ``dp_replicate``) or ``replicate`` on the input embedding (if
     untied from the output), every block, ``[final norm, output]`` as one
     group when a preset names them, and the root, as torchtitan does.
@@ -607,7 +699,6 @@ def preset_parallelize(plan, model: nn.Module, blocks_path: str | None) -> Calla
     ``blocks_path`` wrapped as :func:`flint.capture.recipes.ac_wrap` does,
     after TP and before data parallelism.
     """
-    from torch.distributed.tensor.parallel import parallelize_module
 
     def parallelize(model: nn.Module, mesh) -> None:
         import torch.distributed.fsdp as fsdp_mod
@@ -615,28 +706,29 @@ def preset_parallelize(plan, model: nn.Module, blocks_path: str | None) -> Calla
 
         if plan.tp > 1:
             preset = detect_tp_preset(model)
-            if preset is None:
+            hf_plan = hf_tp_plan(model, plan.tp)
+            if preset is None and hf_plan is None:
                 raise CaptureError("plan", f"tensor parallelism of {type(model).__name__}: its module names match "
-                                   f"no TP preset ({', '.join(TP_PRESETS)}); pass --parallelize with your own "
+                                   f"no TP preset ({', '.join(TP_PRESETS)}) and it declares no Hugging Face "
+                                   "tensor-parallel plan (base_model_tp_plan); pass --parallelize with your own "
                                    "parallelize_module plan", where_defined(model))
-            for key in TP_PRESETS[preset]["heads"]:
+            heads = TP_PRESETS[preset]["heads"] if preset else ("num_attention_heads", "num_key_value_heads")
+            for key in heads:
                 value = _cfg_get(model, key)
                 if value is not None and value % plan.tp:
                     raise CaptureError(key, f"{value} heads are not divisible by the tensor-parallel degree {plan.tp}")
             if _cfg_get(model, "num_local_experts") or _cfg_get(model, "n_experts"):
                 raise CaptureError("plan", "tensor parallelism of mixture-of-experts layers is not implemented; "
                                    "use 'dp' or 'fsdp' for MoE models")
-            table = TP_PRESETS[preset]
-            head, embed = model.get_submodule(table["head"]), model.get_submodule(table["embed"])
-            tied = head.weight is embed.weight
-            parallelize_module(model, mesh["tp"], tp_plan(preset, plan.sp, model))
-            if tied:  # both vocab-sharded (Shard(0)): keep ONE parameter, as the untouched model does
-                head.weight = embed.weight
-            for block in model.get_submodule(table["blocks"]).children():
-                for attr in table.get("divide", ()):
-                    owner, _, name = attr.rpartition(".")
-                    holder = block.get_submodule(owner) if owner else block
-                    setattr(holder, name, getattr(holder, name) // plan.tp)
+            if preset is None:  # Hugging Face's own plan, applied by Hugging Face's own code
+                if plan.sp:
+                    raise CaptureError("sp", f"sequence parallelism of {type(model).__name__}: Flint's sequence-"
+                                       f"parallel plans are its TP presets ({', '.join(TP_PRESETS)}), whose module "
+                                       "names this model does not have, and Hugging Face's plan has none; drop "
+                                       "sp or pass --parallelize", where_defined(model))
+                apply_hf_tp(model, mesh["tp"], hf_plan)
+            else:
+                _apply_preset(model, mesh, preset, plan, hf_plan)
         if blocks_path is not None and plan.activation_checkpoint != "none":
             # after TP, before data parallelism, as torchtitan applies it
             from flint.capture.recipes import ac_layers, ac_wrap

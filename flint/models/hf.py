@@ -22,6 +22,18 @@ HF_MODELS: dict[str, tuple[str, dict[str, Any]]] = {
     "hf-gpt2-tiny": ("gpt2", dict(vocab_size=512, n_positions=128, n_embd=128, n_layer=2, n_head=8, n_inner=512,
                                   layer_norm_epsilon=1e-5, bos_token_id=0, eos_token_id=0, attn_pdrop=0.0,
                                   resid_pdrop=0.0, embd_pdrop=0.0)),
+    # Hugging Face's own tensor-parallel plans (config.base_model_tp_plan, applied by Hugging Face's code;
+    # flint.capture.byom.apply_hf_tp), at hf-llama-tiny's shapes: OLMo 2 (q/k norms over the whole projection,
+    # so its plan gathers the q, k, v outputs and splits o_proj's input) and Qwen3 (per-head q/k norms whose
+    # weight gradients the plan all-reduces over tp)
+    "hf-olmo2-tiny": ("olmo2", dict(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                                    num_attention_heads=16, num_key_value_heads=8, max_position_embeddings=256,
+                                    rope_theta=500000.0, rms_norm_eps=1e-5, pad_token_id=0, bos_token_id=0,
+                                    eos_token_id=0)),
+    "hf-qwen3-tiny": ("qwen3", dict(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                                    num_attention_heads=16, num_key_value_heads=8, head_dim=16,
+                                    max_position_embeddings=256, rope_theta=500000.0, rms_norm_eps=1e-5,
+                                    tie_word_embeddings=False)),
 }
 
 
@@ -31,16 +43,12 @@ def is_hf(name: str) -> bool:
 
 def build_hf(name: str) -> nn.Module:
     """Instantiate Hugging Face model ``name`` on the current default device."""
+    import transformers
+
     family, fields = HF_MODELS[name]
-    if family == "llama":
-        from transformers import LlamaConfig, LlamaForCausalLM
-
-        return LlamaForCausalLM(LlamaConfig(**fields))
-    if family == "gpt2":
-        from transformers import GPT2Config, GPT2LMHeadModel
-
-        return GPT2LMHeadModel(GPT2Config(**fields))
-    raise KeyError(name)
+    config, model = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "gpt2": ("GPT2Config", "GPT2LMHeadModel"),
+                     "olmo2": ("Olmo2Config", "Olmo2ForCausalLM"), "qwen3": ("Qwen3Config", "Qwen3ForCausalLM")}[family]
+    return getattr(transformers, model)(getattr(transformers, config)(**fields))
 
 
 def hf_factory(name: str) -> Callable[[], nn.Module]:

@@ -25,7 +25,10 @@ DEFAULT_MODELS = ("llama-tiny", "gpt2-tiny")
 DEFAULT_PLANS = ("dp", "fsdp", "tp", "tp+sp", "fsdp+tp")
 DEFAULT_WORLD_SIZES = (2, 4)
 # A Hugging Face model (flint.models.hf), captured by the generic path, run with the same preset function.
-HF_CASES = (("hf-llama-tiny", "fsdp", 2), ("hf-llama-tiny", "tp+sp", 2), ("hf-gpt2-tiny", "tp+sp", 2))
+# OLMo 2 runs Hugging Face's own tensor-parallel plan; Qwen3 the hf-llama preset with its plan's q/k-norm
+# gradient all-reduces (flint.capture.byom.apply_hf_tp, hf_grad_allreduce).
+HF_CASES = (("hf-llama-tiny", "fsdp", 2), ("hf-llama-tiny", "tp+sp", 2), ("hf-gpt2-tiny", "tp+sp", 2),
+            ("hf-olmo2-tiny", "fsdp+tp", 4), ("hf-qwen3-tiny", "fsdp+tp", 4))
 # Activation checkpointing (torchtitan's modes, checkpoint_wrapper in the real run): model, recipe, world, mode.
 AC_CASES = (("llama-tiny", "fsdp", 2, "full"), ("llama-tiny", "fsdp", 2, "selective-op"))
 # The plan's loss_parallel (torch's loss_parallel in the real run): model, recipe, world.

@@ -85,6 +85,36 @@ def falcon():  # fused_qkv[..., [-2], :]: an index tensor from Python data (flin
     return FalconForCausalLM(FalconConfig(vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4))
 
 
+def qwen3():  # per-head q/k norms: Hugging Face's TP plan all-reduces their weight gradients
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    return Qwen3ForCausalLM(Qwen3Config(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                        max_position_embeddings=128, tie_word_embeddings=False))
+
+
+def gpt_neox(tp_plan: dict | None = None):  # fused query_key_value, no TP preset: Hugging Face's own plan
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    cfg = GPTNeoXConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                        num_attention_heads=4, max_position_embeddings=128)
+    if tp_plan is not None:
+        cfg.base_model_tp_plan = tp_plan
+    return GPTNeoXForCausalLM(cfg)
+
+
+def starcoder2():  # tied embeddings under Hugging Face's plan (vocabulary-sharded embedding and head)
+    from transformers import Starcoder2Config, Starcoder2ForCausalLM
+
+    return Starcoder2ForCausalLM(Starcoder2Config(vocab_size=256, hidden_size=64, intermediate_size=128,
+                                                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                                  max_position_embeddings=128, bos_token_id=0, eos_token_id=0))
+
+
+def gpt_neox_packed():  # a plan style Flint does not capture
+    return gpt_neox({"layers.*.attention.query_key_value": "packed_colwise", "layers.*.attention.dense": "rowwise"})
+
+
 def mixtral():
     from transformers import MixtralConfig, MixtralForCausalLM
 
