@@ -13,7 +13,27 @@ See :func:`capture_step` (flint/capture/step.py) for the inputs and
 :mod:`flint.capture.recipes`, op classes in :mod:`flint.capture.opclass`.
 """
 
+import logging
+
 from flint.capture.errors import CaptureError
+
+
+class _LibraryImportNoise(logging.Filter):
+    """Drop two messages importing torchao prints, which nobody capturing with Flint can act on: its
+    "Failed to load .../_C*.so" (its CUDA kernels do not load on a CPU build of torch; float8 training's
+    ``_scaled_mm`` path does not use them) and torch 2.13's deprecation of ``register_constant()`` on the
+    Enum classes torchao registers (addressed to torchao). transformers imports torchao when a model class
+    is first used, so the filters sit on the two loggers from the first import of ``flint.capture`` on,
+    before any model file is loaded; every other message passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.getMessage()
+        return not ((msg.startswith("Failed to load") and ".so" in msg)
+                    or "is an Enum subclass and is now natively supported by torch.compile" in msg)
+
+
+logging.getLogger("torchao").addFilter(_LibraryImportNoise())
+logging.getLogger("torch.utils._pytree").addFilter(_LibraryImportNoise())
 
 # Everything else on first use (PEP 562): ``import flint.capture.opclass`` (the op classes the cost
 # model reads while lowering a written IR) must not pay for torch._dynamo, DTensor and the recipes.

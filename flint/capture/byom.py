@@ -606,7 +606,11 @@ def hf_tp_plan(model: nn.Module, tp: int) -> dict[str, str] | None:
         return None
     from transformers import DistributedConfig
 
-    plan, _, _ = model._resolve_parallel_plans(DistributedConfig(tp_size=tp))
+    try:
+        plan, _, _ = model._resolve_parallel_plans(DistributedConfig(tp_size=tp))
+    except ValueError as e:  # Hugging Face's own check of the plan against the model's module names
+        raise CaptureError("plan", f"Hugging Face's tensor-parallel plan of {type(model).__name__}: {e}",
+                           where_defined(model)) from None
     return plan or None
 
 
@@ -726,6 +730,11 @@ def preset_parallelize(plan, model: nn.Module, blocks_path: str | None) -> Calla
                                        f"parallel plans are its TP presets ({', '.join(TP_PRESETS)}), whose module "
                                        "names this model does not have, and Hugging Face's plan has none; drop "
                                        "sp or pass --parallelize", where_defined(model))
+                if blocks_path is not None and not any(n.startswith(f"{blocks_path}.") for n in hf_plan):
+                    raise CaptureError("plan", f"tensor parallelism of {type(model).__name__}: Hugging Face's plan "
+                                       f"shards nothing in its blocks ('{blocks_path}'), which would stay whole on "
+                                       f"every tp rank (resolved plan: {sorted(hf_plan)}); fix base_model_tp_plan "
+                                       "or pass --parallelize", where_defined(model))
                 apply_hf_tp(model, mesh["tp"], hf_plan)
             else:
                 _apply_preset(model, mesh, preset, plan, hf_plan)

@@ -35,26 +35,11 @@ which is what FSDP2 runs with that option off.
 
 from __future__ import annotations
 
-import logging
 from torch import nn
 
 from flint.plan import Plan, PlanError
 
 RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
-
-
-class _NoKernelLibraryWarning(logging.Filter):
-    """Drop torchao's "Failed to load .../_C*.so" warnings: its CUDA kernels do not load on a CPU
-    build of torch, and float8 training's ``_scaled_mm`` path does not use them. torchao may be
-    imported by someone else first (transformers does), so the filter sits on its logger from
-    Flint's capture import on; every other torchao message passes."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        msg = record.getMessage()
-        return not (msg.startswith("Failed to load") and ".so" in msg)
-
-
-logging.getLogger("torchao").addFilter(_NoKernelLibraryWarning())
 
 
 def module_filter(module: nn.Module, fqn: str, filter_fqns: tuple[str, ...]) -> bool:

@@ -115,6 +115,10 @@ def gpt_neox_packed():  # a plan style Flint does not capture
     return gpt_neox({"layers.*.attention.query_key_value": "packed_colwise", "layers.*.attention.dense": "rowwise"})
 
 
+def gpt_neox_misnamed():  # a plan whose rules match no module of the blocks (Hugging Face drops them)
+    return gpt_neox({"layers.*.attention.qkv": "colwise", "layers.*.attention.out": "rowwise"})
+
+
 def mixtral():
     from transformers import MixtralConfig, MixtralForCausalLM
 
