@@ -481,6 +481,18 @@ def test_plain_modules_capture(name, plan, inputs):
     assert sum(aten_op_work(op).flops for op in module.walk() if isinstance(op, AtenOp)) == step.summary().flops
 
 
+def test_inputs_a_kwargs_forward_would_swallow_are_refused():
+    """Hugging Face's forward takes **kwargs: inputs meant for another model of the same file (its
+    example_inputs(), written for the CNN) reached it as kwargs and failed deep inside the model with
+    'You must specify exactly one of input_ids or inputs_embeds'. Now refused, naming the inputs and forward's
+    own parameters, without the dtype hint (the inputs' names are the problem, not their dtype)."""
+    fn, _ = user_function(f"{os.path.join(DATA, 'hf_models.py')}:phi3", "--model", "model_factory", "a model factory")
+    with pytest.raises(CaptureError, match=r"none of the inputs \('x', 'target'\) is a parameter of "
+                                           r"Phi3ForCausalLM\.forward\(input_ids, .*labels") as err:
+        capture_step(fn, parse_inputs("x=8x3x16x16:float32,target=8:int64"), world_size=2, plan="fsdp")
+    assert err.value.field == "inputs" and "while the model runs in" not in err.value.message
+
+
 def test_float_input_at_another_dtype_than_the_model_is_named():
     """A float32 input into a model cast to bfloat16 fails inside its first layer with Dynamo's fake-tensor
     message; the error names the input and both dtypes and says how to fix it."""

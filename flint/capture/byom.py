@@ -297,6 +297,13 @@ def check_inputs(model: nn.Module, names: Sequence[str], loss_targets: Sequence[
     if extra and not var_kw:
         raise CaptureError("inputs", f"{type(model).__name__}.forward takes ({', '.join(params)}), "
                            f"not {', '.join(repr(e) for e in extra)}", where_defined(model))
+    if extra and params and not any(n in params for n in names):
+        # e.g. a file's example_inputs() written for another model of the same file
+        raise CaptureError("inputs", f"none of the inputs ({', '.join(repr(e) for e in extra)}) is a parameter of "
+                           f"{type(model).__name__}.forward({', '.join(params)}), which would take them all as "
+                           "**kwargs; give the model's own with --inputs 'name=DIMxDIM:dtype,...' (an "
+                           "example_inputs() in the model file applies to every model of that file)",
+                           where_defined(model))
     missing = [p.name for p in sig.parameters.values() if p.default is p.empty
                and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in names]
     if missing:

@@ -263,7 +263,7 @@ def capture_generic(model: nn.Module, dm, mesh, inputs: Mapping[str, InputSpec],
         name = lambda t: str(t).removeprefix("torch.")  # noqa: E731
         other = [(k, name(s.dtype)) for k, s in inputs.items()
                  if s.dtype is not None and s.dtype.is_floating_point and s.dtype != kw["param_dtype"]]
-        if not other:
+        if not other or e.field == "inputs":  # an error about the inputs' names: not a dtype's consequence
             raise
         raise CaptureError(e.field, f"{e.message}\n  (input {', '.join(f'{k!r} is {t}' for k, t in other)} while the "
                            f"model runs in {name(kw['param_dtype'])}: give its shape without a dtype to follow the "
