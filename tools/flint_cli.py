@@ -375,7 +375,10 @@ def build_parser() -> argparse.ArgumentParser:
     cap.add_argument("--plan", default=None,
                      help="named plan: dp, fsdp, tp, tp+sp, dp+tp, fsdp+tp, fsdp+tp+sp (default: fsdp)")
     cap.add_argument("--tp", type=int, default=None,
-                     help="tensor-parallel degree of 2-D plans (dp+tp, fsdp+tp, fsdp+tp+sp; default: 1)")
+                     help="tensor-parallel degree of 2-D plans (dp+tp, fsdp+tp, fsdp+tp+sp; default: 1); "
+                          "a model file's layers are split by Flint's TP presets (torchtitan, Hugging Face Llama "
+                          "and GPT-2 names) or, for other Hugging Face models, by the TP plan their config "
+                          "declares (base_model_tp_plan)")
     cap.add_argument("--plan-file", default=None,
                      help="a plan as TOML (dp_replicate, dp_shard, tp, sp, ...; see flint/plan.py) instead of --plan")
     cap.add_argument("--parallelize", default=None,
