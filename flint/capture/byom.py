@@ -653,9 +653,9 @@ def apply_hf_tp(model: nn.Module, tp_mesh, hf_plan: Mapping[str, str]) -> None:
     tied = emb is not None and out is not None and out.weight is emb.weight
     # a tied output weight is not a parameter of its own (named_parameters lists it once, under the
     # embedding); Hugging Face shards it at load time before tying, then ties the two again
-    names = {n for n, _ in model.named_parameters()} | {n for n, _ in model.named_modules()}
+    path = {id(m): n for n, m in model.named_modules()}
+    names = {n for n, _ in model.named_parameters()} | set(path.values())
     if tied:
-        path = {id(m): n for n, m in model.named_modules()}
         # both vocabulary-sharded (Shard(0)) or both whole: one weight serves both
         vocab_sharded = (hf_plan.get(path[id(emb)]) == "embedding_rowwise",
                          hf_plan.get(path[id(out)]) in ("colwise", "colwise_gather_output", "colwise_rep"))
