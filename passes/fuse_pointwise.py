@@ -9,19 +9,38 @@ kernel.
 
 Grouping (:func:`fusion_groups`, shared with the check against inductor's
 own scheduler, :mod:`flint.validate.inductor_fusion`), per function, in
-program order, as inductor's scheduler does:
+program order, following inductor's scheduler (``torch/_inductor/scheduler.py``
+and the size rules of ``codegen/simd.py``'s ``can_fuse``):
 
 - *fusible* ops are the op classes ``elementwise`` and ``reduction``, the
   loop-like ``memory`` ops inductor lowers to generated loops (casts, copies,
-  concatenation, gathers/embeddings, factory fills: :data:`LOOP_MEMORY_OPS`)
-  and ``view`` ops (free: they join the group of what they view). GEMMs,
-  attention, scatters, collectives and everything else end a group.
+  concatenation, gathers/embeddings, factory fills, scatters into a fresh
+  tensor: :data:`LOOP_MEMORY_OPS`) and ``view`` ops (free: they join the
+  group of what they view; a view of a value no kernel of the function
+  computes, an argument or a GEMM's result, joins none). GEMMs, attention,
+  scatter-adds, collectives and everything else end a group. Every op of the
+  function is a node of the dependency graph, collectives and waits
+  included, so a path through a collective counts for cycles.
+- a *column* reduction (one that keeps the innermost dim: a weight or bias
+  gradient, a sum over the rows) iterates in an order no row-wise op
+  shares. Its kernel holds the producers only it reads (inductor inlines
+  them into its loop); a producer something else reads too stays with that
+  reader (inductor computes it in both kernels).
 - a fusible op joins the group of each fusible producer (vertical fusion)
   when the sizes are compatible: every member's iteration space is one of
-  the group's (numel of its outputs, a reduction's input and output numel, or
-  a concatenation's parts, whose producers it computes inline),
-  two reductions join only with the same input and output numel, and the
-  group stays within inductor's ``max_fusion_size`` (64) ops.
+  the group's (numel of its outputs, a row reduction's input and output
+  numel, a column reduction's output numel, or the parts of a concatenation
+  or scatter, whose producers it computes inline), two reductions join only
+  with the same input and output numel and kind, and the group stays within
+  inductor's ``max_fusion_size`` (64) ops. Producer -> consumer edges are
+  tried again until nothing merges (at most 10 rounds, as inductor's
+  scheduler repeats its fusion pass): a group that grew can take a
+  neighbour it could not take before.
+- groups that read a common value merge (horizontal fusion) when they
+  reduce the same way (the same reductions) or, both pointwise, iterate over
+  the same largest size. For a column reduction's group, a value its
+  pointwise producers read counts as read: inductor computes them inside
+  it.
 - a merge that would create a cycle (a non-member on a path between the two
   groups) is refused.
 
@@ -72,9 +91,12 @@ from flint.cost.flops import GATHERS, gathered_bytes
 from flint.cost.opclass import ELEMENTWISE, MEMORY, OTHER, REDUCTION, VIEW, classify_target, split_target
 from flint.ir.aten import AtenOp
 from flint.passes.annotate_cost import BYTES_ATTR, DURATION_ATTR, FLOPS_ATTR, aten_op_cost
+from flint.sharding.engine import int_list
 
 GROUP_ATTR = "fusion_group"
-CONCAT_OPS = frozenset({"cat", "stack"})
+# ops whose kernel computes their inputs inline, one part at a time: a concatenation or a scatter into a
+# fresh tensor iterates over its output and evaluates each part's (smaller) producer where it lands
+INLINING_OPS = frozenset({"cat", "stack", "select_scatter", "slice_scatter"})
 MAX_FUSION_SIZE = 64  # torch._inductor.config.max_fusion_size
 # memory-class ops inductor lowers as generated loops (fusible); scatters / index_put / sort are not.
 LOOP_MEMORY_OPS = frozenset({"clone", "cat", "copy", "copy_", "_to_copy", "index", "index_select", "gather",
@@ -96,6 +118,19 @@ class FusionNode:
     out_numel: int
     reduces_from: int | None = None  # input numel of a reduction
     in_numels: tuple[int, ...] = ()  # inputs' numel (concatenation inlines producers of each part's size)
+    column: bool = False  # a reduction that keeps the innermost dim (a weight or bias gradient's sum over rows)
+    escapes: bool = False  # its value is also used by something outside the nodes (a return, a collective)
+
+
+def keeps_inner_dim(in_shape: Sequence[int], dims: Sequence[int] | None) -> bool:
+    """Whether a reduction of a tensor of ``in_shape`` over ``dims`` (None: all) keeps its innermost
+    non-unit dim: a *column* reduction, such as a weight gradient's sum over the rows."""
+    rank = len(in_shape)
+    inner = next((d for d in range(rank - 1, -1, -1) if in_shape[d] > 1), None)
+    if dims is None or inner is None:
+        return False
+    reduced = {d + rank if d < 0 else d for d in dims}
+    return inner not in reduced and any(in_shape[d] > 1 for d in reduced if 0 <= d < rank)
 
 
 def fusible(op_class: str, name: str) -> bool:
@@ -109,7 +144,7 @@ def fusible(op_class: str, name: str) -> bool:
 class _Group:
     members: list[int] = field(default_factory=list)
     sizes: set[int] = field(default_factory=set)              # iteration spaces (numel)
-    reductions: set[tuple[int, int]] = field(default_factory=set)
+    reductions: set[tuple[int, int, bool]] = field(default_factory=set)  # (input numel, output numel, column)
     merged_into: "_Group | None" = None
 
     def merge_ok(self, other: "_Group") -> bool:
@@ -120,11 +155,12 @@ class _Group:
     def absorb(self, node: FusionNode | None = None, other: "_Group | None" = None) -> None:
         if node is not None and node.op_class != VIEW:
             self.sizes.add(node.out_numel)
-            if node.name in CONCAT_OPS:
+            if node.name in INLINING_OPS:
                 self.sizes.update(node.in_numels)
             if node.reduces_from is not None:
-                self.sizes.add(node.reduces_from)
-                self.reductions.add((node.reduces_from, node.out_numel))
+                if not node.column:  # a column reduction's loop runs over the rows: no row-order op joins it
+                    self.sizes.add(node.reduces_from)
+                self.reductions.add((node.reduces_from, node.out_numel, node.column))
         if other is not None:
             self.members += other.members
             self.sizes |= other.sizes
@@ -142,26 +178,29 @@ def fusion_groups(nodes: Sequence[FusionNode]) -> list[list[int]]:
                 users[j].append(i)
     group_of: list[_Group | None] = [None] * len(nodes)
     ok = [fusible(n.op_class, n.name) for n in nodes]
+    pinned = _column_reductions(nodes, users, ok, group_of)
+    computed = [_computed_in_kernel(i, nodes, index, ok) for i in range(len(nodes))]
     for i, n in enumerate(nodes):
-        if not ok[i]:
-            continue
+        if not computed[i] or i in pinned:
+            continue  # a view of a buffer no kernel computes here (an argument, a GEMM's result) joins no group
         g = _Group([i])
         g.absorb(n)
         group_of[i] = g
         producers = sorted({index[k] for k in n.inputs if k in index and index[k] < i and ok[index[k]]})
         for j in producers:
-            pg = group_of[j]
-            cur = group_of[i]
-            if pg is cur or pg is None:
-                continue
-            if len(pg.members) + len(cur.members) > MAX_FUSION_SIZE or not pg.merge_ok(cur):
-                continue
-            if _creates_cycle(pg, cur, users, group_of, i):
-                continue
-            pg.absorb(other=cur)
-            for m in cur.members:
-                group_of[m] = pg
-            cur.merged_into = pg
+            _try_merge(group_of[j], group_of[i], users, group_of)
+    # later rounds, as inductor's scheduler fuses until nothing changes: groups that grew since a
+    # producer -> consumer edge was first tried (a concatenation or scatter that inlines a smaller
+    # size) may merge now
+    for _ in range(10):
+        merged = False
+        for i, n in enumerate(nodes):
+            for k in n.inputs:
+                j = index.get(k)
+                if j is not None and j < i and computed[j] and group_of[i] is not None and group_of[j] is not None:
+                    merged |= _try_merge(group_of[j], group_of[i], users, group_of)
+        if not merged:
+            break
     _horizontal(nodes, index, users, group_of)
     seen: set[int] = set()
     out = []
@@ -174,37 +213,111 @@ def fusion_groups(nodes: Sequence[FusionNode]) -> list[list[int]]:
     return sorted(out, key=lambda m: m[0])
 
 
+def _computed_in_kernel(i: int, nodes: Sequence[FusionNode], index: dict, ok: list[bool]) -> bool:
+    """Whether node ``i`` is computed by a fused kernel: a fusible op, or a view of one. A view of an
+    argument or of a GEMM's or attention's result is a buffer that kernels read, which links no two of them."""
+    while nodes[i].op_class == VIEW:
+        j = next((index[k] for k in nodes[i].inputs if k in index), None)
+        if j is None:
+            return False
+        i = j
+    return ok[i]
+
+
+def _try_merge(a: _Group | None, b: _Group | None, users: list[list[int]], group_of: list) -> bool:
+    """Merge group ``b`` into ``a`` if inductor would fuse them (sizes, reductions, size cap, no cycle)."""
+    if a is None or b is None or a is b:
+        return False
+    if len(a.members) + len(b.members) > MAX_FUSION_SIZE or not a.merge_ok(b):
+        return False
+    limit = max(max(a.members), max(b.members))
+    if _creates_cycle(a, b, users, group_of, limit) or _creates_cycle(b, a, users, group_of, limit):
+        return False
+    a.absorb(other=b)
+    for m in b.members:
+        group_of[m] = a
+    b.members = []
+    b.merged_into = a
+    return True
+
+
+def _column_reductions(nodes: Sequence[FusionNode], users: list[list[int]], ok: list[bool],
+                       group_of: list) -> set[int]:
+    """Give every column reduction its own group with the producers only it reads (inductor inlines those
+    into its loop; a producer something else reads too is computed where that reader is, and inductor
+    recomputes it inside the reduction). Returns the nodes so placed, which no later merge pulls apart."""
+    pinned: set[int] = set()
+    index = {n.key: i for i, n in enumerate(nodes)}
+    for c, n in enumerate(nodes):
+        if not (ok[c] and n.column and n.reduces_from is not None):
+            continue
+        g = _Group([c])
+        g.absorb(n)
+        group_of[c] = g
+        pinned.add(c)
+        tree = {c}
+        for j in range(c - 1, -1, -1):
+            m = nodes[j]
+            if (ok[j] and j not in pinned and m.reduces_from is None and m.op_class != REDUCTION
+                    and not m.escapes and users[j] and all(u in tree for u in users[j])
+                    and _computed_in_kernel(j, nodes, index, ok)):
+                tree.add(j)
+                g.members.append(j)
+                group_of[j] = g
+                pinned.add(j)
+    return pinned
+
+
+def _reads(g: _Group, nodes: Sequence[FusionNode], index: dict, users: list[list[int]],
+           group_of: list) -> list[Hashable]:
+    """The values a group's kernel loads: its external inputs, and for a column reduction's group, what its
+    pointwise producers read (inductor computes those inside the kernel again)."""
+    column = any(col for _, _, col in g.reductions)
+    out: dict[Hashable, None] = {}  # ordered: merges happen in a deterministic order
+    seen: set[int] = set()
+    stack = [k for m in g.members for k in nodes[m].inputs]
+    while stack:
+        k = stack.pop()
+        j = index.get(k)
+        if j is not None and group_of[j] is g:
+            continue
+        if column and j is not None and j not in seen and _recomputed(j, nodes, users):
+            seen.add(j)
+            stack += nodes[j].inputs
+            continue
+        out[k] = None
+    return list(out)
+
+
+def _recomputed(j: int, nodes: Sequence[FusionNode], users: list[list[int]]) -> bool:
+    """Whether inductor would compute pointwise node ``j`` inside each kernel that reads it rather than
+    store it: only kernels read it (a GEMM, attention or collective needs it stored, as does a return)."""
+    n = nodes[j]
+    if n.escapes or n.reduces_from is not None or n.op_class in (REDUCTION, VIEW) or not fusible(n.op_class, n.name):
+        return False
+    return all(fusible(nodes[u].op_class, nodes[u].name) for u in users[j])
+
+
 def _horizontal(nodes: Sequence[FusionNode], index: dict, users: list[list[int]], group_of: list) -> None:
     """Merge groups that read a common value (inductor's horizontal fusion), in program order."""
     readers: dict[Hashable, list[_Group]] = {}
+    done: set[int] = set()
     for i, n in enumerate(nodes):
         g = group_of[i]
-        if g is None or n.op_class == VIEW:
+        if g is None or n.op_class == VIEW or id(g) in done:
             continue
-        for k in n.inputs:
-            j = index.get(k)
-            if j is not None and group_of[j] is g:
-                continue  # an internal value
-            lst = readers.setdefault(k, [])
-            if g not in lst:
-                lst.append(g)
+        done.add(id(g))
+        for k in _reads(g, nodes, index, users, group_of):
+            readers.setdefault(k, []).append(g)
     for groups in readers.values():
         for a, b in itertools.combinations(groups, 2):
             a, b = _live(a, group_of), _live(b, group_of)
-            if a is b or len(a.members) + len(b.members) > MAX_FUSION_SIZE or not a.merge_ok(b):
+            if a is b or a.reductions != b.reductions:
                 continue
-            if not (a.reductions or b.reductions) or a.reductions != b.reductions:
-                continue  # inductor fuses independent reductions over the same sizes; pointwise joins vertically
+            if not a.reductions and (not a.sizes or not b.sizes or max(a.sizes) != max(b.sizes)):
+                continue  # pointwise kernels join when they iterate over the same size
             first, second = (a, b) if min(a.members) < min(b.members) else (b, a)
-            limit = max(second.members)
-            if _creates_cycle(first, second, users, group_of, limit) or \
-                    _creates_cycle(second, first, users, group_of, max(first.members)):
-                continue
-            first.absorb(other=second)
-            for m in second.members:
-                group_of[m] = first
-            second.members = []
-            second.merged_into = first
+            _try_merge(first, second, users, group_of)
 
 
 def _live(g: _Group, group_of: list) -> _Group:
@@ -241,16 +354,28 @@ def _value_bytes(v: SSAValue) -> int:
     return tensor_bytes(tuple(t.get_shape()), str(t.element_type)) if isinstance(t, TensorType) else 0
 
 
-def _nodes_of(ops: list[AtenOp]) -> list[FusionNode]:
+def _nodes_of(ops: list[Operation]) -> list[FusionNode]:
+    """Every op of a function body as a node: ``aten`` ops by their class, anything else (collectives,
+    waits, sends) as a node no kernel fuses, so that a dependency through it is seen."""
+    inside = set(ops)
     nodes = []
     for op in ops:
+        escapes = any(use.operation not in inside for r in op.results for use in r.uses)
+        if not isinstance(op, AtenOp):
+            nodes.append(FusionNode(op, "dist", op.name, list(op.operands),
+                                    max((_numel(r) for r in op.results), default=0), escapes=escapes))
+            continue
         cls = classify_target(op.overload)
         _, name, _ = split_target(op.overload)
         out = max((_numel(r) for r in op.outputs), default=0)
         inp = max((_numel(v) for v in op.inputs), default=0)
         red = inp if cls == REDUCTION and inp != out else None
+        column = False
+        if red is not None and op.inputs and isinstance(op.inputs[0].type, TensorType):
+            dims = int_list(op.args.data.get("dim")) if op.args is not None else None
+            column = keeps_inner_dim(op.inputs[0].type.get_shape(), dims)
         nodes.append(FusionNode(op, cls, name, [v for v in op.inputs], out, red,
-                                tuple(_numel(v) for v in op.inputs)))
+                                tuple(_numel(v) for v in op.inputs), column, escapes))
     return nodes
 
 
@@ -286,11 +411,11 @@ class FusePointwisePass(ModulePass):
                         _annotate(o, *aten_op_cost(_fresh(o), device))
 
     def _fuse(self, fn: func.FuncOp, device) -> None:
-        ops = [o for o in fn.walk() if isinstance(o, AtenOp)]
-        if not ops:
+        ops = [o for o in fn.walk() if o is not fn and not isinstance(o, func.ReturnOp)]
+        if not any(isinstance(o, AtenOp) for o in ops):
             return
         # values are keyed by the producing op's results: map each input value to its producer op
-        producer: dict[SSAValue, AtenOp] = {}
+        producer: dict[SSAValue, Operation] = {}
         for o in ops:
             for r in o.results:
                 producer[r] = o
@@ -300,7 +425,7 @@ class FusePointwisePass(ModulePass):
         groups = fusion_groups(nodes)
         k = 0
         for members in groups:
-            group_ops = [ops[i] for i in members]
+            group_ops = [ops[i] for i in members if isinstance(ops[i], AtenOp)]
             if len([o for o in group_ops if classify_target(o.overload) != VIEW]) < 2:
                 for o in group_ops:
                     _annotate(o, *aten_op_cost(_fresh(o), device))

@@ -88,8 +88,49 @@ def test_kernel_groups_agree_with_inductors_scheduler():
     results = check_models()
     t = total(results)
     assert {r.graph for r in results} == {"llama-tiny fwd", "llama-tiny bwd", "gpt2-tiny fwd", "gpt2-tiny bwd"}
-    # measured: 17 of 29 inductor kernels formed exactly (0.59); pair precision 0.95, recall 0.84
-    assert t.kernel_agreement >= 0.5 and t.pair_precision >= 0.9 and t.pair_recall >= 0.8
+    # measured (session 34): 24 of 29 inductor kernels formed exactly (0.83), all 29 with the nodes inductor
+    # computes in two kernels left aside; pair precision 1.00, recall 0.94 (session 26: 17 of 29, 0.95, 0.84)
+    assert t.kernel_agreement >= 0.8 and t.agreement_recomputed_aside >= 0.95
+    assert t.pair_precision >= 0.95 and t.pair_recall >= 0.9
+
+
+def test_compare_leaves_aside_the_nodes_inductor_computes_twice():
+    from flint.validate.inductor_fusion import compare
+
+    # inductor computes "a" inside both kernels; Flint's partition can hold it in one of them only
+    theirs = [frozenset({"a", "b", "c"}), frozenset({"a", "d"})]
+    mine = [frozenset({"a", "b", "c"}), frozenset({"d"})]
+    r = compare("g", mine, theirs)
+    assert (r.exact, r.exact_recomputed_aside) == (1, 2)
+    # a kernel that differs in a node computed once still does not match
+    r = compare("g", [frozenset({"a", "b"}), frozenset({"c", "d"})], theirs)
+    assert (r.exact, r.exact_recomputed_aside) == (0, 0)
+
+
+@pytest.mark.parametrize("shape, dims, column", [
+    ((8, 64), [0], True),            # a bias gradient: the sum over the rows
+    ((2, 32, 64), [0, 1], True),     # a norm weight's gradient over batch and sequence
+    ((8, 64), [-1], False),          # a row reduction (softmax, norm statistics)
+    ((8, 64, 1), [1], False),        # the innermost dim of size 1 does not count
+    ((8, 64), None, False),          # a reduction to a scalar
+    ((1, 64), [0], False),           # reduces only a dim of size 1: nothing to loop over
+])
+def test_column_reductions_keep_the_innermost_dim(shape, dims, column):
+    from flint.passes.fuse_pointwise import keeps_inner_dim
+
+    assert keeps_inner_dim(shape, dims) is column
+
+
+def test_a_column_reduction_takes_only_the_producers_it_alone_reads():
+    # g feeds the weight gradient's column sum (through p) and the row-wise chain (q -> r); inductor
+    # computes p inside the column reduction's kernel and g with the row-wise ops
+    nodes = [_n("g", "elementwise", numel=512), _n("p", "elementwise", ["g"], numel=512),
+             FusionNode("s", "reduction", "sum", ["p"], 64, 512, (512,), column=True),
+             _n("q", "elementwise", ["g"], numel=512), _n("r", "elementwise", ["q"], numel=512)]
+    assert fusion_groups(nodes) == [[0, 3, 4], [1, 2]]
+    # p also returned: it is stored, so it is computed with g's kernel and the column sum reads it
+    nodes[1].escapes = True
+    assert fusion_groups(nodes) == [[0, 1, 3, 4], [2]]
 
 
 GATHER_IR = """

@@ -61,7 +61,7 @@ def shape_of(v: SSAValue) -> list[int]:
     return list(t.get_shape())
 
 
-def _int_list(attr: Attribute | None) -> list[int] | None:
+def int_list(attr: Attribute | None) -> list[int] | None:
     if isinstance(attr, ArrayAttr):
         out = []
         for a in attr.data:
@@ -295,7 +295,7 @@ class FunctionExpander:
         op = v.owner
         if not (isinstance(op, AtenOp) and op.overload.split(".")[1] in FILL_OPS and not cur.partial
                 and not dst.partial and cur == Sharding.replicated(cur.rank) and op.args is not None
-                and _int_list(op.args.data.get("size")) is not None):
+                and int_list(op.args.data.get("size")) is not None):
             return None
         t = self._local_t(v, gshape, dst)
         args = dict(op.args.data)
@@ -544,7 +544,7 @@ class FunctionExpander:
         out = list(results[0].get_shape()) if results else None
         gout = shape_of(op.outputs[0]) if op.outputs else None
         for key in ("size", "shape", "input_sizes"):
-            vals = _int_list(args.get(key))
+            vals = int_list(args.get(key))
             if vals is not None and out is not None and len(vals) == len(out) and isinstance(args[key], ArrayAttr):
                 args[key] = ArrayAttr([IntegerAttr(-1 if v == -1 else o, i64) for v, o in zip(vals, out)])
         if "num_weights" in args and out is not None:
@@ -622,7 +622,7 @@ class FunctionExpander:
         v = op.inputs[0]
         s = self.sharding(v)
         rank = len(shape_of(v))
-        dl = _int_list(_arg(op, "dim"))
+        dl = int_list(_arg(op, "dim"))
         red = set(range(rank)) if dl is None or dl == [] else {_norm(d, rank) for d in dl}
         keep = _arg(op, "keepdim")
         keepdim = bool(keep.value.data) if isinstance(keep, IntegerAttr) else False
@@ -768,7 +768,7 @@ class FunctionExpander:
             d1 = _norm(_arg(op, "dim1").value.data, rank)
             perm[d0], perm[d1] = perm[d1], perm[d0]
         elif name == "permute":
-            perm = [_norm(d, rank) for d in _int_list(_arg(op, "dims"))]
+            perm = [_norm(d, rank) for d in int_list(_arg(op, "dims"))]
         return Rule([s], [Sharding(tuple(s.dims[p] for p in perm), s.partial)])
 
     def rule_dim_local(self, op: AtenOp) -> Rule:
@@ -864,7 +864,7 @@ class FunctionExpander:
 
     def rule_layer_norm(self, op: AtenOp) -> Rule:
         name = op.overload.split(".")[1]
-        norm = len(_int_list(_arg(op, "normalized_shape")) or [1])
+        norm = len(int_list(_arg(op, "normalized_shape")) or [1])
         ins = list(op.inputs)
         x = ins[0] if name == "native_layer_norm" else ins[1]
         rank = len(shape_of(x))
@@ -888,7 +888,7 @@ class FunctionExpander:
         with zero."""
         v = op.inputs[0]
         s = self.sharding(v)
-        pad = _int_list(_arg(op, "pad")) or []
+        pad = int_list(_arg(op, "pad")) or []
         padded = {s.rank - 1 - i // 2 for i, x in enumerate(pad) if x}
         dims = tuple(() if d in padded else ax for d, ax in enumerate(s.dims))
         value = getattr(getattr(_arg(op, "value"), "value", None), "data", 0)
@@ -951,7 +951,7 @@ def demand_pass(ops: Sequence[Operation], rules: Rules, seeds: dict) -> dict:
                 d1 = _norm(_arg(op, "dim1").value.data, rank)
                 perm[d0], perm[d1] = perm[d1], perm[d0]
             elif name == "permute":
-                perm = [_norm(d, rank) for d in _int_list(_arg(op, "dims"))]
+                perm = [_norm(d, rank) for d in int_list(_arg(op, "dims"))]
             demand.setdefault(v, {perm[d]: ax for d, ax in want.items()})
         elif kind == "reshape":
             a, b = shape_of(v), shape_of(op.outputs[0])
