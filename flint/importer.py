@@ -342,6 +342,10 @@ def import_step(step: CapturedStep) -> ModuleOp:
     set_schedule(module, schedule_of(step))
     if step.partitioner != "min-cut":  # what the backward saves (flint.capture.partition); min-cut: unmarked
         module.attributes[PARTITIONER_ATTR] = StringAttr(step.partitioner)
+    if step.tp_rules is not None or step.tp_refused:
+        from flint.sharding.rules import record_tp_rules
+
+        record_tp_rules(module, step.tp_rules, step.tp_refused)
     if step.plan is not None:
         attach(module, step.plan)
         from flint.pipeline import split_by_plan

@@ -24,9 +24,9 @@ from flint.sharding.rules import (
     activation_sharding,
     batch_sharding,
     fsdp_axes,
-    load_rules,
     param_compute_sharding,
     param_storage_sharding,
+    rules_for,
     zero_storage_sharding,
 )
 from flint.sharding.spec import Sharding
@@ -120,7 +120,10 @@ def check_model(module: ModuleOp, plan: Plan, rules: Rules | None = None) -> Non
     split_dims: list[tuple[str, int]] = []
     experts_named = False
     whole_blocks: set[str] = set()  # repeated parts (blocks) none of whose parameters tp splits
-    rules = rules or load_rules()
+    rules = rules or rules_for(module)
+    if plan.tp > 1 and rules.tp_refused:
+        raise PlanError("tp", f"{rules.tp_refused}; capture the plan instead: flint capture --plan ... --tp ... "
+                        "(which runs the model's own plan; flint explore takes that path by itself)", plan.source)
     repeated = {name for name, count in get_schedule(module) if count > 1 and name.endswith("_fwd")}
     for fn in module.ops:
         if not isinstance(fn, func.FuncOp):
@@ -249,7 +252,7 @@ class ShardAnnotatePass(ModulePass):
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         plan = plan_from_options(self)
         plan.require(EXPAND_FIELDS, "shard-expand")
-        rules = load_rules(self.rules or None)
+        rules = rules_for(op, self.rules or None)
         check_single_device(op)
         check_model(op, plan, rules)
         annotate(op, plan, rules)

@@ -19,7 +19,7 @@ from flint.passes.shard_annotate import PARAM_ATTR, _role, embedding_units, read
 from flint.plan import Plan, plan_of
 from flint.sharding.engine import FILL_OPS, ExpandError, FunctionExpander, demand_pass, shape_of
 from flint.sharding.moe import assignments_of, gather_experts, make_expander, n_experts_of, reduce_expert_grads
-from flint.sharding.rules import Rules, fsdp_axes, load_rules
+from flint.sharding.rules import Rules, fsdp_axes, rules_for
 from flint.sharding.spec import Sharding
 
 EXPANDED_ATTR = "flint.expanded"
@@ -73,7 +73,7 @@ class ShardExpandPass(ModulePass):
         plan = plan_of(op)
         if plan is None or not any(isinstance(o, ShardOp) for o in op.walk()):
             raise FlintError("shard-expand: the module has no sharding annotations; run shard-annotate first")
-        expand(op, plan, load_rules(self.rules or None))
+        expand(op, plan, rules_for(op, self.rules or None))
 
 
 def expand(module: ModuleOp, plan: Plan, rules: Rules) -> None:

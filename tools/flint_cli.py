@@ -279,19 +279,20 @@ def cmd_expand(args: argparse.Namespace) -> int:
     from flint.passes.shard_expand import expand
     from flint.pipeline import PIPELINE_FIELDS, split_by_plan
     from flint.plan import Plan
-    from flint.sharding.rules import load_rules
+    from flint.sharding.rules import load_rules, rules_for
     from flint.sharding.summary import summarize_program
 
     t0 = time.perf_counter()
     plan = Plan.load(args.plan, world_size=args.world_size)
     plan.require(EXPAND_FIELDS + PIPELINE_FIELDS, "flint expand")
-    rules = load_rules(args.rules)
+    load_rules(args.rules)  # a bad rules file fails before the program is read
     module = load_ir(args.input)
+    rules = rules_for(module, args.rules)
     CanonicalizeDistPass().apply(Context(), module)
     check_single_device(module)
     # With microbatches the single-device step is ONE microbatch (captured at the global batch over
     # microbatches): the batch check is the plan's without them; pipeline-split runs it M times.
-    check_model(module, dataclasses.replace(plan, microbatches=1))
+    check_model(module, dataclasses.replace(plan, microbatches=1), rules)
     single = summarize_program(module)
     annotate(module, plan, rules)
     expand(module, plan, rules)

@@ -670,6 +670,53 @@ def apply_hf_tp(model: nn.Module, tp_mesh, hf_plan: Mapping[str, str]) -> None:
     hf_grad_allreduce(model, tp_mesh, hf_plan)
 
 
+# How shard-expand (the planned path) reproduces a Hugging Face plan style on an nn.Linear's weight and bias:
+# the dim tp splits, None for replicated. The input and output layouts these styles state are what
+# shard-expand's propagation gives (a column-parallel output stays split to the row-parallel layer; a
+# row-parallel output is reduced where it is next read whole; a replicated input is split locally).
+_PLANNED_LINEAR = {"colwise": (0, 0), "rowwise": (1, None), "rowwise_split_input": (1, None)}
+
+
+def planned_tp_rules(model: nn.Module) -> tuple[tuple[tuple[str, int], ...] | None, str]:
+    """For the planned path: a Hugging Face model's ``[[tp]]`` parameter patterns (fnmatch over parameter
+    names, the dim tp splits) from the plan it declares, which is what the captured path applies when no Flint
+    TP preset names the model; or, second, why shard-expand cannot reproduce that plan. ``(None, "")`` where
+    the built-in rules apply (a model a preset names, or one without a declared plan)."""
+    if detect_tp_preset(model) is not None:
+        return None, ""
+    try:
+        plan = hf_tp_plan(model, 2)
+    except CaptureError as e:
+        return None, e.message
+    if not plan:
+        return None, ""
+    modules = dict(model.named_modules())
+    params = dict(model.named_parameters())
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    rules: dict[str, int] = {}
+    for name, style in sorted(plan.items()):
+        if name not in params or style == HF_GRAD_ALLREDUCE:
+            continue  # a module's own entry (its parameters have theirs); a replicated weight
+        owner, _, kind = name.rpartition(".")
+        module = modules.get(owner)
+        pattern = re.sub(r"\.\d+(?=\.)", ".*", name)
+        where = f"Hugging Face's tensor-parallel plan of {type(model).__name__} shards '{pattern}' with '{style}'"
+        if isinstance(module, nn.Embedding) and style == "embedding_rowwise":
+            rules[pattern] = 0  # vocabulary-parallel
+        elif isinstance(module, nn.Linear) and (style in _PLANNED_LINEAR or
+                                                (style == "colwise_gather_output" and module is head)):
+            # the output projection's gathered logits: the loss needs the whole vocabulary, as there
+            dim = _PLANNED_LINEAR.get(style, (0, 0))[kind == "bias"]
+            if dim is not None:
+                rules[pattern] = dim
+        elif style == "colwise_gather_output":
+            return None, (f"{where}: it gathers the layer's output on every rank, which shard-expand does not "
+                          "reproduce (it keeps the output split and reduces where it is next read whole)")
+        else:
+            return None, f"{where} on a {type(module).__name__}, which shard-expand has no rule for"
+    return tuple(rules.items()), ""
+
+
 def _cfg_get(model: nn.Module, key: str) -> Any:
     cfg = getattr(model, "config", None)
     if cfg is None:

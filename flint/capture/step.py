@@ -119,6 +119,10 @@ class CapturedStep:
     global_params: dict[str, tuple[int, ...]]
     plan: Plan | None = None  # None for a user parallelisation function
     partitioner: str = "min-cut"  # flint.capture.partition.PARTITIONERS
+    # for the planned path (a capture without tp): the [[tp]] patterns of the model's own declared TP plan
+    # (a Hugging Face model no preset names), or why shard-expand cannot reproduce that plan
+    tp_rules: tuple[tuple[str, int], ...] | None = None
+    tp_refused: str = ""
 
     def part(self, name: str) -> CapturedPart:
         return next(p for p in self.parts if p.name == name)
@@ -717,8 +721,13 @@ def capture_step(
             torch._dynamo.reset()
             if parallelize is not None and not custom:
                 plan_name = getattr(parallelize, "__name__", plan_name)
+            tp_rules, tp_refused = None, ""
+            if not custom and parallelize is None and plan.tp == 1:
+                from flint.capture.byom import planned_tp_rules
+
+                tp_rules, tp_refused = planned_tp_rules(model)
             return CapturedStep(parts, mesh, plan_name, axes, param_dtype, local, global_params,
-                                None if custom or parallelize is not None else plan, partitioner)
+                                None if custom or parallelize is not None else plan, partitioner, tp_rules, tp_refused)
         if repeat:
             _check_layers(model.layers)
         _check_batch(batch_shapes, ("tokens", "labels"))

@@ -302,12 +302,12 @@ def expand_stage(single, plan: Plan):
     """
     from flint.passes.shard_annotate import annotate, check_model, check_single_device
     from flint.passes.shard_expand import expand
-    from flint.sharding.rules import load_rules
+    from flint.sharding.rules import rules_for
 
     module = single.clone()
     check_single_device(module)
-    check_model(module, plan)
-    rules = load_rules()
+    rules = rules_for(module)
+    check_model(module, plan, rules)
     annotate(module, plan, rules)
     expand(module, plan, rules)
     module.verify()

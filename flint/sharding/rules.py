@@ -9,6 +9,7 @@ import tomllib
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Sequence
 
 from flint.errors import FlintError
 from flint.plan import Plan
@@ -32,6 +33,7 @@ class Rules:
     source: str
     expert_params: tuple[str, ...] = ()  # fnmatch patterns of stacked MoE expert weights (dim 0: experts)
     expert_tp: tuple[tuple[str, int], ...] = ()  # (pattern, dim tp splits under expert tensor parallelism)
+    tp_refused: str = ""  # why tp cannot split this program's model (flint.tp_refused on the module)
 
     def op_kind(self, target: str) -> str | None:
         """The rule kind of an ATen overload name (``aten.mm.default`` -> ``matmul``), None if unknown."""
@@ -94,6 +96,52 @@ def load_rules(path: str | None = None) -> Rules:
     lin = data.get("linear", {})
     return Rules(tuple(tp), kinds, frozenset(lin.get("all", ())), frozenset(lin.get("first", ())), str(p),
                  tuple(experts), tuple(expert_tp))
+
+
+# A program captured without tp records its model's own tensor-parallel plan (a Hugging Face model no TP
+# preset names: flint.capture.byom.planned_tp_rules) as [[tp]] patterns, or why shard-expand cannot
+# reproduce it, so that its expansion splits what the captured path splits.
+TP_RULES_ATTR = "flint.tp_rules"
+TP_REFUSED_ATTR = "flint.tp_refused"
+
+
+def record_tp_rules(module, rules: Sequence[tuple[str, int]] | None, refused: str = "") -> None:
+    """Record a model's own ``[[tp]]`` patterns (or why they cannot be had) on a program's module."""
+    from xdsl.dialects.builtin import ArrayAttr, IntegerAttr, StringAttr, i64
+
+    if rules is not None:
+        module.attributes[TP_RULES_ATTR] = ArrayAttr([ArrayAttr([StringAttr(p), IntegerAttr(d, i64)])
+                                                      for p, d in rules])
+    if refused:
+        module.attributes[TP_REFUSED_ATTR] = StringAttr(refused)
+
+
+def rules_for(module, path: str | None = None) -> Rules:
+    """The rules to expand ``module`` with: a rules file given by ``path`` as it is; else the built-in
+    rules, with the ``[[tp]]`` patterns of the model's own plan in place of the built-in ones where the
+    module records them (:func:`record_tp_rules`), and its reason where tp cannot split it."""
+    import dataclasses
+
+    from xdsl.dialects.builtin import ArrayAttr, IntegerAttr, StringAttr
+
+    rules = load_rules(path)
+    if path:
+        return rules
+    attr = module.attributes.get(TP_RULES_ATTR)
+    if isinstance(attr, ArrayAttr):
+        tp = []
+        for i, entry in enumerate(attr.data):
+            if not (isinstance(entry, ArrayAttr) and len(entry.data) == 2 and isinstance(entry.data[0], StringAttr)
+                    and isinstance(entry.data[1], IntegerAttr)):
+                raise RulesError(f"module attribute {TP_RULES_ATTR}: entry {i} is not [pattern, dim]")
+            tp.append((entry.data[0].data, entry.data[1].value.data))
+        rules = dataclasses.replace(rules, tp_params=tuple(tp),
+                                    source="the tensor-parallel plan the model declares (its Hugging Face "
+                                           f"config; module attribute {TP_RULES_ATTR})")
+    refused = module.attributes.get(TP_REFUSED_ATTR)
+    if isinstance(refused, StringAttr):
+        rules = dataclasses.replace(rules, tp_refused=refused.data)
+    return rules
 
 
 # ------------------------------------------------------------- plan -> shardings
