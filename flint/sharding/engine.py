@@ -927,8 +927,8 @@ class FunctionExpander:
 
 def demand_pass(ops: Sequence[Operation], rules: Rules, seeds: dict) -> dict:
     """Propagate wanted dim splits backward from ``seeds`` (old value -> {dim: axes})
-    through views, transposes and matmuls, so that a gemm producing a split result
-    computes only its shard (a gradient the annotation wants split, say)."""
+    through views, transposes, matmuls and elementwise ops, so that a gemm producing a split
+    result computes only its shard (a gradient the annotation wants split, say)."""
     demand = dict(seeds)
     for op in reversed(list(ops)):
         if not isinstance(op, AtenOp) or not op.outputs:
@@ -968,4 +968,11 @@ def demand_pass(ops: Sequence[Operation], rules: Rules, seeds: dict) -> dict:
                 demand.setdefault(a, {0: want[0]})
             if 1 in want:
                 demand.setdefault(b, {1: want[1]})
+        elif kind == "pointwise":
+            # elementwise: an operand of the result's shape is wanted split the same way (a tied weight's
+            # gradient is the sum of the head's and the embedding's: each computes only its shard)
+            out = shape_of(op.outputs[0])
+            for x in op.inputs:
+                if isinstance(x.type, TensorType) and shape_of(x) == out:
+                    demand.setdefault(x, dict(want))
     return demand
