@@ -178,8 +178,8 @@ def fusion_groups(nodes: Sequence[FusionNode]) -> list[list[int]]:
                 users[j].append(i)
     group_of: list[_Group | None] = [None] * len(nodes)
     ok = [fusible(n.op_class, n.name) for n in nodes]
-    pinned = _column_reductions(nodes, users, ok, group_of)
     computed = [_computed_in_kernel(i, nodes, index, ok) for i in range(len(nodes))]
+    pinned = _column_reductions(nodes, users, computed, group_of)
     for i, n in enumerate(nodes):
         if not computed[i] or i in pinned:
             continue  # a view of a buffer no kernel computes here (an argument, a GEMM's result) joins no group
@@ -241,15 +241,14 @@ def _try_merge(a: _Group | None, b: _Group | None, users: list[list[int]], group
     return True
 
 
-def _column_reductions(nodes: Sequence[FusionNode], users: list[list[int]], ok: list[bool],
+def _column_reductions(nodes: Sequence[FusionNode], users: list[list[int]], computed: list[bool],
                        group_of: list) -> set[int]:
     """Give every column reduction its own group with the producers only it reads (inductor inlines those
     into its loop; a producer something else reads too is computed where that reader is, and inductor
     recomputes it inside the reduction). Returns the nodes so placed, which no later merge pulls apart."""
     pinned: set[int] = set()
-    index = {n.key: i for i, n in enumerate(nodes)}
     for c, n in enumerate(nodes):
-        if not (ok[c] and n.column and n.reduces_from is not None):
+        if not (computed[c] and n.column and n.reduces_from is not None):
             continue
         g = _Group([c])
         g.absorb(n)
@@ -258,9 +257,8 @@ def _column_reductions(nodes: Sequence[FusionNode], users: list[list[int]], ok: 
         tree = {c}
         for j in range(c - 1, -1, -1):
             m = nodes[j]
-            if (ok[j] and j not in pinned and m.reduces_from is None and m.op_class != REDUCTION
-                    and not m.escapes and users[j] and all(u in tree for u in users[j])
-                    and _computed_in_kernel(j, nodes, index, ok)):
+            if (computed[j] and j not in pinned and m.reduces_from is None and m.op_class != REDUCTION
+                    and not m.escapes and users[j] and all(u in tree for u in users[j])):
                 tree.add(j)
                 g.members.append(j)
                 group_of[j] = g

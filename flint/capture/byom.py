@@ -635,12 +635,17 @@ def hf_grad_allreduce(model: nn.Module, tp_mesh, hf_plan: Mapping[str, str]) -> 
                                             for n in names})
 
 
+def _layer_pattern(name: str) -> str:
+    """A resolved plan entry's name with its layer indices as ``*`` (``model.layers.*.mlp.c_fc.weight``)."""
+    return re.sub(r"\.\d+(?=\.)", ".*", name)
+
+
 def apply_hf_tp(model: nn.Module, tp_mesh, hf_plan: Mapping[str, str]) -> None:
     """Tensor parallelism as Hugging Face applies it (``transformers.distributed.tensor_parallel.
     apply_tensor_parallelism`` on the resolved plan); a style Flint cannot capture is refused by name."""
     from transformers.distributed.tensor_parallel import apply_tensor_parallelism
 
-    bad = {re.sub(r"\.\d+(?=\.)", ".*", n): s for n, s in hf_plan.items()
+    bad = {_layer_pattern(n): s for n, s in hf_plan.items()
            if s not in HF_TP_STYLES and s != HF_GRAD_ALLREDUCE}
     if bad:
         name, style = min(bad.items())
@@ -685,7 +690,7 @@ def planned_tp_rules(model: nn.Module) -> tuple[tuple[tuple[str, int], ...] | No
     if detect_tp_preset(model) is not None:
         return None, ""
     try:
-        plan = hf_tp_plan(model, 2)
+        plan = hf_tp_plan(model, 2)  # its module names; the degree only enters Hugging Face's own checks
     except CaptureError as e:
         return None, e.message
     if not plan:
@@ -699,7 +704,7 @@ def planned_tp_rules(model: nn.Module) -> tuple[tuple[tuple[str, int], ...] | No
             continue  # a module's own entry (its parameters have theirs); a replicated weight
         owner, _, kind = name.rpartition(".")
         module = modules.get(owner)
-        pattern = re.sub(r"\.\d+(?=\.)", ".*", name)
+        pattern = _layer_pattern(name)
         where = f"Hugging Face's tensor-parallel plan of {type(model).__name__} shards '{pattern}' with '{style}'"
         if isinstance(module, nn.Embedding) and style == "embedding_rowwise":
             rules[pattern] = 0  # vocabulary-parallel

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import fnmatch
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Sequence
@@ -120,8 +120,6 @@ def rules_for(module, path: str | None = None) -> Rules:
     """The rules to expand ``module`` with: a rules file given by ``path`` as it is; else the built-in
     rules, with the ``[[tp]]`` patterns of the model's own plan in place of the built-in ones where the
     module records them (:func:`record_tp_rules`), and its reason where tp cannot split it."""
-    import dataclasses
-
     from xdsl.dialects.builtin import ArrayAttr, IntegerAttr, StringAttr
 
     rules = load_rules(path)
@@ -135,12 +133,12 @@ def rules_for(module, path: str | None = None) -> Rules:
                     and isinstance(entry.data[1], IntegerAttr)):
                 raise RulesError(f"module attribute {TP_RULES_ATTR}: entry {i} is not [pattern, dim]")
             tp.append((entry.data[0].data, entry.data[1].value.data))
-        rules = dataclasses.replace(rules, tp_params=tuple(tp),
-                                    source="the tensor-parallel plan the model declares (its Hugging Face "
-                                           f"config; module attribute {TP_RULES_ATTR})")
+        rules = replace(rules, tp_params=tuple(tp),
+                        source="the tensor-parallel plan the model declares (its Hugging Face "
+                               f"config; module attribute {TP_RULES_ATTR})")
     refused = module.attributes.get(TP_REFUSED_ATTR)
     if isinstance(refused, StringAttr):
-        rules = dataclasses.replace(rules, tp_refused=refused.data)
+        rules = replace(rules, tp_refused=refused.data)
     return rules
 
 
