@@ -5,8 +5,10 @@
 Every row of ``bench/accuracy_rows.toml`` (the project's public rows: Megatron-LM's weak-scaling
 table on H100, Korthikanti et al.'s iteration times on A100) is estimated from its stated
 configuration only: the GPT model with the row's shape is captured with PyTorch on fake tensors
-under the row's plan, ``fuse-pointwise{parts=block}`` groups the blocks' pointwise chains into fused
-kernels (Megatron fuses its layers by hand; its embedding and loss run eagerly, one kernel per op),
+under the row's plan, ``fuse-pointwise{parts=block inline=false}`` groups the blocks' pointwise chains
+into fused kernels (Megatron fuses its layers by hand, and its kernels store every value two kernels
+read, where inductor would compute a cheap one again in each; its embedding and loss run eagerly, one
+kernel per op),
 ``lower-to-chakra`` prices it with the device's calibration, and the simulator runs one iteration
 on the row's network with NCCL's algorithm choice (``auto``). No parameter is fitted to any row:
 the device calibrations (flint/devices/calibration/) and network curves (flint/networks/) are the
@@ -398,7 +400,8 @@ def estimate(row: dict) -> Result:
     ctx = Context()
     if row.get("attention", "fused") == "fused":  # Megatron-Core's attention: TE's, cuDNN's kernel on Hopper
         AttentionKernelPass(kernel=ATTENTION_KERNEL).apply(ctx, module)
-    FusePointwisePass(device=row["device"], parts=BLOCK_PARTS).apply(ctx, module)
+    # hand-fused kernels store what two kernels read; inductor's inlining of cheap values is not Megatron's
+    FusePointwisePass(device=row["device"], parts=BLOCK_PARTS, inline=False).apply(ctx, module)
     CanonicalizeDistPass().apply(ctx, module)
     if row.get("tp_comm_overlap") and row["tp"] > 1:  # after fuse-pointwise, which re-prices every op it sees
         MicroPipelineTPPass(sms=TE_UB_SMS).apply(ctx, module)

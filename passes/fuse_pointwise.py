@@ -38,11 +38,19 @@ and the size rules of ``codegen/simd.py``'s ``can_fuse``):
   neighbour it could not take before.
 - groups that read a common value merge (horizontal fusion) when they
   reduce the same way (the same reductions) or, both pointwise, iterate over
-  the same largest size. For a column reduction's group, a value its
-  pointwise producers read counts as read: inductor computes them inside
-  it.
+  the same largest size. A group reads what its members and the values it
+  inlines (below) read.
 - a merge that would create a cycle (a non-member on a path between the two
   groups) is refused.
+- a cheap pointwise value read by two or more kernels is *inlined*, as
+  inductor's lowering decides (``torch/_inductor/graph.py``, ``ir.py``'s
+  ``should_realize_on_reuse``; :class:`Backend`): unless a GEMM, attention,
+  a collective or a return reads it, or its expression reads more than 4
+  buffers or holds more than 30 ops, every kernel that reads it computes it
+  again from its inputs and nothing stores it (a residual sum read by the
+  next norm and the next residual add; a gradient sum read by a norm
+  backward's row and column reductions). Such an op is in each of those
+  groups; its readers link no two of them.
 
 Pricing: a group is one kernel whose ``bytes`` are its *external* inputs
 (values produced outside the group, each counted once; a value only
@@ -50,12 +58,13 @@ gathered from reads just the selected elements) plus its external
 outputs (values used outside the group or returned); its duration is the
 device roofline of those bytes (``reduction`` efficiency if the group
 reduces, else ``elementwise``), at least the kernel floor. The group's last
-op that is not a view carries the kernel (``flops`` = the group's FLOPs,
-``bytes``, ``duration_us``); the other members get ``bytes = 0`` and
-``duration_us = 0``, keeping their own ``flops`` (PyTorch counts pointwise
-work as 0).
-Every member gets ``fusion_group = "<function>:<n>"``. Ops outside any group
-of two or more are annotated as by ``annotate-cost``.
+op that is not a view or inlined carries the kernel (``flops`` = the
+group's FLOPs, ``bytes``, ``duration_us``); the other members get ``flops``,
+``bytes`` and ``duration_us`` 0. An inlined op is never written; its inputs
+are read by each kernel computing it, and its FLOPs count once.
+Every member gets ``fusion_group = "<function>:<n>"`` (an inlined op: the
+first of its kernels, the others in ``fusion_inlined_in``). Ops outside any
+group of two or more are annotated as by ``annotate-cost``.
 
 Options: ``device`` (preset or TOML path, as ``annotate-cost``); ``parts``
 (comma-separated captured part names, default all): fuse only in these
@@ -65,6 +74,8 @@ that compiles only some of its modules runs: torchtitan's ``apply_compile``
 compiles each transformer block and leaves the embedding and the loss eager;
 Megatron fuses its layers' pointwise ops by hand and runs its cross-entropy
 eagerly. A name that is no part of the module is an error naming the parts.
+``inline`` (default true): false stores every value two kernels read, as
+hand-written fused kernels do (Megatron's), instead of inductor's inlining.
 
 Guarantees: no op is added, removed or reordered; FLOPs are conserved; the
 bytes of every group are at most the sum of its members' own bytes; every
@@ -76,12 +87,13 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Hashable, Sequence
 
 from xdsl.context import Context
 from xdsl.dialects import func
-from xdsl.dialects.builtin import FloatAttr, IntegerAttr, ModuleOp, StringAttr, TensorType, f64, i64
+from xdsl.dialects.builtin import ArrayAttr, FloatAttr, IntegerAttr, ModuleOp, StringAttr, TensorType, f64, i64
 from xdsl.ir import Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.utils.exceptions import VerifyException
@@ -94,6 +106,7 @@ from flint.passes.annotate_cost import BYTES_ATTR, DURATION_ATTR, FLOPS_ATTR, at
 from flint.sharding.engine import int_list
 
 GROUP_ATTR = "fusion_group"
+INLINED_ATTR = "fusion_inlined_in"  # an op inductor inlines into several kernels: the kernels after the first
 # ops whose kernel computes their inputs inline, one part at a time: a concatenation or a scatter into a
 # fresh tensor iterates over its output and evaluates each part's (smaller) producer where it lands
 INLINING_OPS = frozenset({"cat", "stack", "select_scatter", "slice_scatter"})
@@ -105,6 +118,28 @@ LOOP_MEMORY_OPS = frozenset({"clone", "cat", "copy", "copy_", "_to_copy", "index
                              "full_like", "empty", "empty_strided", "arange", "constant_pad_nd", "repeat",
                              "contiguous", "fill", "fill_", "zero_", "_unsafe_index", "scalar_tensor",
                              "stack", "slice_scatter", "select_scatter", "expand_copy", "permute_copy"})
+
+
+@dataclass(frozen=True)
+class Backend:
+    """Inductor's store-or-recompute rule for one code generator (``torch/_inductor/graph.py``'s
+    ``run_node`` and ``ir.py``'s ``should_realize_on_reuse``, thresholds from ``torch/_inductor/config.py``).
+    A pointwise value is *stored* (its kernel writes it, its readers load it) when something other than a
+    generated kernel reads it (a GEMM, attention, a collective, a return) or its expression reads more than
+    ``acc_reads`` buffers or holds more than ``opcount`` ops; read by two or more ops it is stored when it
+    reads more than ``reads`` buffers, or (CPU only) computes a ``heavy`` op. Otherwise inductor inlines it:
+    every kernel that reads it computes it again from what it reads."""
+
+    name: str
+    reads: int = 4              # realize_reads_threshold
+    opcount: int = 30           # _realize_opcount_threshold_default (GPU); realize_cpu_opcount_threshold: 50
+    acc_reads: int = 8          # _realize_acc_reads_threshold_default (GPU); realize_cpu_acc_reads_threshold: 12
+    heavy: frozenset[str] = frozenset()
+
+
+TRITON = Backend("triton")  # what the pass prices: torch.compile on a GPU
+CPU = Backend("cpu", opcount=50, acc_reads=12,  # inductor's C++ backend: the one the check can run here
+              heavy=frozenset({"exp", "log", "log10", "log1p", "log2", "sigmoid", "tanh"}))
 
 
 @dataclass
@@ -143,9 +178,13 @@ def fusible(op_class: str, name: str) -> bool:
 @dataclass
 class _Group:
     members: list[int] = field(default_factory=list)
+    recomputed: set[int] = field(default_factory=set)         # inlined values it computes again (module docstring)
     sizes: set[int] = field(default_factory=set)              # iteration spaces (numel)
     reductions: set[tuple[int, int, bool]] = field(default_factory=set)  # (input numel, output numel, column)
     merged_into: "_Group | None" = None
+
+    def nodes(self) -> set[int]:
+        return set(self.members) | self.recomputed
 
     def merge_ok(self, other: "_Group") -> bool:
         if self.reductions and other.reductions and self.reductions != other.reductions:
@@ -163,42 +202,51 @@ class _Group:
                 self.reductions.add((node.reduces_from, node.out_numel, node.column))
         if other is not None:
             self.members += other.members
+            self.recomputed |= other.recomputed
             self.sizes |= other.sizes
             self.reductions |= other.reductions
 
 
-def fusion_groups(nodes: Sequence[FusionNode]) -> list[list[int]]:
-    """Indices of ``nodes`` (in program order) grouped into fused kernels; singletons included."""
+def fusion_groups(nodes: Sequence[FusionNode], backend: Backend | None = TRITON) -> list[list[int]]:
+    """Indices of ``nodes`` (in program order) grouped into fused kernels; singletons included. A value
+    inductor inlines into several kernels (``backend``'s rule, :class:`Backend`) is in each of them;
+    ``backend=None``: none is (hand-written kernels, which store every value two kernels read)."""
     index = {n.key: i for i, n in enumerate(nodes)}
     users: list[list[int]] = [[] for _ in nodes]
     for i, n in enumerate(nodes):
-        for k in n.inputs:
+        for k in dict.fromkeys(n.inputs):
             j = index.get(k)
             if j is not None and j < i:
                 users[j].append(i)
     group_of: list[_Group | None] = [None] * len(nodes)
     ok = [fusible(n.op_class, n.name) for n in nodes]
     computed = [_computed_in_kernel(i, nodes, index, ok) for i in range(len(nodes))]
-    pinned = _column_reductions(nodes, users, computed, group_of)
+    trees = _inlined_trees(nodes, index, users, ok, computed, backend) if backend else {}
+    inlined = set().union(*trees.values()) if trees else set()
+    pinned = _column_reductions(nodes, users, computed, group_of, inlined)
+    users = _kernel_users(users, inlined)  # from here on: the kernels that read a value
+    for c in sorted(pinned):
+        _take_inlined(group_of[c], c, nodes, index, trees, inlined)
     for i, n in enumerate(nodes):
-        if not computed[i] or i in pinned:
+        if not computed[i] or i in pinned or i in inlined:
             continue  # a view of a buffer no kernel computes here (an argument, a GEMM's result) joins no group
         g = _Group([i])
         g.absorb(n)
         group_of[i] = g
-        producers = sorted({index[k] for k in n.inputs if k in index and index[k] < i and ok[index[k]]})
-        for j in producers:
+        for j in _take_inlined(g, i, nodes, index, trees, inlined):
             _try_merge(group_of[j], group_of[i], users, group_of)
     # later rounds, as inductor's scheduler fuses until nothing changes: groups that grew since a
     # producer -> consumer edge was first tried (a concatenation or scatter that inlines a smaller
     # size) may merge now
     for _ in range(10):
         merged = False
-        for i, n in enumerate(nodes):
-            for k in n.inputs:
-                j = index.get(k)
-                if j is not None and j < i and computed[j] and group_of[i] is not None and group_of[j] is not None:
-                    merged |= _try_merge(group_of[j], group_of[i], users, group_of)
+        for i in range(len(nodes)):
+            g = group_of[i]
+            if g is None:
+                continue
+            for j in _producers(i, nodes, index, trees, inlined):
+                if computed[j] and group_of[j] is not None:
+                    merged |= _try_merge(group_of[j], _live(g, group_of), users, group_of)
         if not merged:
             break
     _horizontal(nodes, index, users, group_of)
@@ -206,11 +254,93 @@ def fusion_groups(nodes: Sequence[FusionNode]) -> list[list[int]]:
     out = []
     for i, g in enumerate(group_of):
         if g is None:
-            out.append([i])
+            if i not in inlined:
+                out.append([i])
         elif id(g) not in seen:
             seen.add(id(g))
-            out.append(sorted(g.members))
+            out.append(sorted(g.nodes()))
     return sorted(out, key=lambda m: m[0])
+
+
+def _inlined_trees(nodes: Sequence[FusionNode], index: dict, users: list[list[int]], ok: list[bool],
+                   computed: list[bool], backend: Backend) -> dict[int, set[int]]:
+    """The values inductor inlines into two or more kernels, each with the inlined expression it computes
+    (itself and the inlined values it reads): ``{node: tree}``. Decided in program order, as inductor's
+    lowering decides (:class:`Backend`); only pointwise ops and their views are inlined."""
+    stored = [False] * len(nodes)  # read by something no generated kernel is, through views
+    for i in range(len(nodes) - 1, -1, -1):
+        stored[i] = nodes[i].escapes or any(not ok[u] or (nodes[u].op_class == VIEW and stored[u])
+                                            for u in users[i])
+    tree: list[set[int] | None] = [None] * len(nodes)  # an inlined value's expression; None: a buffer
+    reads: list[set[Hashable]] = [set() for _ in nodes]
+    for i, n in enumerate(nodes):
+        if not computed[i] or stored[i] or not users[i]:
+            continue
+        if n.op_class == VIEW:  # a view of an inlined value is inlined with it
+            base = next((index[k] for k in n.inputs if k in index), None)
+            if base is None or tree[base] is None:
+                continue
+        elif not ok[i] or n.op_class == REDUCTION or n.name in INLINING_OPS:
+            continue  # a reduction is a buffer; a concatenation or scatter, a kernel of its own parts
+        t, r = {i}, set()
+        for k in n.inputs:
+            j = index.get(k)
+            if j is not None and tree[j] is not None:
+                t |= tree[j]
+                r |= reads[j]
+            else:
+                r.add(k)
+        ops = sum(1 for j in t if nodes[j].op_class != VIEW) + len(r)  # arithmetic and loads
+        if len(r) > backend.acc_reads or ops > backend.opcount:
+            continue
+        if len(users[i]) > 1 and (len(r) > backend.reads or any(nodes[j].name in backend.heavy for j in t)):
+            continue
+        tree[i], reads[i] = t, r
+    return {i: t for i, t in enumerate(tree) if t is not None and len(users[i]) > 1}
+
+
+def _kernel_users(users: list[list[int]], inlined: set[int]) -> list[list[int]]:
+    """Each node's readers with the inlined values seen through: a kernel that computes an inlined value
+    reads that value's inputs, so it depends on their producers, not on another kernel computing it."""
+    out: list[list[int]] = [[] for _ in users]
+    for i in range(len(users) - 1, -1, -1):
+        seen: dict[int, None] = {}
+        for u in users[i]:
+            for v in (out[u] if u in inlined else [u]):
+                seen[v] = None
+        out[i] = list(seen)
+    return out
+
+
+def _producers(i: int, nodes: Sequence[FusionNode], index: dict, trees: dict[int, set[int]],
+               inlined: set[int]) -> list[int]:
+    """The nodes whose buffers node ``i``'s kernel reads: its inputs, and through an inlined value what
+    that value's expression reads."""
+    out: dict[int, None] = {}
+    stack = [k for k in nodes[i].inputs]
+    seen: set[int] = set()
+    while stack:
+        j = index.get(stack.pop())
+        if j is None or j >= i or j in seen:
+            continue
+        seen.add(j)
+        if j in trees:
+            stack += [k for m in trees[j] for k in nodes[m].inputs]
+        elif j not in inlined:
+            out[j] = None
+    return sorted(out)
+
+
+def _take_inlined(g: _Group, i: int, nodes: Sequence[FusionNode], index: dict, trees: dict[int, set[int]],
+                  inlined: set[int]) -> list[int]:
+    """Add to ``g`` the inlined values node ``i`` reads (its kernel computes them); return ``i``'s producers."""
+    for k in nodes[i].inputs:
+        j = index.get(k)
+        if j is not None and j in trees:
+            g.recomputed |= trees[j]
+            for m in trees[j]:
+                g.absorb(nodes[m])
+    return _producers(i, nodes, index, trees, inlined)
 
 
 def _computed_in_kernel(i: int, nodes: Sequence[FusionNode], index: dict, ok: list[bool]) -> bool:
@@ -226,23 +356,26 @@ def _computed_in_kernel(i: int, nodes: Sequence[FusionNode], index: dict, ok: li
 
 def _try_merge(a: _Group | None, b: _Group | None, users: list[list[int]], group_of: list) -> bool:
     """Merge group ``b`` into ``a`` if inductor would fuse them (sizes, reductions, size cap, no cycle)."""
-    if a is None or b is None or a is b:
+    if a is None or b is None:
+        return False
+    a, b = _live(a, group_of), _live(b, group_of)
+    if a is b:
         return False
     if len(a.members) + len(b.members) > MAX_FUSION_SIZE or not a.merge_ok(b):
         return False
-    limit = max(max(a.members), max(b.members))
-    if _creates_cycle(a, b, users, group_of, limit) or _creates_cycle(b, a, users, group_of, limit):
+    if _creates_cycle(a, b, users):
         return False
     a.absorb(other=b)
     for m in b.members:
         group_of[m] = a
     b.members = []
+    b.recomputed = set()
     b.merged_into = a
     return True
 
 
 def _column_reductions(nodes: Sequence[FusionNode], users: list[list[int]], computed: list[bool],
-                       group_of: list) -> set[int]:
+                       group_of: list, inlined: set[int]) -> set[int]:
     """Give every column reduction its own group with the producers only it reads (inductor inlines those
     into its loop; a producer something else reads too is computed where that reader is, and inductor
     recomputes it inside the reduction). Returns the nodes so placed, which no later merge pulls apart."""
@@ -257,8 +390,8 @@ def _column_reductions(nodes: Sequence[FusionNode], users: list[list[int]], comp
         tree = {c}
         for j in range(c - 1, -1, -1):
             m = nodes[j]
-            if (computed[j] and j not in pinned and m.reduces_from is None and m.op_class != REDUCTION
-                    and not m.escapes and users[j] and all(u in tree for u in users[j])):
+            if (computed[j] and j not in pinned and j not in inlined and m.reduces_from is None
+                    and m.op_class != REDUCTION and not m.escapes and users[j] and all(u in tree for u in users[j])):
                 tree.add(j)
                 g.members.append(j)
                 group_of[j] = g
@@ -266,34 +399,15 @@ def _column_reductions(nodes: Sequence[FusionNode], users: list[list[int]], comp
     return pinned
 
 
-def _reads(g: _Group, nodes: Sequence[FusionNode], index: dict, users: list[list[int]],
-           group_of: list) -> list[Hashable]:
-    """The values a group's kernel loads: its external inputs, and for a column reduction's group, what its
-    pointwise producers read (inductor computes those inside the kernel again)."""
-    column = any(col for _, _, col in g.reductions)
+def _reads(g: _Group, nodes: Sequence[FusionNode], index: dict) -> list[Hashable]:
+    """The values a group's kernel loads: what its members and the values it inlines read from outside."""
+    inside = g.nodes()
     out: dict[Hashable, None] = {}  # ordered: merges happen in a deterministic order
-    seen: set[int] = set()
-    stack = [k for m in g.members for k in nodes[m].inputs]
-    while stack:
-        k = stack.pop()
-        j = index.get(k)
-        if j is not None and group_of[j] is g:
-            continue
-        if column and j is not None and j not in seen and _recomputed(j, nodes, users):
-            seen.add(j)
-            stack += nodes[j].inputs
-            continue
-        out[k] = None
+    for m in sorted(inside):
+        for k in nodes[m].inputs:
+            if index.get(k) not in inside:
+                out[k] = None
     return list(out)
-
-
-def _recomputed(j: int, nodes: Sequence[FusionNode], users: list[list[int]]) -> bool:
-    """Whether inductor would compute pointwise node ``j`` inside each kernel that reads it rather than
-    store it: only kernels read it (a GEMM, attention or collective needs it stored, as does a return)."""
-    n = nodes[j]
-    if n.escapes or n.reduces_from is not None or n.op_class in (REDUCTION, VIEW) or not fusible(n.op_class, n.name):
-        return False
-    return all(fusible(nodes[u].op_class, nodes[u].name) for u in users[j])
 
 
 def _horizontal(nodes: Sequence[FusionNode], index: dict, users: list[list[int]], group_of: list) -> None:
@@ -305,7 +419,7 @@ def _horizontal(nodes: Sequence[FusionNode], index: dict, users: list[list[int]]
         if g is None or n.op_class == VIEW or id(g) in done:
             continue
         done.add(id(g))
-        for k in _reads(g, nodes, index, users, group_of):
+        for k in _reads(g, nodes, index):
             readers.setdefault(k, []).append(g)
     for groups in readers.values():
         for a, b in itertools.combinations(groups, 2):
@@ -324,10 +438,12 @@ def _live(g: _Group, group_of: list) -> _Group:
     return g
 
 
-def _creates_cycle(a: _Group, b: _Group, users: list[list[int]], group_of: list, limit: int) -> bool:
-    """Whether a path leaves ``a`` through a non-member and comes back into ``b`` (nodes up to ``limit``)."""
+def _creates_cycle(a: _Group, b: _Group, users: list[list[int]]) -> bool:
+    """Whether a path leaves the two groups through an op computed elsewhere and comes back into them:
+    merging them would then make a kernel wait for itself. ``users``: :func:`_kernel_users`."""
     inside = set(a.members) | set(b.members)
-    stack = [u for m in a.members for u in users[m] if u not in inside and u <= limit]
+    limit = max(inside)
+    stack = [u for m in inside for u in users[m] if u not in inside and u <= limit]
     seen = set()
     while stack:
         x = stack.pop()
@@ -382,13 +498,16 @@ class FusePointwisePass(ModulePass):
     """Group pointwise and reduction chains into fused kernels and price each as one (module docstring).
 
     Options: ``device`` (a preset name such as ``h100-sxm``, or a TOML path); ``parts`` (the captured
-    parts to fuse in, default all; the others run eagerly, one kernel per op).
+    parts to fuse in, default all; the others run eagerly, one kernel per op); ``inline`` (default true:
+    inductor's store-or-recompute rule for a GPU; false: every value two kernels read is stored, as
+    hand-written fused kernels do).
     """
 
     name = "fuse-pointwise"
 
     device: str = "h100-sxm"
     parts: tuple[str, ...] = ()
+    inline: bool = True
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         device = load_device(self.device)
@@ -420,7 +539,11 @@ class FusePointwisePass(ModulePass):
         nodes = _nodes_of(ops)
         for n in nodes:
             n.inputs = [producer[v] for v in n.inputs if v in producer]
-        groups = fusion_groups(nodes)
+        groups = fusion_groups(nodes, TRITON if self.inline else None)
+        seen = Counter(i for g in groups for i in g)
+        shared = {ops[i] for i, c in seen.items() if c > 1}  # inlined: computed inside each kernel reading it
+        counted: set[Operation] = set()
+        carriers: set[Operation] = set()
         k = 0
         for members in groups:
             group_ops = [ops[i] for i in members if isinstance(ops[i], AtenOp)]
@@ -428,20 +551,28 @@ class FusePointwisePass(ModulePass):
                 for o in group_ops:
                     _annotate(o, *aten_op_cost(_fresh(o), device))
                 continue
-            nbytes, reduces = _group_bytes(group_ops)
+            nbytes, reduces = _group_bytes(group_ops, shared)
             flops = 0
             label = StringAttr(f"{fn.sym_name.data}:{k}")
             k += 1
             for o in group_ops:
-                f, _, _ = aten_op_cost(_fresh(o), device)
-                flops += f
-                o.attributes[GROUP_ATTR] = label
-                _annotate(o, f, 0, 0.0)
+                if o not in counted:  # an inlined op's FLOPs count once, in the first kernel computing it
+                    counted.add(o)
+                    flops += aten_op_cost(_fresh(o), device)[0]
+                    o.attributes[GROUP_ATTR] = label
+                else:
+                    prior = o.attributes.get(INLINED_ATTR)
+                    o.attributes[INLINED_ATTR] = ArrayAttr([*(prior.data if prior else ()), label])
+                if o not in carriers:
+                    _annotate(o, 0, 0, 0.0)
             cls = REDUCTION if reduces else ELEMENTWISE
             duration = device.compute_time_us(0, nbytes, cls) if nbytes or flops else device.kernel_floor_us
             # the kernel sits on the group's last computing member: a trailing view only aliases its result
-            # (and would otherwise name the kernel in traces, e.g. a fused log-softmax backward as "aten.t")
-            carrier = [o for o in group_ops if classify_target(o.overload) != VIEW][-1]
+            # (and would otherwise name the kernel in traces, e.g. a fused log-softmax backward as "aten.t");
+            # an inlined op is not one: other kernels compute it too
+            computing = [o for o in group_ops if classify_target(o.overload) != VIEW]
+            carrier = ([o for o in computing if o not in shared] or computing)[-1]
+            carriers.add(carrier)
             _annotate(carrier, flops, nbytes, duration)
 
 
@@ -455,7 +586,7 @@ def part_of(function: str) -> str:
 
 
 def _fresh(op: Operation) -> Operation:
-    for key in (FLOPS_ATTR, BYTES_ATTR, DURATION_ATTR, GROUP_ATTR):
+    for key in (FLOPS_ATTR, BYTES_ATTR, DURATION_ATTR, GROUP_ATTR, INLINED_ATTR):
         op.attributes.pop(key, None)
     return op
 
@@ -466,8 +597,10 @@ def _annotate(op: Operation, flops: int, nbytes: int, duration: float) -> None:
     op.attributes[DURATION_ATTR] = FloatAttr(round(duration, 6), f64)
 
 
-def _group_bytes(group_ops: list[AtenOp]) -> tuple[int, bool]:
-    """External input and output bytes of a group (views alias: a viewed value counts as its base)."""
+def _group_bytes(group_ops: list[AtenOp], shared: set[Operation]) -> tuple[int, bool]:
+    """External input and output bytes of a group (views alias: a viewed value counts as its base). An op of
+    ``shared`` is inlined: every kernel that reads it computes it from its inputs, so it is never written,
+    and a value it reads is written by the kernel that computes that value."""
     members = set(group_ops)
     base: dict[SSAValue, SSAValue] = {}
 
@@ -496,19 +629,22 @@ def _group_bytes(group_ops: list[AtenOp]) -> tuple[int, bool]:
     for o in group_ops:
         if classify_target(o.overload) == VIEW:
             continue
+        if o in shared:
+            continue
         for r in o.results:
-            if _escapes(r, members):
+            if _escapes(r, members, shared):
                 ext_out += _value_bytes(r)
     reduces = any(classify_target(o.overload) == REDUCTION for o in group_ops)
     return sum(ext_in.values()) + ext_out, reduces
 
 
-def _escapes(v: SSAValue, members: set) -> bool:
-    """Whether ``v`` (or a view of it made inside the group) is used outside the group."""
+def _escapes(v: SSAValue, members: set, shared: set[Operation]) -> bool:
+    """Whether ``v`` (or a view of it made inside the group) is used outside the group, or by an inlined op
+    that other kernels compute too."""
     for use in v.uses:
         user = use.operation
-        if user not in members:
+        if user not in members or user in shared:
             return True
-        if classify_target(user.overload) == VIEW and any(_escapes(r, members) for r in user.results):
+        if classify_target(user.overload) == VIEW and any(_escapes(r, members, shared) for r in user.results):
             return True
     return False

@@ -42,10 +42,13 @@ def _attr(op, key):
 def test_softmax_chain_is_one_kernel_and_conserves_flops(tmp_path):
     fused, plain = _run(FusePointwisePass(), tmp_path), _run(AnnotateCostPass(), tmp_path)
     groups = [_attr(o, "fusion_group") for o in fused]
-    assert groups[:4] == ["f:0"] * 4 and groups[4] is None and groups[5] is None
+    assert groups[:4] == ["f:0"] * 4 and groups[4] is None and groups[5] == "f:1"
     assert sum(_attr(o, "flops") for o in fused) == sum(_attr(o, "flops") for o in plain)
-    # neg/exp/sum/div: reads x, writes the div result (used by mm) and exp (used by the last mul): 3 x 1 KiB
-    assert [_attr(o, "bytes") for o in fused[:4]] == [0, 0, 0, 3 * 1024]
+    # neg/exp/sum/div: reads x, writes the div result (used by mm): 2 x 1 KiB. exp(-x) reads one buffer and
+    # has two readers: inductor inlines it, so the last mul's kernel computes it again from x (reads x and
+    # the mm result, writes its own: 3 x 1 KiB) and nothing writes it
+    assert [_attr(o, "bytes") for o in fused[:4]] == [0, 0, 0, 2 * 1024] and _attr(fused[5], "bytes") == 3 * 1024
+    assert [str(fused[i].attributes.get("fusion_inlined_in")) for i in (0, 1)] == ['["f:1"]'] * 2
     assert sum(_attr(o, "bytes") for o in fused[:4]) <= sum(_attr(o, "bytes") for o in plain[:4])
     assert sum(_attr(o, "duration_us") for o in fused) < sum(_attr(o, "duration_us") for o in plain)
 
@@ -88,23 +91,21 @@ def test_kernel_groups_agree_with_inductors_scheduler():
     results = check_models()
     t = total(results)
     assert {r.graph for r in results} == {"llama-tiny fwd", "llama-tiny bwd", "gpt2-tiny fwd", "gpt2-tiny bwd"}
-    # measured (session 34): 24 of 29 inductor kernels formed exactly (0.83), all 29 with the nodes inductor
-    # computes in two kernels left aside; pair precision 1.00, recall 0.94 (session 26: 17 of 29, 0.95, 0.84)
-    assert t.kernel_agreement >= 0.8 and t.agreement_recomputed_aside >= 0.95
-    assert t.pair_precision >= 0.95 and t.pair_recall >= 0.9
+    # measured (session 35): 28 of 29 inductor kernels formed exactly (0.97), pair precision 1.00, recall
+    # 0.99 (session 34, before Flint inlined values into each kernel reading them: 24 of 29, 1.00, 0.94)
+    assert t.kernel_agreement >= 0.95
+    assert t.pair_precision >= 0.95 and t.pair_recall >= 0.95
 
 
-def test_compare_leaves_aside_the_nodes_inductor_computes_twice():
+def test_compare_counts_a_node_inlined_into_two_kernels_in_both():
     from flint.validate.inductor_fusion import compare
 
-    # inductor computes "a" inside both kernels; Flint's partition can hold it in one of them only
     theirs = [frozenset({"a", "b", "c"}), frozenset({"a", "d"})]
-    mine = [frozenset({"a", "b", "c"}), frozenset({"d"})]
-    r = compare("g", mine, theirs)
-    assert (r.exact, r.exact_recomputed_aside) == (1, 2)
-    # a kernel that differs in a node computed once still does not match
-    r = compare("g", [frozenset({"a", "b"}), frozenset({"c", "d"})], theirs)
-    assert (r.exact, r.exact_recomputed_aside) == (0, 0)
+    r = compare("g", [frozenset({"a", "b", "c"}), frozenset({"a", "d"})], theirs)
+    assert (r.exact, r.pair_precision, r.pair_recall) == (2, 1.0, 1.0)
+    # holding "a" in one kernel only misses a kernel and a pair
+    r = compare("g", [frozenset({"a", "b", "c"}), frozenset({"d"})], theirs)
+    assert r.exact == 1 and r.pair_precision == 1.0 and r.pair_recall == 0.75
 
 
 @pytest.mark.parametrize("shape, dims, column", [
@@ -123,14 +124,38 @@ def test_column_reductions_keep_the_innermost_dim(shape, dims, column):
 
 def test_a_column_reduction_takes_only_the_producers_it_alone_reads():
     # g feeds the weight gradient's column sum (through p) and the row-wise chain (q -> r); inductor
-    # computes p inside the column reduction's kernel and g with the row-wise ops
+    # computes p inside the column reduction's kernel and g with the row-wise ops (g is stored: returned)
     nodes = [_n("g", "elementwise", numel=512), _n("p", "elementwise", ["g"], numel=512),
              FusionNode("s", "reduction", "sum", ["p"], 64, 512, (512,), column=True),
              _n("q", "elementwise", ["g"], numel=512), _n("r", "elementwise", ["q"], numel=512)]
+    nodes[0].escapes = True
     assert fusion_groups(nodes) == [[0, 3, 4], [1, 2]]
     # p also returned: it is stored, so it is computed with g's kernel and the column sum reads it
     nodes[1].escapes = True
     assert fusion_groups(nodes) == [[0, 1, 3, 4], [2]]
+
+
+def test_a_cheap_value_two_kernels_read_is_computed_in_both():
+    """Inductor inlines a pointwise value with several readers unless it reads more than 4 buffers, its
+    expression is large, or (CPU only) it computes a transcendental op (torch/_inductor/graph.py,
+    ir.py's should_realize_on_reuse): each kernel reading it computes it, and nothing stores it."""
+    from flint.passes.fuse_pointwise import CPU
+
+    # g = f(a, b) feeds the column sum (through p) and the row-wise chain (q -> r)
+    def nodes(reads=2, name="add"):
+        return [_n("g", "elementwise", [f"in{k}" for k in range(reads)], 512, name=name),
+                _n("p", "elementwise", ["g"], numel=512),
+                FusionNode("s", "reduction", "sum", ["p"], 64, 512, (512,), column=True),
+                _n("q", "elementwise", ["g"], numel=512), _n("r", "elementwise", ["q"], numel=512)]
+    assert fusion_groups(nodes()) == [[0, 1, 2], [0, 3, 4]]
+    # five buffers read: stored, with the row-wise ops; the column sum reads it
+    assert fusion_groups(nodes(reads=5)) == [[0, 3, 4], [1, 2]]
+    # tanh: inlined for a GPU, stored by the CPU backend
+    assert fusion_groups(nodes(name="tanh")) == [[0, 1, 2], [0, 3, 4]]
+    assert fusion_groups(nodes(name="tanh"), CPU) == [[0, 3, 4], [1, 2]]
+    # a GEMM reads it: stored
+    gemm = nodes() + [_n("mm", "gemm", ["g"], name="mm")]
+    assert fusion_groups(gemm) == [[0, 3, 4], [1, 2], [5]]
 
 
 GATHER_IR = """
@@ -162,3 +187,18 @@ def test_part_of_strips_the_phase_the_importer_appends():
 
     assert [part_of(f) for f in ("block_ac_bwd", "block_fwd", "head_optim", "lone")] == \
         ["block_ac", "block", "head", "lone"]
+
+
+@pytest.mark.slow
+def test_kernel_groups_agree_with_inductor_on_whole_steps():
+    """Whole training steps of six tiny models (embedding, blocks, head, loss), none of which the grouping
+    rules were written against."""
+    from flint.validate.inductor_fusion import STEP_MODELS, check_steps, total
+
+    results = check_steps()
+    assert len(results) == 2 * len(STEP_MODELS)
+    t = total(results)
+    # measured (session 35): 156 of 309 inductor kernels formed exactly (0.50), pair precision 0.80, recall
+    # 0.89 (session 34: 124 of 309, 0.81, 0.70); the rest: the CPU backend's own
+    # loop rules, and loop orders Flint does not model (a transposing copy between two kernels)
+    assert t.kernel_agreement >= 0.45 and t.pair_precision >= 0.75 and t.pair_recall >= 0.85
