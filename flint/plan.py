@@ -382,7 +382,8 @@ class Plan:
         if n_experts is not None and n_experts % self.ep:
             raise PlanError("ep", f"{self.ep} does not divide the model's {n_experts} experts", src)
         if n_experts is None and self.ep > 1:
-            raise PlanError("ep", "expert parallelism needs a mixture-of-experts model", src)
+            raise PlanError("ep", "expert parallelism needs a mixture-of-experts model (on the planned path: "
+                            "stacked expert weights that an [[experts]] sharding rule names)", src)
         if seq_len is not None:
             divisor = (2 * self.cp if self.cp > 1 else 1) * (self.tp if self.sp else 1)
             if seq_len % divisor:

@@ -110,5 +110,5 @@ def test_mixture_of_experts_captures_and_imports(plan):
 def test_mixture_of_experts_refuses_tensor_parallel():
     from flint.capture import CaptureError
 
-    with pytest.raises(CaptureError, match="tensor parallelism of mixture-of-experts layers is not implemented"):
+    with pytest.raises(CaptureError, match="tp: capturing tensor parallelism of mixture-of-experts layers is not implemented"):
         captured("moe-tiny", "tp", 2, 2)

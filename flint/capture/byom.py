@@ -781,7 +781,7 @@ def preset_parallelize(plan, model: nn.Module, blocks_path: str | None) -> Calla
                 if value is not None and value % plan.tp:
                     raise CaptureError(key, f"{value} heads are not divisible by the tensor-parallel degree {plan.tp}")
             if _cfg_get(model, "num_local_experts") or _cfg_get(model, "n_experts"):
-                raise CaptureError("plan", "tensor parallelism of mixture-of-experts layers is not implemented; "
+                raise CaptureError("tp", "capturing tensor parallelism of mixture-of-experts layers is not implemented; "
                                    "use 'dp' or 'fsdp' for MoE models")
             if preset is None:  # Hugging Face's own plan, applied by Hugging Face's own code
                 if plan.sp:

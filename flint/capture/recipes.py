@@ -108,8 +108,9 @@ def _check_heads(model: nn.Module, tp: int) -> None:
         if value is not None and value % tp:
             raise CaptureError(fname, f"{value} heads are not divisible by the tensor-parallel degree {tp}")
     if getattr(cfg, "n_experts", None) is not None:
-        raise CaptureError("plan", "tensor parallelism of mixture-of-experts layers is not implemented; "
-                           "use 'dp' or 'fsdp' for MoE models")
+        raise CaptureError("tp", "capturing tensor parallelism of mixture-of-experts layers is not implemented; "
+                           "capture with 'dp' or 'fsdp', or capture one device and let shard-expand split it "
+                           "with tp, ep and etp (the planned path: flint expand, flint explore)")
 
 
 def _tp_styles(float8: bool) -> tuple:
