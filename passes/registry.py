@@ -13,11 +13,14 @@ names a ``ModulePass`` subclass whose ``name`` must equal the entry's name.
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import importlib
+import typing
 from importlib.metadata import entry_points
-from typing import Callable
+from typing import Callable, Mapping
 
-from xdsl.passes import ModulePass
+from xdsl.passes import ModulePass, PassPipeline
 
 from flint.errors import FlintError
 
@@ -86,3 +89,62 @@ def summary(pass_cls: type[ModulePass]) -> str:
     """The first line of a pass's docstring."""
     doc = (pass_cls.__doc__ or "").strip()
     return doc.splitlines()[0] if doc else "(no description)"
+
+
+def options(pass_cls: type[ModulePass]) -> list[str]:
+    """A pass's options as ``-p`` spells them, each with its default: ``["device=h100-sxm", ...]``."""
+    out = []
+    for f in dataclasses.fields(pass_cls):
+        if f.name == "name" or not f.init:
+            continue
+        v = f.default
+        default = "(required)" if v is dataclasses.MISSING else str(v).lower() if isinstance(v, bool) else str(v)
+        out.append(f"{f.name.replace('_', '-')}={default}")
+    return out
+
+
+def _kind(hint: object) -> str:
+    """What an option of this type takes, in words."""
+    text = str(hint)
+    for word, kind in (("tuple", "a comma-separated list"), ("bool", "true or false"), ("int", "an integer"),
+                       ("float", "a number"), ("str", "a string")):
+        if word in text:
+            return kind
+    return text
+
+
+def parse_passes(available: Mapping[str, Callable[[], type[ModulePass]]], spec: str,
+                 callback: Callable | None = None) -> PassPipeline:
+    """xDSL's ``PassPipeline.parse_spec``, with errors that name the pass and the option at fault and list
+    the valid ones (xDSL's own say only "Incompatible types: given ('maybe',), expected <class 'bool'>")."""
+    from xdsl.utils.arg_spec import _convert_arg_to_type, parse_pipeline  # xdsl is pinned (0.75.0)
+
+    passes = []
+    for s in parse_pipeline(spec):
+        if s.name not in available:
+            close = difflib.get_close_matches(s.name, list(available), n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            raise FlintError(f"unknown pass '{s.name}'{hint} (flint-opt --help lists the passes)")
+        cls = available[s.name]()
+        try:
+            passes.append(cls.from_pass_spec(s))
+            continue
+        except ValueError as e:
+            problem = str(e)
+        fields = {f.name: f for f in dataclasses.fields(cls) if f.name != "name" and f.init}
+        hints = typing.get_type_hints(cls)
+        for key, value in s.normalize_parameter_names().parameters.items():
+            shown = key.replace("_", "-")
+            if key not in fields:
+                problem = f"it has no option '{shown}'"
+                break
+            try:
+                _convert_arg_to_type(value, hints[key])
+            except ValueError:
+                given = ",".join(str(v).lower() if isinstance(v, bool) else str(v) for v in value)
+                kind = _kind(hints[key])
+                problem = (f"option '{shown}' is {given!r}, which is not {kind}" if given else
+                           f"option '{shown}' needs a value ({kind})")
+                break
+        raise FlintError(f"pass '{s.name}': {problem}; its options: {', '.join(options(cls)) or '(none)'}")
+    return PassPipeline(tuple(passes), callback)

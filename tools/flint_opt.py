@@ -26,17 +26,10 @@ from flint.fileio import write_text_atomic
 from flint.ir.parse import RecordingParser, check_nesting, decode_source, failing_op, parse_error_message
 from flint.ir import FLINT_DIALECTS
 from flint.ir.module import verify_module
-from flint.passes.registry import FLINT_PASSES, all_passes, summary
+from flint.passes.registry import FLINT_PASSES, all_passes, options, parse_passes, summary
 
 # Generic xDSL passes that are useful on Flint IR too.
 XDSL_PASSES = ("canonicalize", "cse", "dce")
-
-
-def _fmt_default(field: dataclasses.Field) -> str:
-    if field.default is not dataclasses.MISSING:
-        v = field.default
-        return str(v).lower() if isinstance(v, bool) else str(v)
-    return "(required)"
 
 
 class FlintOptMain(xDSLOptMain):
@@ -82,18 +75,22 @@ class FlintOptMain(xDSLOptMain):
             try:
                 cls = factory()
                 text = summary(cls)
-                options = [f"{f.name.replace('_', '-')}={_fmt_default(f)}" for f in dataclasses.fields(cls)
-                           if f.name != "name"]
+                opts = options(cls)
             except Exception as e:  # a broken plug-in must not break --help
-                text, options = f"(cannot load: {e})", []
+                text, opts = f"(cannot load: {e})", []
             origin = "" if name in FLINT_PASSES or name in XDSL_PASSES else "  [plug-in]"
             lines.append(f"  {name:<24} {text}{origin}")
-            if options:
-                lines.append(f"  {'':<24}   options: {', '.join(options)}")
+            if opts:
+                lines.append(f"  {'':<24}   options: {', '.join(opts)}")
         lines.append("")
         lines.append(f"Generic xDSL passes: {', '.join(XDSL_PASSES)}.")
         lines.append("Print the IR after each pass with --print-between-passes.\n")
         arg_parser.epilog = "\n".join(lines)
+
+    def setup_pipeline(self) -> None:
+        if self.args.passes:  # first, for errors that name the pass and the option at fault
+            parse_passes(self.available_passes, self.args.passes)
+        super().setup_pipeline()
 
     # -- input ---------------------------------------------------------------
     def parse_chunk(self, chunk: IO[bytes], file_extension: str, start_offset: int = 0) -> ModuleOp | None:

@@ -521,12 +521,12 @@ def parse_passes(spec: str):
     """A flint-opt pipeline spec (``"a,b{opt=1}"``) as xDSL's PassPipeline over Flint's registry ("" -> none)."""
     from xdsl.passes import PassPipeline
 
-    from flint.passes.registry import all_passes
+    from flint.passes import registry
 
     if not spec.strip():
         return PassPipeline(())
     try:
-        return PassPipeline.parse_spec(all_passes(), spec)
+        return registry.parse_passes(registry.all_passes(), spec)
     except FlintError:
         raise
     except Exception as e:  # xDSL raises ValueError / PassOptionError with its own message

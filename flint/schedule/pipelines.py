@@ -63,14 +63,13 @@ def run_pipeline(module: ModuleOp, spec: str, source: str = "") -> None:
     """
     if not spec:
         return
-    from xdsl.passes import PassPipeline
     from xdsl.utils.exceptions import ArgSpecParseError
 
-    from flint.passes.registry import all_passes
+    from flint.passes.registry import all_passes, parse_passes
 
     where = f"{source}: " if source else ""
     try:
-        pipeline = PassPipeline.parse_spec(all_passes(), spec)
+        pipeline = parse_passes(all_passes(), spec)
     except (ValueError, ArgSpecParseError, FlintError) as e:
         raise FlintError(f"--passes '{spec}': {e}") from None
     ctx = Context()

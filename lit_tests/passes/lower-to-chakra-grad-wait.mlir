@@ -52,4 +52,4 @@ builtin.module attributes {flint.schedule = [["block_bwd", 1], ["embed_bwd", 1],
 
 // BAD: lower-to-chakra: option grad-wait="later" is not one of part, optimizer
 // the option's name before session 25 (the plan's grad_sync is how often gradients are reduced):
-// OLD: flint-opt: error: Provided arguments ["grad_sync"] not found in expected arguments ["device", "merge_compute", "grad_wait", "class_times"]
+// OLD: flint-opt: error: pass 'lower-to-chakra': it has no option 'grad-sync'; its options: device=h100-sxm, merge-compute=true, grad-wait=part, class-times=false
