@@ -178,13 +178,13 @@ def fusible(op_class: str, name: str) -> bool:
 @dataclass
 class _Group:
     members: list[int] = field(default_factory=list)
-    recomputed: set[int] = field(default_factory=set)         # inlined values it computes again (module docstring)
+    inlined: set[int] = field(default_factory=set)            # inlined values it computes again (module docstring)
     sizes: set[int] = field(default_factory=set)              # iteration spaces (numel)
     reductions: set[tuple[int, int, bool]] = field(default_factory=set)  # (input numel, output numel, column)
     merged_into: "_Group | None" = None
 
     def nodes(self) -> set[int]:
-        return set(self.members) | self.recomputed
+        return set(self.members) | self.inlined
 
     def merge_ok(self, other: "_Group") -> bool:
         if self.reductions and other.reductions and self.reductions != other.reductions:
@@ -202,7 +202,7 @@ class _Group:
                 self.reductions.add((node.reduces_from, node.out_numel, node.column))
         if other is not None:
             self.members += other.members
-            self.recomputed |= other.recomputed
+            self.inlined |= other.inlined
             self.sizes |= other.sizes
             self.reductions |= other.reductions
 
@@ -337,7 +337,7 @@ def _take_inlined(g: _Group, i: int, nodes: Sequence[FusionNode], index: dict, t
     for k in nodes[i].inputs:
         j = index.get(k)
         if j is not None and j in trees:
-            g.recomputed |= trees[j]
+            g.inlined |= trees[j]
             for m in trees[j]:
                 g.absorb(nodes[m])
     return _producers(i, nodes, index, trees, inlined)
@@ -369,7 +369,7 @@ def _try_merge(a: _Group | None, b: _Group | None, users: list[list[int]], group
     for m in b.members:
         group_of[m] = a
     b.members = []
-    b.recomputed = set()
+    b.inlined = set()
     b.merged_into = a
     return True
 

@@ -131,7 +131,7 @@ def parse_passes(available: Mapping[str, Callable[[], type[ModulePass]]], spec: 
             continue
         except ValueError as e:
             problem = str(e)
-        fields = {f.name: f for f in dataclasses.fields(cls) if f.name != "name" and f.init}
+        fields = {f.name for f in dataclasses.fields(cls) if f.name != "name" and f.init}
         hints = typing.get_type_hints(cls)
         for key, value in s.normalize_parameter_names().parameters.items():
             shown = key.replace("_", "-")
