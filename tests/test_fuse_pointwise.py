@@ -202,3 +202,64 @@ def test_kernel_groups_agree_with_inductor_on_whole_steps():
     # 0.89 (session 34: 124 of 309, 0.81, 0.70); the rest: mostly the CPU backend's own loop rules (a norm in
     # two or three kernels; no fusion across a transposing copy, which a GPU's loop reordering allows)
     assert t.kernel_agreement >= 0.45 and t.pair_precision >= 0.75 and t.pair_recall >= 0.85
+
+
+@pytest.mark.parametrize("inline", [True, False], ids=["inlined", "stored"])
+def test_pricing_invariants_on_a_captured_step(inline):
+    """On a whole captured step (llama-tiny, FSDP x TP 2 on 4 ranks): FLOPs are
+    conserved; a kernel's bytes are at most its members' own; an inlined op carries no kernel and names
+    kernels that exist; every fused op is priced by exactly one carrier."""
+    from collections import defaultdict
+
+    from tests.captures import imported
+
+    _, module = imported("llama-tiny", "fsdp+tp", 4, 2)
+    fused, plain = module.clone(), module.clone()
+    FusePointwisePass(inline=inline).apply(Context(), fused)
+    AnnotateCostPass().apply(Context(), plain)
+    fused.verify()
+    ops = [o for o in fused.walk() if isinstance(o, AtenOp)]
+    own = {id(o): _attr(p, "bytes") for o, p in zip(ops, [o for o in plain.walk() if isinstance(o, AtenOp)])}
+    assert sum(_attr(o, "flops") for o in ops) == sum(_attr(o, "flops") for o in plain.walk()
+                                                      if isinstance(o, AtenOp))
+    members, carried = defaultdict(list), defaultdict(int)
+    inlined = [o for o in ops if "fusion_inlined_in" in o.attributes]
+    for o in ops:
+        labels = [_attr(o, "fusion_group")] if "fusion_group" in o.attributes else []
+        labels += [a.data for a in o.attributes["fusion_inlined_in"].data] if o in inlined else []
+        for label in labels:
+            members[label].append(o)
+        if labels and _attr(o, "duration_us") > 0:
+            carried[labels[0]] += 1
+    assert set(carried) == set(members) and set(carried.values()) == {1}
+    for label, group in members.items():
+        kernel = sum(_attr(o, "bytes") for o in group if "fusion_inlined_in" not in o.attributes)
+        assert kernel <= sum(own[id(o)] for o in group), label
+    assert all(_attr(o, "duration_us") == 0 for o in inlined)
+    assert bool(inlined) == inline
+
+
+STORED_INPUT_IR = """
+func.func @f(%x: tensor<8x64xbf16>, %w: tensor<64x64xbf16>) -> (tensor<8x64xbf16>, tensor<8x64xbf16>) {
+  %r = aten.op "aten.sum.dim_IntList"(%x) args = {dim = [-1 : i64], keepdim = true} : (tensor<8x64xbf16>) -> tensor<8x1xbf16>
+  %p = aten.op "aten.mul.Tensor"(%x, %r) : (tensor<8x64xbf16>, tensor<8x1xbf16>) -> tensor<8x64xbf16>
+  %u1 = aten.op "aten.neg.default"(%p) : (tensor<8x64xbf16>) -> tensor<8x64xbf16>
+  %m = aten.op "aten.mm.default"(%u1, %w) : (tensor<8x64xbf16>, tensor<64x64xbf16>) -> tensor<8x64xbf16>
+  %u2 = aten.op "aten.add.Tensor"(%p, %m) : (tensor<8x64xbf16>, tensor<8x64xbf16>) -> tensor<8x64xbf16>
+  func.return %u1, %u2 : tensor<8x64xbf16>, tensor<8x64xbf16>
+}
+"""
+
+
+def test_a_value_an_inlined_op_reads_is_written_for_the_other_kernels(tmp_path):
+    """p = x * sum(x) is inlined into u1's kernel and into u2's (which the GEMM keeps apart). u2's kernel
+    computes p again, so it reads the row sums: the first kernel must write them (16 B), though their
+    only reader is an op of its own."""
+    m = parse_ir(STORED_INPUT_IR, tmp_path)
+    FusePointwisePass().apply(Context(), m)
+    m.verify()
+    r, p, u1, mm, u2 = [o for o in m.walk() if isinstance(o, AtenOp)]
+    assert [_attr(o, "fusion_group") for o in (r, p, u1, u2)] == ["f:0", "f:0", "f:0", "f:1"]
+    assert str(p.attributes["fusion_inlined_in"]) == '["f:1"]'
+    # kernel 0 reads x, writes u1 and the sums; kernel 1 reads x, the sums and the GEMM's result, writes u2
+    assert (_attr(u1, "bytes"), _attr(u2, "bytes")) == (1024 + 1024 + 16, 1024 + 16 + 1024 + 1024)
