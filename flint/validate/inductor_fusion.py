@@ -39,7 +39,7 @@ import torch
 
 from flint.capture.opclass import classify_aten
 from flint.opclasses import VIEW
-from flint.passes.fuse_pointwise import CPU, Backend, FusionNode, fusible, fusion_groups, keeps_inner_dim
+from flint.passes.fuse_pointwise import CPU, FusionNode, fusible, fusion_groups, keeps_inner_dim
 
 
 def _numel(val: Any) -> int:
@@ -82,13 +82,12 @@ def fx_fusion_nodes(gm: torch.fx.GraphModule) -> list[FusionNode]:
     return out
 
 
-def flint_kernels(gm: torch.fx.GraphModule, backend: Backend = CPU) -> list[frozenset[str]]:
+def flint_kernels(gm: torch.fx.GraphModule) -> list[frozenset[str]]:
     """Flint's fused kernels over the graph: sets of fusible non-view node names (singletons included), under
-    ``backend``'s store-or-recompute rule (the CPU one by default: the reference here is inductor's CPU
-    backend)."""
+    the CPU backend's store-or-recompute rule (the reference here is inductor's CPU backend)."""
     nodes = fx_fusion_nodes(gm)
     keep = {n.key for n in nodes if fusible(n.op_class, n.name) and n.op_class != VIEW}
-    groups = [frozenset(nodes[i].key for i in g) & keep for g in fusion_groups(nodes, backend)]
+    groups = [frozenset(nodes[i].key for i in g) & keep for g in fusion_groups(nodes, CPU)]
     return [g for g in groups if g]
 
 
