@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 
 import numpy as np
 import pytest
@@ -154,7 +153,7 @@ def test_acyclic_out_of_order_table_is_not_a_cycle():
     assert cycle_rows(t).tolist() == []
 
 
-def test_scales_to_1024_ranks_of_a_5000_node_role():
+def test_1024_ranks_of_a_5000_node_role_and_one_broken_binding():
     dp, tp = 128, 8
     mesh = Mesh((dp, tp), ("dp", "tp"))
     groups, lookup = assign_group_ids(mesh, [("dp",), ("tp",)])
@@ -169,9 +168,7 @@ def test_scales_to_1024_ranks_of_a_5000_node_role():
     t = b.build()
     bind = np.stack([lookup[(0,)], lookup[(1,)]], axis=1)
     tr = Trace(dp * tp, [RankProgram(t, group_ids=bind[r], peer_ranks=E) for r in range(dp * tp)], groups)
-    t0 = time.perf_counter()
-    assert check_trace(tr) == []
-    assert time.perf_counter() - t0 < 5.0
+    assert check_trace(tr) == []  # its speed at scale: bench/analyses.py
     # Break one rank's binding: it claims another tp group; its own tp group then misses its collectives.
     bad = bind.copy()
     bad[5, 1] = bind[100, 1]

@@ -141,12 +141,9 @@ chakra.graph @step {
         step_memory(parse(text))
 
 
-def test_memory_is_cheap_for_many_layers():
-    import time
-
-    t0 = time.perf_counter()
+def test_memory_of_many_layers():
+    # Its speed is bench/analyses.py's (memory model < 2 s at 2,000 layers), not a unit test's.
     mem = step_memory(parse(fwd_bwd(2000)))
-    assert time.perf_counter() - t0 < 2.0
     assert mem.report.at_peak_bytes["params"] == 512 * 2000
     assert np.all(mem.report.live_bytes >= 0)
 
