@@ -63,7 +63,10 @@ group's FLOPs, ``bytes``, ``duration_us``); the other members get ``flops``,
 ``bytes`` and ``duration_us`` 0. An inlined op is never written; its inputs
 are read by each kernel computing it, and its FLOPs count once.
 Every member gets ``fusion_group = "<function>:<n>"`` (an inlined op: the
-first of its kernels, the others in ``fusion_inlined_in``). Ops outside any
+first of its kernels, the others in ``fusion_inlined_in``). A member that is
+not a view and whose value is never written (no reader outside its kernels,
+or inlined) gets ``fusion_in_kernel``: inductor gives it no buffer, and
+:mod:`flint.sim.lifetimes` allocates nothing for it. Ops outside any
 group of two or more are annotated as by ``annotate-cost``.
 
 Options: ``device`` (preset or TOML path, as ``annotate-cost``); ``parts``
@@ -93,7 +96,7 @@ from typing import Hashable, Sequence
 
 from xdsl.context import Context
 from xdsl.dialects import func
-from xdsl.dialects.builtin import ArrayAttr, FloatAttr, IntegerAttr, ModuleOp, StringAttr, TensorType, f64, i64
+from xdsl.dialects.builtin import ArrayAttr, FloatAttr, IntegerAttr, ModuleOp, StringAttr, TensorType, UnitAttr, f64, i64
 from xdsl.ir import Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.utils.exceptions import VerifyException
@@ -107,6 +110,9 @@ from flint.sharding.engine import int_list
 
 GROUP_ATTR = "fusion_group"
 INLINED_ATTR = "fusion_inlined_in"  # an op inductor inlines into several kernels: the kernels after the first
+# a fused op whose value stays inside its kernel (no reader outside it, or inlined): never written to memory,
+# so never allocated (flint.sim.lifetimes)
+IN_KERNEL_ATTR = "fusion_in_kernel"
 # ops whose kernel computes their inputs inline, one part at a time: a concatenation or a scatter into a
 # fresh tensor iterates over its output and evaluates each part's (smaller) producer where it lands
 INLINING_OPS = frozenset({"cat", "stack", "select_scatter", "slice_scatter"})
@@ -551,7 +557,7 @@ class FusePointwisePass(ModulePass):
                 for o in group_ops:
                     _annotate(o, *aten_op_cost(_fresh(o), device))
                 continue
-            nbytes, reduces = _group_bytes(group_ops, shared)
+            nbytes, reduces, in_kernel = _group_bytes(group_ops, shared)
             flops = 0
             label = StringAttr(f"{fn.sym_name.data}:{k}")
             k += 1
@@ -565,6 +571,8 @@ class FusePointwisePass(ModulePass):
                     o.attributes[INLINED_ATTR] = ArrayAttr([*(prior.data if prior else ()), label])
                 if o not in carriers:
                     _annotate(o, 0, 0, 0.0)
+                if o in in_kernel:
+                    o.attributes[IN_KERNEL_ATTR] = UnitAttr()
             cls = REDUCTION if reduces else ELEMENTWISE
             duration = device.compute_time_us(0, nbytes, cls) if nbytes or flops else device.kernel_floor_us
             # the kernel sits on the group's last computing member: a trailing view only aliases its result
@@ -586,7 +594,7 @@ def part_of(function: str) -> str:
 
 
 def _fresh(op: Operation) -> Operation:
-    for key in (FLOPS_ATTR, BYTES_ATTR, DURATION_ATTR, GROUP_ATTR, INLINED_ATTR):
+    for key in (FLOPS_ATTR, BYTES_ATTR, DURATION_ATTR, GROUP_ATTR, INLINED_ATTR, IN_KERNEL_ATTR):
         op.attributes.pop(key, None)
     return op
 
@@ -597,10 +605,11 @@ def _annotate(op: Operation, flops: int, nbytes: int, duration: float) -> None:
     op.attributes[DURATION_ATTR] = FloatAttr(round(duration, 6), f64)
 
 
-def _group_bytes(group_ops: list[AtenOp], shared: set[Operation]) -> tuple[int, bool]:
-    """External input and output bytes of a group (views alias: a viewed value counts as its base). An op of
-    ``shared`` is inlined: every kernel that reads it computes it from its inputs, so it is never written,
-    and a value it reads is written by the kernel that computes that value."""
+def _group_bytes(group_ops: list[AtenOp], shared: set[Operation]) -> tuple[int, bool, set[AtenOp]]:
+    """External input and output bytes of a group (views alias: a viewed value counts as its base), whether
+    it reduces, and its ops whose values stay inside the kernel (never written). An op of ``shared`` is
+    inlined: every kernel that reads it computes it from its inputs, so it is never written, and a value
+    it reads is written by the kernel that computes that value."""
     members = set(group_ops)
     base: dict[SSAValue, SSAValue] = {}
 
@@ -626,16 +635,16 @@ def _group_bytes(group_ops: list[AtenOp], shared: set[Operation]) -> tuple[int, 
                     read = gathered_bytes(read, str(v.type.element_type), _numel(o.outputs[0]))
                 ext_in[r] = max(ext_in.get(r, 0), read)
     ext_out = 0
+    in_kernel: set[AtenOp] = set()
     for o in group_ops:
         if classify_target(o.overload) == VIEW:
             continue
-        if o in shared:
-            continue
-        for r in o.results:
-            if _escapes(r, members, shared):
-                ext_out += _value_bytes(r)
+        written = [_value_bytes(r) for r in o.results if o not in shared and _escapes(r, members, shared)]
+        ext_out += sum(written)
+        if not written:
+            in_kernel.add(o)
     reduces = any(classify_target(o.overload) == REDUCTION for o in group_ops)
-    return sum(ext_in.values()) + ext_out, reduces
+    return sum(ext_in.values()) + ext_out, reduces, in_kernel
 
 
 def _escapes(v: SSAValue, members: set, shared: set[Operation]) -> bool:

@@ -3,6 +3,7 @@
 import pytest
 from xdsl.context import Context
 
+from flint.cost.opclass import VIEW, classify_target
 from flint.ir.aten import AtenOp
 from flint.ir.parse import load_ir
 from flint.passes.annotate_cost import AnnotateCostPass
@@ -208,7 +209,8 @@ def test_kernel_groups_agree_with_inductor_on_whole_steps():
 def test_pricing_invariants_on_a_captured_step(inline):
     """On a whole captured step (llama-tiny, FSDP x TP 2 on 4 ranks): FLOPs are
     conserved; a kernel's bytes are at most its members' own; an inlined op carries no kernel and names
-    kernels that exist; every fused op is priced by exactly one carrier."""
+    kernels that exist; every fused op is priced by exactly one carrier; exactly the values that never
+    leave their kernels are marked fusion_in_kernel."""
     from collections import defaultdict
 
     from tests.captures import imported
@@ -225,8 +227,7 @@ def test_pricing_invariants_on_a_captured_step(inline):
     members, carried = defaultdict(list), defaultdict(int)
     inlined = [o for o in ops if "fusion_inlined_in" in o.attributes]
     for o in ops:
-        labels = [_attr(o, "fusion_group")] if "fusion_group" in o.attributes else []
-        labels += [a.data for a in o.attributes["fusion_inlined_in"].data] if o in inlined else []
+        labels = labels_of(o)
         for label in labels:
             members[label].append(o)
         if labels and _attr(o, "duration_us") > 0:
@@ -237,6 +238,38 @@ def test_pricing_invariants_on_a_captured_step(inline):
         assert kernel <= sum(own[id(o)] for o in group), label
     assert all(_attr(o, "duration_us") == 0 for o in inlined)
     assert bool(inlined) == inline
+    # fusion_in_kernel (nothing allocates it) exactly on the fused values no one outside their kernels reads
+    kernels = {id(o): set(labels_of(o)) for o in ops}
+    in_kernel = 0
+    for o in ops:
+        if not kernels[id(o)] or classify_target(o.overload) == VIEW:
+            assert "fusion_in_kernel" not in o.attributes
+            continue
+        readers = [u for r in o.results for u in _readers(r)]
+        kept = all(isinstance(u, AtenOp) and kernels[id(u)] and kernels[id(u)] <= kernels[id(o)] for u in readers)
+        assert ("fusion_in_kernel" in o.attributes) == (kept or o in inlined), o
+        in_kernel += kept
+    assert in_kernel > 0
+
+
+def labels_of(op) -> list[str]:
+    """The kernels computing ``op``: its fusion group, then those it is inlined into."""
+    labels = [_attr(op, "fusion_group")] if "fusion_group" in op.attributes else []
+    if "fusion_inlined_in" in op.attributes:
+        labels += [a.data for a in op.attributes["fusion_inlined_in"].data]
+    return labels
+
+
+def _readers(v):
+    """The ops reading ``v``, through views."""
+    out = []
+    for use in v.uses:
+        u = use.operation
+        if isinstance(u, AtenOp) and classify_target(u.overload) == VIEW:
+            out += [x for r in u.results for x in _readers(r)]
+        else:
+            out.append(u)
+    return out
 
 
 STORED_INPUT_IR = """
@@ -263,3 +296,31 @@ def test_a_value_an_inlined_op_reads_is_written_for_the_other_kernels(tmp_path):
     assert str(p.attributes["fusion_inlined_in"]) == '["f:1"]'
     # kernel 0 reads x, writes u1 and the sums; kernel 1 reads x, the sums and the GEMM's result, writes u2
     assert (_attr(u1, "bytes"), _attr(u2, "bytes")) == (1024 + 1024 + 16, 1024 + 16 + 1024 + 1024)
+
+
+MEMORY_IR = """
+builtin.module attributes {flint.schedule = [["f_fwd", 1]]} {
+  shard.grid @mesh(shape = 2)
+  func.func @f_fwd(%x: tensor<8x64xf32> {flint.role = "input"}) -> tensor<8x1xf32> {
+    %0 = aten.op "aten.mul.Tensor"(%x, %x) phase = "fwd" : (tensor<8x64xf32>, tensor<8x64xf32>) -> tensor<8x64xf32>
+    %1 = aten.op "aten.add.Tensor"(%0, %x) phase = "fwd" : (tensor<8x64xf32>, tensor<8x64xf32>) -> tensor<8x64xf32>
+    %2 = aten.op "aten.sum.dim_IntList"(%1) phase = "fwd" args = {dim = [-1 : i64], keepdim = true} : (tensor<8x64xf32>) -> tensor<8x1xf32>
+    func.return %2 : tensor<8x1xf32>
+  }
+}
+"""
+
+
+def test_a_value_that_never_leaves_its_kernel_takes_no_memory(tmp_path):
+    """Inductor gives no buffer to a value only its own kernel reads. x (8 x 64 f32, 2048 B) is resident.
+    Eager: x * x and (x * x) + x are both live at the add, 2 x 2048 B, so the peak is 6144 B. Fused into
+    one kernel with the row sum, neither is written: the peak is x and the 32 B of sums, 2080 B."""
+    from flint.sim.lifetimes import step_memory
+
+    eager = step_memory(parse_ir(MEMORY_IR, tmp_path))
+    assert eager.report.peak_bytes == 6144
+    m = parse_ir(MEMORY_IR, tmp_path)
+    FusePointwisePass().apply(Context(), m)
+    mul, add, total = [o for o in m.walk() if isinstance(o, AtenOp)]
+    assert ["fusion_in_kernel" in o.attributes for o in (mul, add, total)] == [True, True, False]
+    assert step_memory(m).report.peak_bytes == 2048 + 32

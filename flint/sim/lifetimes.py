@@ -49,7 +49,10 @@ What allocates, and for how long
   writes its carried buffers in place: its results alias its initial values (the
   per-step chunks in its body are not counted), and so does an ``aten.slice_scatter``
   marked ``flint.in_place`` (a placement into a buffer, no new tensor). A value is
-  freed after the last op that uses it or any alias.
+  freed after the last op that uses it or any alias. After ``fuse-pointwise`` (which
+  models ``torch.compile``), an op marked ``fusion_in_kernel`` allocates nothing: its
+  value stays inside the fused kernel computing it (no reader outside that kernel, or
+  inlined into each kernel reading it), as inductor never gives such a value a buffer.
 - *Values leaving a function* (returned, or aliasing a returned value):
   - **saved for backward**: a backward function (one with ``tangent`` or
     ``saved`` arguments) is paired with the latest earlier forward whose
@@ -155,6 +158,7 @@ from flint.cost.opclass import VIEW, classify_target, split_target
 from flint.errors import FlintError
 from flint.ir import dist
 from flint.ir.aten import AtenOp, get_schedule, get_schedule_entries
+from flint.passes.fuse_pointwise import IN_KERNEL_ATTR
 from flint.passes.lower_to_chakra import ROLE_ATTR
 from flint.sim.memory import MemoryReport, peak_memory
 
@@ -358,6 +362,8 @@ def _profile(fn: func.FuncOp, prefetch: int = 0, nosync: frozenset[int] = frozen
                     copy_outs.append((source, list(range(len(p.nbytes), len(p.nbytes) + len(op.outputs)))))
                 for r in op.outputs:
                     alloc(r, at, cat)
+                    if IN_KERNEL_ATTR in op.attributes:  # fused, kept in its kernel: never written
+                        p.nbytes[-1] = 0
         elif isinstance(op, dist.WaitOp):
             if op.result is not None:
                 base[op.result] = base.get(op.future, ("none", -1))

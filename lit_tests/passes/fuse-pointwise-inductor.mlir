@@ -8,11 +8,12 @@
 // last dim), whose loop runs in an order no row-wise op can share; inductor computes the producers
 // only it reads (x * r, g * that) inside it and fuses the row reduction with the row-wise ops around
 // it. g = ga + gb has two readers and reads two buffers: inductor inlines it (graph.py's
-// should_realize_on_reuse), so both kernels compute it and nothing writes it.
+// should_realize_on_reuse), so both kernels compute it and nothing writes it (fusion_in_kernel:
+// the memory model allocates nothing for it).
 // Kernel 0 reads ga, gb, x and r: 3 x 1024 + 16 B, writes 128 B.
 // Kernel 1 reads ga, gb, w, x, r (4 x 1024 + 128 + 16 B) and writes the input gradient (1024 B).
 // CHECK-LABEL: func.func @norm_bwd
-// CHECK:       %g = aten.op "aten.add.Tensor"(%ga, %gb) {fusion_group = "norm_bwd:0", flops = 0 : i64, bytes = 0 : i64, duration_us = 0.000000e+00 : f64, fusion_inlined_in = ["norm_bwd:1"]}
+// CHECK:       %g = aten.op "aten.add.Tensor"(%ga, %gb) {fusion_group = "norm_bwd:0", flops = 0 : i64, bytes = 0 : i64, duration_us = 0.000000e+00 : f64, fusion_in_kernel, fusion_inlined_in = ["norm_bwd:1"]}
 // CHECK-NEXT:  aten.op "aten.mul.Tensor"(%g, %w) {fusion_group = "norm_bwd:1"
 // CHECK-NEXT:  aten.op "aten.mul.Tensor"(%x, %r) {fusion_group = "norm_bwd:0"
 // CHECK-NEXT:  aten.op "aten.mul.Tensor"(%g, %{{.*}}) {fusion_group = "norm_bwd:0"
@@ -20,7 +21,7 @@
 // CHECK-NEXT:  aten.op "aten.mul.Tensor"(%{{.*}}, %x) {fusion_group = "norm_bwd:1"
 // CHECK-NEXT:  aten.op "aten.sum.dim_IntList"(%{{.*}}) args = {dim = [-1 : i64], keepdim = true} {fusion_group = "norm_bwd:1"
 // CHECK:       aten.op "aten.sub.Tensor"(%{{.*}}, %{{.*}}) {fusion_group = "norm_bwd:1", flops = 0 : i64, bytes = 4240 : i64
-// With inline=false (hand-written kernels) g is stored: kernel 0 reads ga, gb, w, x, r (3216 B) and
+// With inline=false (hand-written kernels) g is stored (so not fusion_in_kernel): kernel 0 reads ga, gb, w, x, r (3216 B) and
 // writes the input gradient and g (2 x 1024 B); kernel 1 reads g, x and r (2064 B), writes 128 B.
 // STORED-LABEL: func.func @norm_bwd
 // STORED:       %g = aten.op "aten.add.Tensor"(%ga, %gb) {fusion_group = "norm_bwd:0", flops = 0 : i64, bytes = 0 : i64, duration_us = 0.000000e+00 : f64}

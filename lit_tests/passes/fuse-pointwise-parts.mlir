@@ -6,7 +6,7 @@
 // parts=block: the block's functions are compiled (torchtitan's per-block torch.compile), so its
 // neg -> exp chain is one kernel reading x and writing the exp (2 x 1024 B) ...
 // CHECK-LABEL: func.func @block_fwd
-// CHECK:       aten.op "aten.neg.default"(%x) {fusion_group = "block_fwd:0", flops = 0 : i64, bytes = 0 : i64, duration_us = 0.000000e+00 : f64}
+// CHECK:       aten.op "aten.neg.default"(%x) {fusion_group = "block_fwd:0", flops = 0 : i64, bytes = 0 : i64, duration_us = 0.000000e+00 : f64, fusion_in_kernel}
 // CHECK:       aten.op "aten.exp.default"(%{{.*}}) {fusion_group = "block_fwd:0", flops = 0 : i64, bytes = 2048 : i64
 // ... and the head runs eagerly: the same chain is two kernels of 2 x 1024 B each, and the target-logit
 // gather reads the 8 selected f32 values and the index, not the whole 8 x 64 tensor.

@@ -4,15 +4,17 @@
 
 // An RMSNorm chain (cast, square, mean, +eps, rsqrt, scale, cast, weight) is one kernel: it reads
 // x (8*64*2 = 1024 B) and g (128 B) and writes its result (1024 B) once, 2176 B; the members before
-// the last carry no bytes and no time.
-// CHECK:      aten.op "aten._to_copy.default"(%x) {fusion_group = "block:0", flops = 0 : i64, bytes = 0 : i64, duration_us = 0.000000e+00 : f64}
-// CHECK:      aten.op "aten.mean.dim"(%{{.*}}) args = {{.*}} {fusion_group = "block:0", flops = 0 : i64, bytes = 0 : i64, duration_us = 0.000000e+00 : f64}
+// the last carry no bytes and no time, and their values never leave the kernel (fusion_in_kernel:
+// nothing allocates them); the last member writes its value, so it has no fusion_in_kernel.
+// CHECK:      aten.op "aten._to_copy.default"(%x) {fusion_group = "block:0", flops = 0 : i64, bytes = 0 : i64, duration_us = 0.000000e+00 : f64, fusion_in_kernel}
+// CHECK:      aten.op "aten.mean.dim"(%{{.*}}) args = {{.*}} {fusion_group = "block:0", flops = 0 : i64, bytes = 0 : i64, duration_us = 0.000000e+00 : f64, fusion_in_kernel}
 // CHECK:      %[[N:.*]] = aten.op "aten.mul.Tensor"(%{{.*}}, %g) {fusion_group = "block:0", flops = 0 : i64, bytes = 2176 : i64, duration_us = 3.000000e+00 : f64}
 // A GEMM ends the group and is priced on its own.
 // CHECK-NEXT: aten.op "aten.mm.default"(%[[N]], %w) {flops = 65536 : i64, bytes = 10240 : i64, duration_us = {{.*}} : f64}
 // relu, two views and the residual add: one kernel reading the mm result and x, writing the sum (3 x 1024 B).
-// CHECK:      aten.op "aten.relu.default"(%{{.*}}) {fusion_group = "block:1", flops = 0 : i64, bytes = 0 : i64
-// CHECK:      aten.op "aten.view.default"(%{{.*}}) args = {{.*}} {fusion_group = "block:1"
+// The relu stays in the kernel; a view allocates nothing in any case and is not marked.
+// CHECK:      aten.op "aten.relu.default"(%{{.*}}) {fusion_group = "block:1", flops = 0 : i64, bytes = 0 : i64, duration_us = 0.000000e+00 : f64, fusion_in_kernel}
+// CHECK:      aten.op "aten.view.default"(%{{.*}}) args = {{.*}} {fusion_group = "block:1", flops = 0 : i64, bytes = 0 : i64, duration_us = 0.000000e+00 : f64}
 // CHECK:      aten.op "aten.add.Tensor"(%{{.*}}, %x) {fusion_group = "block:1", flops = 0 : i64, bytes = 3072 : i64, duration_us = 3.000000e+00 : f64}
 // A100 kernel floor: 3.5 us.
 // A100:       aten.op "aten.add.Tensor"(%{{.*}}, %x) {fusion_group = "block:1", flops = 0 : i64, bytes = 3072 : i64, duration_us = 3.500000e+00 : f64}
