@@ -96,7 +96,8 @@ from typing import Hashable, Sequence
 
 from xdsl.context import Context
 from xdsl.dialects import func
-from xdsl.dialects.builtin import ArrayAttr, FloatAttr, IntegerAttr, ModuleOp, StringAttr, TensorType, UnitAttr, f64, i64
+from xdsl.dialects.builtin import (ArrayAttr, FloatAttr, IntegerAttr, ModuleOp, StringAttr, TensorType, UnitAttr, f64,
+                                   i64)
 from xdsl.ir import Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.utils.exceptions import VerifyException

@@ -246,7 +246,8 @@ def test_pricing_invariants_on_a_captured_step(inline):
             assert "fusion_in_kernel" not in o.attributes
             continue
         readers = [u for r in o.results for u in _readers(r)]
-        kept = all(isinstance(u, AtenOp) and kernels[id(u)] and kernels[id(u)] <= kernels[id(o)] for u in readers)
+        kept = all(isinstance(u, AtenOp) and kernels[id(u)] and kernels[id(u)] <= kernels[id(o)]
+                   for u in readers)
         assert ("fusion_in_kernel" in o.attributes) == (kept or o in inlined), o
         in_kernel += kept
     assert in_kernel > 0
