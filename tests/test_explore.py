@@ -268,7 +268,7 @@ def test_store_round_trip(tmp_path):
 
 
 @given(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 5), st.integers(0, 3)), min_size=1, max_size=30))
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 def test_pareto_front_is_non_dominated_and_covers(values):
     mask = pareto_mask(values)
     front = [v for v, m in zip(values, mask) if m]

@@ -244,8 +244,9 @@ def test_device_values_are_checked(tmp_path, key, value):
 
 # -- the fuzz property ------------------------------------------------------------------------------
 
-FUZZ = settings(max_examples=20, deadline=None, derandomize=True, database=None,
-                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+# the profile's settings (tests/conftest.py), plus: a fixture shared by the examples (this list replaces
+# the profile's, so it names too_slow again)
+FUZZ = settings(max_examples=20, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
 
 def _assert_all_hold(outcomes):

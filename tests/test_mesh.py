@@ -13,7 +13,7 @@ from flint.mesh import Mesh, assign_group_ids
 shapes = st.lists(st.integers(1, 5), min_size=1, max_size=3).map(tuple)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(shapes, st.data())
 def test_groups_partition_the_ranks_and_match_coordinates(shape, data):
     mesh = Mesh(shape)
@@ -29,7 +29,7 @@ def test_groups_partition_the_ranks_and_match_coordinates(shape, data):
         assert mesh.rank(c) == rank
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(shapes, st.data())
 def test_peers_wrap_and_invert(shape, data):
     mesh = Mesh(shape)

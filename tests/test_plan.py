@@ -103,7 +103,7 @@ def test_consumers_refuse_what_they_do_not_implement():
         p.require({"tp", "sp"}, "flint capture")
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=80)
 @given(st.sampled_from([1, 2, 4]), st.sampled_from([1, 2, 8]), st.sampled_from([1, 2]), st.sampled_from([1, 4]),
        st.sampled_from([1, 2]), st.permutations(["pp", "dp_replicate", "dp_shard", "cp", "tp"]))
 def test_every_role_is_a_group_of_the_right_size(dpr, dps, cp, tp, pp, order):

@@ -12,7 +12,7 @@ pass joins with one more line) runs on it, the module must verify, and
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from xdsl.parser import Parser
 
@@ -141,7 +141,7 @@ def parse(text: str):
 
 
 @pytest.mark.parametrize("pipeline,bucketed", SCHEDULING_PASSES, ids=[p for p, _ in SCHEDULING_PASSES])
-@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
+@settings(max_examples=8)
 @given(text=programs())
 def test_scheduling_pass_keeps_the_program(pipeline, bucketed, text):
     before = parse(text)
@@ -150,7 +150,7 @@ def test_scheduling_pass_keeps_the_program(pipeline, bucketed, text):
     check_schedule_invariants(before, after, same_bytes_per_group=bucketed)
 
 
-@settings(max_examples=8, deadline=None, derandomize=True)
+@settings(max_examples=8)
 @given(text=programs())
 def test_generator_makes_valid_programs(text):
     module = parse(text)

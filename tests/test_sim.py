@@ -373,7 +373,7 @@ def random_tables(draw):
     return b.build(), durs, preds
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(random_tables())
 def test_iteration_time_between_critical_path_and_sum(case):
     table, durs, preds = case

@@ -113,7 +113,7 @@ def test_group_spanning_classes_meets_their_representatives():
     _same(fast, full)
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=30)
 @given(st.sampled_from([(2, 4), (4, 2), (2, 2, 2), (8,), (4, 4)]), st.integers(0, 2), st.integers(1, 3),
        st.sampled_from([1, 2, 4, 8]), st.integers(1, 3))
 def test_reduced_equals_full_for_any_shift_and_network(shape, axis, offset, node, hops):
