@@ -12,7 +12,7 @@ from torch import nn
 
 from captures import BYOM, captured, captured_byom
 from flint.capture import CaptureError, capture_step
-from flint.capture.byom import InputSpec, find_blocks, parse_inputs, user_function
+from flint.capture.byom import InputSpec, find_blocks, find_layers, parse_inputs, user_function
 from flint.capture.composite import composite_autograd
 from flint.capture.opclass import ALL_GATHER, classify_aten
 
@@ -48,6 +48,58 @@ def test_find_blocks_whatever_the_name():
     tt = nn.Module()
     tt.layers = nn.ModuleDict({"0": Block(), "1": Block()})
     assert find_blocks(tt)[0] == "layers"
+
+
+def test_find_layers_takes_layers_unlike_each_other():
+    """The layer stack is what a training script wraps layer by layer, alike or not; the run of identical
+    neighbours in it is what capture repeats. DeepSeek-V3's dense first layers made the whole model one part
+    under one data-parallel group: every layer's parameters gathered at once."""
+
+    class Layer(nn.Module):
+        def __init__(self, width: int, bias: bool = False) -> None:
+            super().__init__()
+            self.mlp = nn.Sequential(nn.Linear(4, width), nn.Linear(width, 4))
+            if bias:
+                self.bias = nn.Parameter(torch.zeros(4))
+
+    model = nn.Module()
+    model.layers = nn.ModuleList([Layer(8), Layer(16), Layer(16), Layer(8), Layer(16), Layer(16), Layer(16)])
+    found = find_layers(model)
+    assert (found.path, found.container, found.keys) == ("layers", model.layers, ("4", "5", "6"))
+    model.layers = nn.ModuleList([Layer(8), Layer(16), Layer(16), Layer(8)])  # two runs of two: the first
+    assert find_layers(model).keys == ("1", "2")
+    model.layers = nn.ModuleList([Layer(8, bias=True), Layer(8)])  # T5's first block: no two alike
+    assert (find_layers(model).path, find_layers(model).keys) == ("layers", ())
+    assert find_blocks(model) is None
+    # leaf modules of one class are not layers; identical ones are blocks, as find_blocks finds them
+    assert find_layers(nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 4))) is None
+    same = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+    assert (find_layers(same).path, find_layers(same).keys) == ("", ("0", "1"))
+    # modules of several classes are no stack
+    assert find_layers(nn.Sequential(Layer(8), nn.Sequential(nn.Linear(4, 4)))) is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("plan", ["dp", "fsdp"])
+def test_layers_unlike_each_other_keep_their_groups_and_repeat_the_alike_ones(plan):
+    """One narrow layer, then three wide ones (tests/data/byom/hf_models.py:mixed_layers): the wide ones are
+    captured once and repeated, the narrow one runs in the model part, and every layer is its own data-parallel
+    group, as torchtitan wraps each of model.layers. Same FLOPs and collectives as the stack captured whole."""
+    from captures import _byom_factory
+
+    step = captured_byom("mixed_layers", plan, 2, 1)
+    assert [(p.name, p.repeat) for p in step.parts] == [("model", 1), ("block", 3)]
+    whole = capture_step(_byom_factory("mixed_layers"), {"input_ids": (4, 32), "labels": (4, 32)}, world_size=2,
+                         plan=plan, repeat=False)
+    assert [p.name for p in whole.parts] == ["model"]
+    assert step.summary().flops == whole.summary().flops
+    colls = step.summary().collectives
+    assert colls == whole.summary().collectives
+    # four layers and the root (embedding and output): one gradient reduction each
+    reduce = ("all_reduce", ("dp_replicate",), "bwd") if plan == "dp" else ("reduce_scatter", ("dp_shard",), "bwd")
+    assert colls[reduce] == 5
+    if plan == "fsdp":
+        assert colls[("all_gather", ("dp_shard",), "fwd")] == 5
 
 
 def test_parse_inputs():
@@ -334,6 +386,28 @@ def test_hf_models_capture(name, plan, world, tp):
     # the fused kernel, forward and backward, per block (GPT-2: with its attention dropout, as a GPU's flash runs it)
     assert step.summary().op_classes["attention"] == 2 * 2
     import_step(step)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["llama", "gpt_neox"])
+def test_the_planned_tensor_parallel_rules_come_from_the_model_as_built(name, capfd):
+    """The TP rules a capture records for shard-expand (Llama's names: the built-in rules; GPT-NeoX: the plan
+    its config declares) were read from the model after capture had wrapped it (checkpoint wrappers, data-
+    parallel groups), whose module names Hugging Face's plan no longer matched: under activation checkpointing
+    a single-device capture recorded rules that split only the head and embedding, so expanding it to tp left
+    every block whole on every rank, and Hugging Face warned that its rules "match nothing"."""
+    from captures import _byom_factory, single_device_byom
+
+    from flint.plan import Plan
+
+    plain = single_device_byom(name, 2)[0]
+    checkpointed = capture_step(_byom_factory(name), {"input_ids": (2, 32), "labels": (2, 32)},
+                                plan=Plan(activation_checkpoint="full"))
+    assert "match nothing" not in capfd.readouterr().err  # transformers' logger writes to stderr itself
+    assert checkpointed.tp_rules == plain.tp_rules and checkpointed.tp_refused == plain.tp_refused == ""
+    assert (plain.tp_rules is None) == (name == "llama")
+    if name == "gpt_neox":
+        assert ("gpt_neox.layers.*.mlp.dense_h_to_4h.weight", 0) in checkpointed.tp_rules
 
 
 @pytest.mark.slow

@@ -1,8 +1,9 @@
 """Bring your own model: any ``nn.Module``, its inputs, its repeated blocks, the user's parallelisation.
 
-- :func:`find_blocks` finds the stack of structurally identical blocks (any
-  ``nn.ModuleList`` / ``nn.Sequential``, whatever its attribute name), which
-  capture then runs once and repeats;
+- :func:`find_layers` finds the layer stack (any ``nn.ModuleList`` /
+  ``nn.Sequential``, whatever its attribute name), whose layers the named plans
+  wrap one by one, and the run of identical layers in it, which capture runs
+  once and repeats (:func:`find_blocks`: a stack of identical blocks only);
 - :func:`parse_inputs` / :func:`default_inputs` give the batch as the model's
   ``forward`` takes it (``input_ids=8x2048:int64,labels=8x2048:int64``);
 - :func:`intercept` runs a user's ``parallelize(model, mesh)`` as their
@@ -209,6 +210,56 @@ def find_blocks(model: nn.Module, at_least: int = 2) -> tuple[str, nn.Module] | 
         if best is None or key[:2] > best[:2]:
             best = key
     return (best[2], best[3]) if best else None
+
+
+@dataclass(frozen=True)
+class LayerStack:
+    """A model's layers (``path``: its container) and the run ``keys`` of consecutive structurally identical
+    layers in it that capture runs once and repeats (empty: no two neighbours alike, the model is captured
+    whole)."""
+
+    path: str
+    container: nn.Module
+    keys: tuple[str, ...]
+
+
+def find_layers(model: nn.Module) -> LayerStack | None:
+    """The model's layer stack: what a training script wraps layer by layer (torchtitan's ``fully_shard`` and
+    ``checkpoint_wrapper`` over ``model.layers``), and the identical layers in it capture repeats.
+
+    The stack is the largest (by parameters) ``ModuleList`` / ``Sequential`` / ``ModuleDict`` of >= 2
+    structurally identical modules with parameters (:func:`find_blocks`'s candidates) or of >= 2 composite
+    modules of one class, each with parameters: such layers need not be alike (DeepSeek-V3's dense first layers
+    before its MoE ones, Llama 4's interleaved MoE layers), while leaf modules of one class (a ``Sequential`` of
+    ``nn.Linear``s of different sizes) are not layers. Where every layer is alike, it is :func:`find_blocks`'s
+    stack. The repeated run is the longest run of consecutive structurally identical layers (the first such run
+    on a tie); a run shorter than two repeats nothing."""
+    best: tuple[int, int, str, nn.Module] | None = None
+    for path, mod in model.named_modules():
+        if not isinstance(mod, (nn.ModuleList, nn.Sequential, nn.ModuleDict)) or len(mod) < 2:
+            continue
+        children = list(mod.children())
+        sigs = {_signature(c) for c in children}
+        alike = len(sigs) == 1 and next(iter(sigs))[1]
+        layers = (len({type(c) for c in children}) == 1 and all(any(True for _ in c.children()) for c in children)
+                  and all(any(True for _ in c.parameters()) for c in children))
+        if not alike and not layers:
+            continue
+        key = (sum(p.numel() for p in mod.parameters()), -path.count("."), path, mod)
+        if best is None or key[:2] > best[:2]:
+            best = key
+    if best is None:
+        return None
+    path, container = best[2], best[3]
+    keys, sigs = list(container._modules), [_signature(c) for c in container.children()]
+    run = (0, 1)
+    start = 0
+    for i in range(1, len(sigs) + 1):
+        if i == len(sigs) or sigs[i] != sigs[start]:
+            if i - start > run[1] - run[0]:
+                run = (start, i)
+            start = i
+    return LayerStack(path, container, tuple(keys[run[0]:run[1]]) if run[1] - run[0] >= 2 else ())
 
 
 # ------------------------------------------------------------------ inputs

@@ -1,13 +1,15 @@
 """Capture any ``nn.Module`` (Hugging Face models, plain MLPs and CNNs) under a parallelize function.
 
 The model is parallelized as a training script would (``parallelize(model,
-mesh)``: :mod:`flint.capture.byom`), its repeated blocks are found
-(:func:`flint.capture.byom.find_blocks`), and the step is captured as two
-parts: ``block`` (block 0 alone, on the inputs it receives in the model's own
-forward, repeated ``len(blocks)`` times) and ``model`` (the model's forward
-and loss with every block replaced by a pass-through, so it holds exactly the
-work outside the blocks). A model without such a stack is captured whole as
-one part ``model``. After the backward, every parameter must have a gradient.
+mesh)``: :mod:`flint.capture.byom`), its layer stack and the run of identical
+layers in it are found (:func:`flint.capture.byom.find_layers`), and the step
+is captured as two parts: ``block`` (the run's first layer alone, on the
+inputs it receives in the model's own forward, repeated once per layer of the
+run) and ``model`` (the model's forward and loss with the run's layers
+replaced by a pass-through, so it holds exactly the work outside them: the
+embedding, the head, and layers unlike the run's, such as DeepSeek-V3's dense
+first layers). A model without two alike neighbouring layers is captured whole
+as one part ``model``. After the backward, every parameter must have a gradient.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from torch.distributed.tensor import DTensor, Shard
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from flint.capture import opclass
-from flint.capture.byom import (GroupCall, InputSpec, call_user, check_inputs, find_blocks, forward_parameters,
+from flint.capture.byom import (GroupCall, InputSpec, call_user, check_inputs, find_layers, forward_parameters,
                                 input_dtype, intercept, loss_of, preset_parallelize, where_defined)
 from flint.capture.errors import CaptureError
 from flint.capture.recipes import ParamGroup, ParamInfo, wrapped_attr
@@ -279,10 +281,9 @@ def _capture_generic(model: nn.Module, dm, mesh, inputs: Mapping[str, InputSpec]
     names, var_kw = forward_parameters(model)
     targets = [n for n in inputs if n not in names and not var_kw]
     check_inputs(model, list(inputs), targets if loss != "auto" or targets else ())
-    stack = find_blocks(model)  # the preset's parameter groups, repeated or not
-    found = stack if repeat else None
-    blocks = found[1] if found else None
-    first_block = next(iter(blocks.children())) if blocks is not None else None
+    stack = find_layers(model)  # the preset's parameter groups; its run of identical layers is repeated
+    run = stack.keys if stack is not None and repeat else ()
+    blocks = stack.container if run else None
     before = {n: ParamInfo(n, tuple(p.shape), tuple(p.shape), p.dtype) for n, p in model.named_parameters()}
     if parallelize is not None and plan is not None and plan.activation_checkpoint != "none":
         from flint.plan import PlanError
@@ -293,7 +294,7 @@ def _capture_generic(model: nn.Module, dm, mesh, inputs: Mapping[str, InputSpec]
                         plan.source)
     if parallelize is None and plan is not None:
         # the preset applies the plan's activation checkpointing to the found blocks
-        parallelize = preset_parallelize(plan, model, stack[0] if stack else None)
+        parallelize = preset_parallelize(plan, model, stack.path if stack else None)
     calls: list[GroupCall] = []
     if parallelize is not None:
         globs = getattr(parallelize, "__globals__", None)
@@ -308,6 +309,7 @@ def _capture_generic(model: nn.Module, dm, mesh, inputs: Mapping[str, InputSpec]
     args = tuple(torch.zeros(local[k], dtype=input_dtype(k, spec, param_dtype), device="meta")
                  for k, spec in inputs.items())
     call = CallModel(model, list(inputs), targets, loss)
+    first_block = blocks._modules[run[0]] if run else None  # as parallelize left it (AC-wrapped)
     recorded = _record_block_inputs(call, args, first_block) if blocks is not None else None
     root = _apply_groups(model, calls, infos)
     call.model = root
@@ -320,16 +322,16 @@ def _capture_generic(model: nn.Module, dm, mesh, inputs: Mapping[str, InputSpec]
         consts = [_TENSOR if isinstance(t, torch.Tensor) else t for t in leaves]
         tensors = [t.detach() for t in tensors]
         if not tensors or not tensors[0].is_floating_point():
-            raise CaptureError("model", f"block {type(blocks._modules[next(iter(blocks._modules))]).__name__} takes no floating-point hidden state "
-                               "as its first argument", where_defined(blocks._modules[next(iter(blocks._modules))]))
+            raise CaptureError("model", f"block {type(first_block).__name__} takes no floating-point hidden state "
+                               "as its first argument", where_defined(first_block))
         tensors[0].requires_grad_()
         kinds = ("activation",) + ("input",) * (len(tensors) - 1)
-        block_call = _BlockCall(blocks._modules[next(iter(blocks._modules))], spec, consts)
-        part, _ = capture_part("block", block_call, tuple(tensors), kinds, len(blocks), **kw)
+        block_call = _BlockCall(blocks._modules[run[0]], spec, consts)  # its data-parallel group, if any
+        part, _ = capture_part("block", block_call, tuple(tensors), kinds, len(run), **kw)
         _check_gradients(block_call, infos, "block")
         out_leaves, out_spec = tree_flatten(b_out)
         first = next(i for i, t in enumerate(out_leaves) if isinstance(t, torch.Tensor))
-        saved = list(blocks._modules.items())
+        saved = [(key, blocks._modules[key]) for key in run]  # the other layers run in the model part
         for key, _ in saved:
             blocks._modules[key] = _Skip(out_spec, len(out_leaves), first, blocks._modules[key])
         try:

@@ -251,21 +251,21 @@ def check_ac(plan: Plan, model: nn.Module, staged: bool) -> None:
     """Refuse activation checkpointing where there is nothing it applies to.
 
     A StagedLM checkpoints ``model.layers``; any other model (the generic
-    path) the repeated block stack :func:`flint.capture.byom.find_blocks` finds.
+    path) the layer stack :func:`flint.capture.byom.find_layers` finds.
     """
     if plan.activation_checkpoint == "none":
         return
     if staged:
         layers = model.layers
     else:
-        from flint.capture.byom import find_blocks
+        from flint.capture.byom import find_layers
 
-        found = find_blocks(model)
+        found = find_layers(model)
         if found is None:
-            raise PlanError("activation_checkpoint", f"'{plan.activation_checkpoint}' checkpoints the blocks of "
-                            "a repeated block stack; this model has no ModuleList / Sequential of >= 2 identical "
-                            "blocks, so Flint finds no block stack to checkpoint", plan.source)
-        layers = found[1]
+            raise PlanError("activation_checkpoint", f"'{plan.activation_checkpoint}' checkpoints the layers of "
+                            "a layer stack; this model has no ModuleList / Sequential of >= 2 layers (identical "
+                            "modules, or composite modules of one class), so Flint finds no layers to checkpoint", plan.source)
+        layers = found.container
         if plan.activation_checkpoint == "selective-layer" and plan.ac_every > 1:
             raise PlanError("ac_every", f"selective-layer every {plan.ac_every} blocks on a model outside the "
                             "zoo: the generic path captures one block body for the whole stack (not yet two "

@@ -712,6 +712,13 @@ def capture_step(
                     raise PlanError("loss_parallel", "a model outside the zoo computes its own loss, which Flint "
                                     "captures as written; loss_parallel applies to zoo models (their "
                                     "CrossEntropyHead)", plan.source)
+            tp_rules, tp_refused = None, ""
+            if not custom and parallelize is None and plan.tp == 1:
+                # from the model as built: Hugging Face matches its plan against the module names, which the
+                # data-parallel groups and checkpoint wrappers below change
+                from flint.capture.byom import planned_tp_rules
+
+                tp_rules, tp_refused = planned_tp_rules(model)
             parts, local = capture_generic(
                 model, dm, mesh, specs, parallelize=fn, plan=None if custom else plan, loss=loss, repeat=repeat,
                 capture_part=capture_part, param_dtype=param_dtype, data_axes=data_axes,
@@ -721,11 +728,6 @@ def capture_step(
             torch._dynamo.reset()
             if parallelize is not None and not custom:
                 plan_name = getattr(parallelize, "__name__", plan_name)
-            tp_rules, tp_refused = None, ""
-            if not custom and parallelize is None and plan.tp == 1:
-                from flint.capture.byom import planned_tp_rules
-
-                tp_rules, tp_refused = planned_tp_rules(model)
             return CapturedStep(parts, mesh, plan_name, axes, param_dtype, local, global_params,
                                 None if custom or parallelize is not None else plan, partitioner, tp_rules, tp_refused)
         if repeat:

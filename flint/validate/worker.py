@@ -104,12 +104,12 @@ def run(spec: dict, rank: int) -> None:
         if hf:
             # a Hugging Face model, parallelized by the same preset function Flint captures it with
             # (flint.capture.byom.preset_parallelize), here calling the real fully_shard / replicate
-            from flint.capture.byom import find_blocks, preset_parallelize
+            from flint.capture.byom import find_layers, preset_parallelize
 
             model = build_hf(spec["model"])
             model.config.use_cache = False  # training: no KV cache (as in Flint's capture)
-            found = find_blocks(model)
-            preset_parallelize(plan, model, found[0] if found else None)(model, mesh)
+            found = find_layers(model)
+            preset_parallelize(plan, model, found.path if found else None)(model, mesh)
         else:
             model = build(spec["model"], **spec.get("overrides", {}))
             parallelize(model, plan, mesh)

@@ -184,6 +184,40 @@ def encoder():
     return Encoder()
 
 
+class MixedLayer(nn.Module):
+    """A pre-norm residual layer whose MLP is narrow (dense) or wide: one class, two shapes."""
+
+    def __init__(self, wide: bool) -> None:
+        super().__init__()
+        width = 128 if wide else 64
+        self.norm = nn.LayerNorm(32)
+        self.mlp = nn.Sequential(nn.Linear(32, width), nn.GELU(), nn.Linear(width, 32))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.mlp(self.norm(x))
+
+
+class MixedLayers(nn.Module):
+    """A causal LM whose layers are not all alike, as DeepSeek-V3's dense first layers before its MoE ones:
+    one narrow layer, then three wide ones."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(256, 32)
+        self.layers = nn.ModuleList([MixedLayer(False)] + [MixedLayer(True) for _ in range(3)])
+        self.out = nn.Linear(32, 256)
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        x = self.embed(input_ids)
+        for layer in self.layers:
+            x = layer(x)
+        return F.cross_entropy(self.out(x).flatten(0, 1), labels.flatten())
+
+
+def mixed_layers():
+    return MixedLayers()
+
+
 class RNNLM(nn.Module):
     """An LSTM language model (Dynamo refuses nn.LSTM unless ``allow_rnn``)."""
 
