@@ -138,3 +138,14 @@ def test_broken_pipe_elsewhere_is_still_a_bug(capsys):
 
     assert run_cli("flint x", fn) == 2
     assert "internal error: BrokenPipeError" in capsys.readouterr().err
+
+
+def test_every_command_writing_output_takes_dash_o():
+    """``flint capture``, ``emit`` and ``expand`` take ``-o``; ``flint explore -o DIR`` and ``flint validate -o
+    FILE`` were refused ("unrecognized arguments: -o"), where a user who has typed ``-o`` three times types it
+    again."""
+    from flint.explore.cli import build_parser as explore_parser
+    from flint.validate.cli import build_parser as validate_parser
+
+    assert explore_parser().parse_args(["space.toml", "-o", "reports"]).out == "reports"
+    assert validate_parser().parse_args(["-o", "report.md"]).out == "report.md"

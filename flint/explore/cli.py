@@ -19,7 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "point; interrupted runs resume, repeated runs are instant), reports (CSV, Parquet, "
                     "Markdown, HTML, plots) to --out. See flint/explore/space.py for the file format.")
     ap.add_argument("space", help="the space file (.toml)")
-    ap.add_argument("--out", help="report directory (default: out/explore/<space name>)")
+    ap.add_argument("--out", "-o", help="report directory (default: out/explore/<space name>)")
     ap.add_argument("--db", help="results database (default: <out>/results.db); refused if it is not Flint's")
     ap.add_argument("--strategy", choices=("grid", "random", "optuna"), help="override the space's [search] strategy")
     ap.add_argument("--samples", type=int, help="random / optuna: number of points (trials)")

@@ -113,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plans", default=",".join(DEFAULT_PLANS), help="comma-separated recipes (default: %(default)s)")
     p.add_argument("--world-sizes", default=",".join(map(str, DEFAULT_WORLD_SIZES)),
                    help="comma-separated world sizes (default: %(default)s)")
-    p.add_argument("--out", default=DEFAULT_OUT, help="Markdown report path (default: %(default)s)")
+    p.add_argument("--out", "-o", default=DEFAULT_OUT, help="Markdown report path (default: %(default)s)")
     p.add_argument("--chart", default=DEFAULT_CHART, help="bar chart path, '' for none (default: %(default)s)")
     p.add_argument("--timeout", type=float, default=180.0, help="seconds per real run (default: %(default)s)")
     p.add_argument("--work-dir", default=None, help="where run directories are made (default: system temp)")
