@@ -31,6 +31,7 @@ import torch
 from xdsl.dialects import func
 from xdsl.dialects.builtin import (
     ArrayAttr,
+    ComplexType,
     DenseArrayBase,
     DictionaryAttr,
     FileLineColLoc,
@@ -77,6 +78,8 @@ _DTYPES: dict[torch.dtype, Attribute] = {
     # float8 (torchao's Float8Linear): MLIR's builtin f8 types, so fp8 GEMMs price at the fp8 peak
     torch.float8_e4m3fn: Float8E4M3FNType(), torch.float8_e5m2: Float8E5M2Type(),
     torch.float8_e4m3fnuz: Float8E4M3FNUZType(), torch.float8_e5m2fnuz: Float8E5M2FNUZType(),
+    # complex (Llama 4's rotary embedding: torch.polar, view_as_complex): MLIR's complex<f32> / complex<f64>
+    torch.complex64: ComplexType(f32), torch.complex128: ComplexType(f64),
 }
 
 _REDUCTIONS = {"sum": "sum", "avg": "average", "max": "max", "min": "min", "product": "product"}

@@ -11,7 +11,8 @@ from flint.errors import FlintError
 
 
 @pytest.mark.parametrize("spelling,size", [("bf16", 2), ("bfloat16", 2), (torch.bfloat16, 2), ("torch.float32", 4),
-                                           ("f32", 4), ("f8E4M3FN", 1), ("i64", 8), ("bool", 1), ("fp16", 2)])
+                                           ("f32", 4), ("f8E4M3FN", 1), ("i64", 8), ("bool", 1), ("fp16", 2),
+                                           (torch.complex64, 8), ("complex<f32>", 8), ("complex<f64>", 16)])
 def test_dtype_bytes(spelling, size):
     assert dtype_bytes(spelling) == size
 

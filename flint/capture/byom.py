@@ -214,13 +214,14 @@ def find_blocks(model: nn.Module, at_least: int = 2) -> tuple[str, nn.Module] | 
 
 @dataclass(frozen=True)
 class LayerStack:
-    """A model's layers (``path``: its container) and the run ``keys`` of consecutive structurally identical
-    layers in it that capture runs once and repeats (empty: no two neighbours alike, the model is captured
-    whole)."""
+    """A model's layers (``path``: its container) and the run ``keys`` of layers in it that capture runs once
+    per ``period`` and repeats: ``period`` consecutive layers (one; two for Llama 4's dense + MoE pairs) whose
+    pattern repeats over the run (empty: nothing repeats, the model is captured whole)."""
 
     path: str
     container: nn.Module
     keys: tuple[str, ...]
+    period: int = 1
 
 
 def find_layers(model: nn.Module) -> LayerStack | None:
@@ -232,8 +233,9 @@ def find_layers(model: nn.Module) -> LayerStack | None:
     modules of one class, each with parameters: such layers need not be alike (DeepSeek-V3's dense first layers
     before its MoE ones, Llama 4's interleaved MoE layers), while leaf modules of one class (a ``Sequential`` of
     ``nn.Linear``s of different sizes) are not layers. Where every layer is alike, it is :func:`find_blocks`'s
-    stack. The repeated run is the longest run of consecutive structurally identical layers (the first such run
-    on a tie); a run shorter than two repeats nothing."""
+    stack. The repeated run is the longest run of a repeating pattern of ``period`` consecutive layers (one:
+    identical neighbours; two: Llama 4's alternating dense and MoE layers), at least two repeats of it, the
+    shortest period and then the first run on a tie; without one, nothing repeats."""
     best: tuple[int, int, str, nn.Module] | None = None
     for path, mod in model.named_modules():
         if not isinstance(mod, (nn.ModuleList, nn.Sequential, nn.ModuleDict)) or len(mod) < 2:
@@ -251,15 +253,24 @@ def find_layers(model: nn.Module) -> LayerStack | None:
     if best is None:
         return None
     path, container = best[2], best[3]
-    keys, sigs = list(container._modules), [_signature(c) for c in container.children()]
-    run = (0, 1)
-    start = 0
-    for i in range(1, len(sigs) + 1):
-        if i == len(sigs) or sigs[i] != sigs[start]:
-            if i - start > run[1] - run[0]:
-                run = (start, i)
-            start = i
-    return LayerStack(path, container, tuple(keys[run[0]:run[1]]) if run[1] - run[0] >= 2 else ())
+    keys, sigs = list(container._modules), [_signature(c) for c in container._modules.values()]
+    best_run = (0, 0, 1)  # (start, repeats, period)
+    for period in range(1, len(sigs) // 2 + 1):
+        for start in range(period):  # runs aligned to this offset
+            i = start
+            while i + period <= len(sigs):
+                j = i + period  # extend while the next window repeats the one at i
+                while j + period <= len(sigs) and sigs[j:j + period] == sigs[i:i + period]:
+                    j += period
+                reps = (j - i) // period
+                if reps >= 2 and (reps * period, -period, -i) > (best_run[1] * best_run[2], -best_run[2],
+                                                                   -best_run[0]):
+                    best_run = (i, reps, period)
+                i = j if reps >= 2 else i + period
+    start, reps, period = best_run
+    if reps < 2:
+        return LayerStack(path, container, ())
+    return LayerStack(path, container, tuple(keys[start:start + reps * period]), period)
 
 
 # ------------------------------------------------------------------ inputs

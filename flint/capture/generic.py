@@ -50,20 +50,33 @@ class CallModel(nn.Module):
 
 
 class _BlockCall(nn.Module):
-    """One block called on the (flattened) arguments it received in the model's forward."""
+    """A period of layers (one, or e.g. Llama 4's dense + MoE pair) called on the (flattened) arguments each
+    received in the model's forward, each after the first on the previous one's hidden state in place of its
+    first tensor argument. ``tensors``: the first layer's hidden state, then each layer's other tensors."""
 
-    def __init__(self, block: nn.Module, spec: Any, consts: list[Any]) -> None:
+    def __init__(self, layers: Sequence[nn.Module], specs: Sequence[Any], consts: Sequence[list[Any]]) -> None:
         super().__init__()
-        self.block = block
-        self.spec = spec
-        self.consts = consts  # non-tensor leaves, None where a tensor goes
+        # module paths: block.<...> for one layer (as ever), block.<i>.<...> for a period of several
+        self.block = layers[0] if len(layers) == 1 else nn.ModuleList(layers)
+        self.period = len(layers)
+        self.specs = list(specs)
+        self.consts = [list(c) for c in consts]  # per layer: non-tensor leaves, _TENSOR where a tensor goes
 
     def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
         it = iter(tensors)
-        leaves = [next(it) if c is _TENSOR else c for c in self.consts]
-        args, kwargs = tree_unflatten(leaves, self.spec)
-        out = self.block(*args, **kwargs)
-        return _first_tensor(out)
+        hidden = None
+        layers = [self.block] if self.period == 1 else list(self.block)
+        for layer, spec, consts in zip(layers, self.specs, self.consts):
+            leaves, first = [], True
+            for c in consts:
+                if c is _TENSOR and first and hidden is not None:
+                    leaves.append(hidden)  # the previous layer's output, not a recorded input
+                else:
+                    leaves.append(next(it) if c is _TENSOR else c)
+                first = first and c is not _TENSOR
+            args, kwargs = tree_unflatten(leaves, spec)
+            hidden = _first_tensor(layer(*args, **kwargs))
+        return hidden
 
 
 _TENSOR = object()
@@ -172,20 +185,23 @@ def _apply_groups(root: nn.Module, calls: Sequence[GroupCall], infos: dict[int, 
     return root
 
 
-def _record_block_inputs(call: nn.Module, args: Sequence[torch.Tensor], block: nn.Module):
-    """Run the model eagerly (meta tensors) up to block 0: its args, kwargs and output structure."""
-    seen: dict[str, Any] = {}
+def _record_block_inputs(call: nn.Module, args: Sequence[torch.Tensor], layers: Sequence[nn.Module]):
+    """Run the model eagerly (meta tensors) through the first period of repeated layers: per layer, its args,
+    kwargs and output structure."""
+    seen: list[tuple[Any, Any, Any]] = []
 
     def hook(mod, a, kw):
-        seen["args"], seen["kwargs"] = a, kw
-        handle.remove()
+        handles[len(seen)].remove()
         with torch.no_grad():
-            seen["out"] = mod(*a, **kw)
-        raise _Stop
+            out = mod(*a, **kw)
+        seen.append((a, kw, out))
+        if len(seen) == len(layers):
+            raise _Stop
+        return None
 
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    handle = block.register_forward_pre_hook(hook, with_kwargs=True)
+    handles = [layer.register_forward_pre_hook(hook, with_kwargs=True) for layer in layers]
     # on fake tensors, as dynamo will see the model: code that branches on "am I traced?" (Hugging Face's
     # is_tracing checks for FakeTensor) takes the traced branch, and nothing data-dependent runs
     mode = FakeTensorMode(allow_non_fake_inputs=True)
@@ -202,11 +218,12 @@ def _record_block_inputs(call: nn.Module, args: Sequence[torch.Tensor], block: n
                            f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}",
                            _user_frame(e.__traceback__, "")) from None
     finally:
-        handle.remove()
-    if "args" not in seen:
-        raise CaptureError("model", f"the forward never called its repeated block ({type(block).__name__})",
+        for h in handles:
+            h.remove()
+    if len(seen) < len(layers):
+        raise CaptureError("model", f"the forward never called its repeated block ({type(layers[len(seen)]).__name__})",
                            where_defined(call.model if hasattr(call, "model") else call))
-    return tree_map(_fresh, seen["args"]), tree_map(_fresh, seen["kwargs"]), tree_map(_fresh, seen["out"])
+    return [tuple(tree_map(_fresh, x) for x in rec) for rec in seen]
 
 
 def _fresh(t: Any) -> Any:
@@ -309,31 +326,36 @@ def _capture_generic(model: nn.Module, dm, mesh, inputs: Mapping[str, InputSpec]
     args = tuple(torch.zeros(local[k], dtype=input_dtype(k, spec, param_dtype), device="meta")
                  for k, spec in inputs.items())
     call = CallModel(model, list(inputs), targets, loss)
-    first_block = blocks._modules[run[0]] if run else None  # as parallelize left it (AC-wrapped)
-    recorded = _record_block_inputs(call, args, first_block) if blocks is not None else None
+    period = stack.keys[:stack.period] if run else ()  # the first period of the repeated layers
+    first = [blocks._modules[k] for k in period]  # as parallelize left them (AC-wrapped)
+    recorded = _record_block_inputs(call, args, first) if blocks is not None else None
     root = _apply_groups(model, calls, infos)
     call.model = root
     kw = dict(infos=infos, buffers=buffers, optimizer=optimizer)
     parts = []
     if blocks is not None:
-        b_args, b_kwargs, b_out = recorded
-        leaves, spec = tree_flatten((tuple(b_args), dict(b_kwargs)))
-        tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
-        consts = [_TENSOR if isinstance(t, torch.Tensor) else t for t in leaves]
-        tensors = [t.detach() for t in tensors]
-        if not tensors or not tensors[0].is_floating_point():
-            raise CaptureError("model", f"block {type(first_block).__name__} takes no floating-point hidden state "
-                               "as its first argument", where_defined(first_block))
+        tensors, specs, consts, out_specs = [], [], [], []
+        for j, (b_args, b_kwargs, b_out) in enumerate(recorded):
+            leaves, spec = tree_flatten((tuple(b_args), dict(b_kwargs)))
+            mine = [t.detach() for t in leaves if isinstance(t, torch.Tensor)]
+            if not mine or not mine[0].is_floating_point():
+                raise CaptureError("model", f"block {type(first[j]).__name__} takes no floating-point hidden state "
+                                   "as its first argument", where_defined(first[j]))
+            tensors += mine if j == 0 else mine[1:]  # after the first layer, the hidden state is the previous output
+            specs.append(spec)
+            consts.append([_TENSOR if isinstance(t, torch.Tensor) else t for t in leaves])
+            out_leaves, out_spec = tree_flatten(b_out)
+            out_specs.append((out_spec, len(out_leaves), next(i for i, t in enumerate(out_leaves)
+                                                             if isinstance(t, torch.Tensor))))
         tensors[0].requires_grad_()
         kinds = ("activation",) + ("input",) * (len(tensors) - 1)
-        block_call = _BlockCall(blocks._modules[run[0]], spec, consts)  # its data-parallel group, if any
-        part, _ = capture_part("block", block_call, tuple(tensors), kinds, len(run), **kw)
+        # the period's layers as their data-parallel groups, if any
+        block_call = _BlockCall([blocks._modules[k] for k in period], specs, consts)
+        part, _ = capture_part("block", block_call, tuple(tensors), kinds, len(run) // len(period), **kw)
         _check_gradients(block_call, infos, "block")
-        out_leaves, out_spec = tree_flatten(b_out)
-        first = next(i for i, t in enumerate(out_leaves) if isinstance(t, torch.Tensor))
         saved = [(key, blocks._modules[key]) for key in run]  # the other layers run in the model part
-        for key, _ in saved:
-            blocks._modules[key] = _Skip(out_spec, len(out_leaves), first, blocks._modules[key])
+        for i, (key, _) in enumerate(saved):
+            blocks._modules[key] = _Skip(*out_specs[i % len(period)], blocks._modules[key])
         try:
             mpart, _ = capture_part("model", call, args, ("input",) * len(args), 1, **kw)
             _check_gradients(call, infos, "model")

@@ -228,14 +228,14 @@ def capture_pipeline(model_factory: Callable[[], nn.Module], build: Callable, pl
                                            f"microbatch of '{names[0]}', {list(want[0][0])} (global batch / "
                                            f"data-parallel {dp} / {M} microbatches)", source)
                 args = tuple(_meta_tensor(m) for m in st.input_metas)
-                b_args, b_kwargs, b_out = _record_block_inputs(st.submod, args, next(iter(st.blocks.children())))
+                ((b_args, b_kwargs, b_out),) = _record_block_inputs(st.submod, args, [next(iter(st.blocks.children()))])
                 if "block" not in parts:
                     leaves, spec = tree_flatten((tuple(b_args), dict(b_kwargs)))
                     tensors = [t.detach() for t in leaves if isinstance(t, torch.Tensor)]
                     consts = [_TENSOR if isinstance(t, torch.Tensor) else t for t in leaves]
                     tensors[0].requires_grad_()
                     kinds = ("activation",) + ("input",) * (len(tensors) - 1)
-                    call = _BlockCall(next(iter(st.blocks.children())), spec, consts)
+                    call = _BlockCall([next(iter(st.blocks.children()))], [spec], [consts])
                     parts["block"], out = capture_part("block", call, tuple(tensors), kinds, 1, **kw)
                     captured.append(parts["block"])
                     boundary = tuple(int(d) for d in tensors[0].shape)

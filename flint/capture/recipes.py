@@ -543,7 +543,12 @@ class ParamGroup(nn.Module):
             infos[id(leaf)] = ParamInfo(full_name, tuple(p.shape), tuple(leaf.shape), p.dtype, sharding)
             for alias in (name, *self.aliases[name]):
                 owner, _, leaf_name = alias.rpartition(".")
-                del module.get_submodule(owner)._parameters[leaf_name]
+                holder = module.get_submodule(owner)
+                del holder._parameters[leaf_name]
+                # what the model reads of it outside the forward (Llama 4: embed_tokens.weight.device), as
+                # FSDP2 leaves the sharded parameter in place: this rank's shard, a plain attribute (no longer
+                # a parameter of the module); functional_call swaps the unsharded value in for the forward
+                object.__setattr__(holder, leaf_name, leaf.detach())
 
     def _unshard(self, *shards: torch.Tensor) -> list[torch.Tensor]:
         if self.reduce_dtype is not None:  # MixedPrecisionPolicy.reduce_dtype: the gradient reduced in it

@@ -28,6 +28,7 @@ _ALIASES: dict[str, str] = {
     "int64": "i64", "long": "i64", "int32": "i32", "int": "i32", "int16": "i16", "short": "i16",
     "int8": "i8", "uint8": "ui8", "bool": "i1",
     "complex64": "c64", "cfloat": "c64", "complex128": "c128", "cdouble": "c128",
+    "complex<f32>": "c64", "complex<f64>": "c128",  # MLIR's spelling (the importer's element types)
 }
 
 

@@ -199,16 +199,17 @@ class MixedLayer(nn.Module):
 
 class MixedLayers(nn.Module):
     """A causal LM whose layers are not all alike, as DeepSeek-V3's dense first layers before its MoE ones:
-    one narrow layer, then three wide ones."""
+    by default one narrow layer, then three wide ones. Its forward reads a wrapped module's parameter outside
+    that module's forward, as Llama 4's does (``embed_tokens.weight.device``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, wide: tuple[bool, ...] = (False, True, True, True)) -> None:
         super().__init__()
         self.embed = nn.Embedding(256, 32)
-        self.layers = nn.ModuleList([MixedLayer(False)] + [MixedLayer(True) for _ in range(3)])
+        self.layers = nn.ModuleList([MixedLayer(w) for w in wide])
         self.out = nn.Linear(32, 256)
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        x = self.embed(input_ids)
+        x = self.embed(input_ids.to(self.embed.weight.device))
         for layer in self.layers:
             x = layer(x)
         return F.cross_entropy(self.out(x).flatten(0, 1), labels.flatten())
@@ -216,6 +217,21 @@ class MixedLayers(nn.Module):
 
 def mixed_layers():
     return MixedLayers()
+
+
+def alternating_layers():  # narrow and wide layers alternate, as Llama 4's dense and MoE ones
+    return MixedLayers((False, True) * 3)
+
+
+def llama4():
+    """Llama 4: dense and MoE layers alternate (interleave_moe_layer_step = 2), its rotary embedding is complex
+    (torch.polar), and its forward reads ``embed_tokens.weight.device``."""
+    from transformers import Llama4ForCausalLM, Llama4TextConfig
+
+    cfg = Llama4TextConfig(vocab_size=256, hidden_size=64, intermediate_size=64, intermediate_size_mlp=128,
+                           num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                           num_local_experts=4, num_experts_per_tok=1, interleave_moe_layer_step=2)
+    return Llama4ForCausalLM(cfg)
 
 
 class RNNLM(nn.Module):
