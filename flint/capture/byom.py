@@ -215,8 +215,8 @@ def find_blocks(model: nn.Module, at_least: int = 2) -> tuple[str, nn.Module] | 
 @dataclass(frozen=True)
 class LayerStack:
     """A model's layers (``path``: its container) and the run ``keys`` of layers in it that capture runs once
-    per ``period`` and repeats: ``period`` consecutive layers (one; two for Llama 4's dense + MoE pairs) whose
-    pattern repeats over the run (empty: nothing repeats, the model is captured whole)."""
+    per ``period`` and repeats: ``period`` consecutive layers (one; four for Llama 4) whose pattern repeats over
+    the run (empty: nothing repeats, the model is captured whole)."""
 
     path: str
     container: nn.Module
@@ -226,7 +226,7 @@ class LayerStack:
 
 def find_layers(model: nn.Module) -> LayerStack | None:
     """The model's layer stack: what a training script wraps layer by layer (torchtitan's ``fully_shard`` and
-    ``checkpoint_wrapper`` over ``model.layers``), and the identical layers in it capture repeats.
+    ``checkpoint_wrapper`` over ``model.layers``), and the run of layers in it that capture repeats.
 
     The stack is the largest (by parameters) ``ModuleList`` / ``Sequential`` / ``ModuleDict`` of >= 2
     structurally identical modules with parameters (:func:`find_blocks`'s candidates) or of >= 2 composite
@@ -234,8 +234,9 @@ def find_layers(model: nn.Module) -> LayerStack | None:
     before its MoE ones, Llama 4's interleaved MoE layers), while leaf modules of one class (a ``Sequential`` of
     ``nn.Linear``s of different sizes) are not layers. Where every layer is alike, it is :func:`find_blocks`'s
     stack. The repeated run is the longest run of a repeating pattern of ``period`` consecutive layers (one:
-    identical neighbours; two: Llama 4's alternating dense and MoE layers), at least two repeats of it, the
-    shortest period and then the first run on a tie; without one, nothing repeats."""
+    identical neighbours; four: Llama 4's dense and MoE layers alternating, every fourth without rotary
+    embedding), at least two repeats of it, the shortest period and then the first run on a tie; without one,
+    nothing repeats."""
     best: tuple[int, int, str, nn.Module] | None = None
     for path, mod in model.named_modules():
         if not isinstance(mod, (nn.ModuleList, nn.Sequential, nn.ModuleDict)) or len(mod) < 2:

@@ -50,9 +50,10 @@ class CallModel(nn.Module):
 
 
 class _BlockCall(nn.Module):
-    """A period of layers (one, or e.g. Llama 4's dense + MoE pair) called on the (flattened) arguments each
-    received in the model's forward, each after the first on the previous one's hidden state in place of its
-    first tensor argument. ``tensors``: the first layer's hidden state, then each layer's other tensors."""
+    """A period of layers (one, or a repeating pattern such as Llama 4's four) called on the (flattened)
+    arguments each received in the model's forward, each after the first on the previous one's hidden state in
+    place of its first tensor argument. ``tensors``: the first layer's hidden state, then each layer's other
+    tensors."""
 
     def __init__(self, layers: Sequence[nn.Module], specs: Sequence[Any], consts: Sequence[list[Any]]) -> None:
         super().__init__()
@@ -221,7 +222,8 @@ def _record_block_inputs(call: nn.Module, args: Sequence[torch.Tensor], layers: 
         for h in handles:
             h.remove()
     if len(seen) < len(layers):
-        raise CaptureError("model", f"the forward never called its repeated block ({type(layers[len(seen)]).__name__})",
+        raise CaptureError("model", "the forward never called its repeated block "
+                           f"({type(layers[len(seen)]).__name__})",
                            where_defined(call.model if hasattr(call, "model") else call))
     return [tuple(tree_map(_fresh, x) for x in rec) for rec in seen]
 

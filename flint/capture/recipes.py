@@ -264,7 +264,8 @@ def check_ac(plan: Plan, model: nn.Module, staged: bool) -> None:
         if found is None:
             raise PlanError("activation_checkpoint", f"'{plan.activation_checkpoint}' checkpoints the layers of "
                             "a layer stack; this model has no ModuleList / Sequential of >= 2 layers (identical "
-                            "modules, or composite modules of one class), so Flint finds no layers to checkpoint", plan.source)
+                            "modules, or composite modules of one class), so Flint finds no layers to checkpoint",
+                            plan.source)
         layers = found.container
         if plan.activation_checkpoint == "selective-layer" and plan.ac_every > 1:
             raise PlanError("ac_every", f"selective-layer every {plan.ac_every} blocks on a model outside the "
