@@ -191,25 +191,35 @@ def _signature(module: nn.Module) -> tuple:
             tuple(type(m).__name__ for _, m in module.named_modules()))
 
 
+def _alike(children: Sequence[nn.Module]) -> bool:
+    """Structurally identical modules with parameters."""
+    sig = _signature(children[0])
+    return bool(sig[1]) and all(_signature(c) == sig for c in children[1:])
+
+
+def _largest_stack(model: nn.Module, at_least: int,
+                   accept: Callable[[list[nn.Module]], bool]) -> tuple[str, nn.Module] | None:
+    """The largest (by parameters, then the shallowest) ``ModuleList`` / ``Sequential`` / ``ModuleDict`` of
+    >= ``at_least`` modules whose children ``accept`` takes: ``(path, container)`` or None."""
+    best: tuple[int, int, str, nn.Module] | None = None
+    for path, mod in model.named_modules():
+        if not isinstance(mod, (nn.ModuleList, nn.Sequential, nn.ModuleDict)) or len(mod) < at_least:
+            continue
+        if not accept(list(mod.children())):
+            continue
+        key = (sum(p.numel() for p in mod.parameters()), -path.count("."), path, mod)
+        if best is None or key[:2] > best[:2]:
+            best = key
+    return (best[2], best[3]) if best else None
+
+
 def find_blocks(model: nn.Module, at_least: int = 2) -> tuple[str, nn.Module] | None:
     """The largest ``ModuleList`` / ``Sequential`` / ``ModuleDict`` of >= ``at_least`` structurally identical modules with parameters.
 
     Structure: same class, same parameter names, shapes and dtypes, same
     submodule classes. Returns ``(path, container)`` or None (capture whole).
     """
-    best: tuple[int, int, str, nn.Module] | None = None
-    for path, mod in model.named_modules():
-        if not isinstance(mod, (nn.ModuleList, nn.Sequential, nn.ModuleDict)) or len(mod) < at_least:
-            continue
-        children = list(mod.children())
-        sig = _signature(children[0])
-        if not sig[1] or any(_signature(c) != sig for c in children[1:]):
-            continue
-        size = sum(p.numel() for p in mod.parameters())
-        key = (size, -path.count("."), path, mod)
-        if best is None or key[:2] > best[:2]:
-            best = key
-    return (best[2], best[3]) if best else None
+    return _largest_stack(model, at_least, _alike)
 
 
 @dataclass(frozen=True)
@@ -237,23 +247,14 @@ def find_layers(model: nn.Module) -> LayerStack | None:
     identical neighbours; four: Llama 4's dense and MoE layers alternating, every fourth without rotary
     embedding), at least two repeats of it, the shortest period and then the first run on a tie; without one,
     nothing repeats."""
-    best: tuple[int, int, str, nn.Module] | None = None
-    for path, mod in model.named_modules():
-        if not isinstance(mod, (nn.ModuleList, nn.Sequential, nn.ModuleDict)) or len(mod) < 2:
-            continue
-        children = list(mod.children())
-        sigs = {_signature(c) for c in children}
-        alike = len(sigs) == 1 and next(iter(sigs))[1]
-        layers = (len({type(c) for c in children}) == 1 and all(any(True for _ in c.children()) for c in children)
-                  and all(any(True for _ in c.parameters()) for c in children))
-        if not alike and not layers:
-            continue
-        key = (sum(p.numel() for p in mod.parameters()), -path.count("."), path, mod)
-        if best is None or key[:2] > best[:2]:
-            best = key
-    if best is None:
+    def layers(children: list[nn.Module]) -> bool:
+        return _alike(children) or (len({type(c) for c in children}) == 1 and all(
+            any(True for _ in c.children()) and any(True for _ in c.parameters()) for c in children))
+
+    found = _largest_stack(model, 2, layers)
+    if found is None:
         return None
-    path, container = best[2], best[3]
+    path, container = found
     keys, sigs = list(container._modules), [_signature(c) for c in container._modules.values()]
     best_run = (0, 0, 1)  # (start, repeats, period)
     for period in range(1, len(sigs) // 2 + 1):

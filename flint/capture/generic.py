@@ -1,15 +1,17 @@
 """Capture any ``nn.Module`` (Hugging Face models, plain MLPs and CNNs) under a parallelize function.
 
 The model is parallelized as a training script would (``parallelize(model,
-mesh)``: :mod:`flint.capture.byom`), its layer stack and the run of identical
-layers in it are found (:func:`flint.capture.byom.find_layers`), and the step
-is captured as two parts: ``block`` (the run's first layer alone, on the
-inputs it receives in the model's own forward, repeated once per layer of the
-run) and ``model`` (the model's forward and loss with the run's layers
+mesh)``: :mod:`flint.capture.byom`), its layer stack and the run of a
+repeating pattern of layers in it are found
+(:func:`flint.capture.byom.find_layers`), and the step is captured as two
+parts: ``block`` (the run's first period alone, one layer or several, each on
+the inputs it receives in the model's own forward, repeated once per period of
+the run) and ``model`` (the model's forward and loss with the run's layers
 replaced by a pass-through, so it holds exactly the work outside them: the
-embedding, the head, and layers unlike the run's, such as DeepSeek-V3's dense
-first layers). A model without two alike neighbouring layers is captured whole
-as one part ``model``. After the backward, every parameter must have a gradient.
+embedding, the head, and layers outside the run, such as DeepSeek-V3's dense
+first layers). A model without a pattern that repeats at least twice is
+captured whole as one part ``model``. After the backward, every parameter
+must have a gradient.
 """
 
 from __future__ import annotations
@@ -300,7 +302,7 @@ def _capture_generic(model: nn.Module, dm, mesh, inputs: Mapping[str, InputSpec]
     names, var_kw = forward_parameters(model)
     targets = [n for n in inputs if n not in names and not var_kw]
     check_inputs(model, list(inputs), targets if loss != "auto" or targets else ())
-    stack = find_layers(model)  # the preset's parameter groups; its run of identical layers is repeated
+    stack = find_layers(model)  # the preset's parameter groups; its run of a repeating pattern is repeated
     run = stack.keys if stack is not None and repeat else ()
     blocks = stack.container if run else None
     before = {n: ParamInfo(n, tuple(p.shape), tuple(p.shape), p.dtype) for n, p in model.named_parameters()}
@@ -328,7 +330,7 @@ def _capture_generic(model: nn.Module, dm, mesh, inputs: Mapping[str, InputSpec]
     args = tuple(torch.zeros(local[k], dtype=input_dtype(k, spec, param_dtype), device="meta")
                  for k, spec in inputs.items())
     call = CallModel(model, list(inputs), targets, loss)
-    period = stack.keys[:stack.period] if run else ()  # the first period of the repeated layers
+    period = stack.keys[:stack.period] if run else ()  # the keys of the run's first period
     first = [blocks._modules[k] for k in period]  # as parallelize left them (AC-wrapped)
     recorded = _record_block_inputs(call, args, first) if blocks is not None else None
     root = _apply_groups(model, calls, infos)
@@ -353,11 +355,12 @@ def _capture_generic(model: nn.Module, dm, mesh, inputs: Mapping[str, InputSpec]
         kinds = ("activation",) + ("input",) * (len(tensors) - 1)
         # the period's layers as their data-parallel groups, if any
         block_call = _BlockCall([blocks._modules[k] for k in period], specs, consts)
-        part, _ = capture_part("block", block_call, tuple(tensors), kinds, len(run) // len(period), **kw)
+        part, _ = capture_part("block", block_call, tuple(tensors), kinds, len(run) // stack.period, **kw)
         _check_gradients(block_call, infos, "block")
-        saved = [(key, blocks._modules[key]) for key in run]  # the other layers run in the model part
+        # the run's layers pass their hidden state through in the model part; the layers outside it run there
+        saved = [(key, blocks._modules[key]) for key in run]
         for i, (key, _) in enumerate(saved):
-            blocks._modules[key] = _Skip(*out_specs[i % len(period)], blocks._modules[key])
+            blocks._modules[key] = _Skip(*out_specs[i % stack.period], blocks._modules[key])
         try:
             mpart, _ = capture_part("model", call, args, ("input",) * len(args), 1, **kw)
             _check_gradients(call, infos, "model")
