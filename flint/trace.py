@@ -48,7 +48,7 @@ Columns and units
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import IntEnum
 from typing import Sequence
 
@@ -256,3 +256,19 @@ class Trace:
     def __post_init__(self) -> None:
         if len(self.ranks) != self.world_size:
             raise ValueError(f"trace has {len(self.ranks)} rank programs for world size {self.world_size}")
+
+    def with_compute_scaled(self, factor: float, ranks: Sequence[int] | None = None) -> "Trace":
+        """A copy whose compute nodes take ``factor`` times as long on ``ranks`` (default: every rank).
+        A table several ranks share is scaled once and stays shared; the other tables are not copied.
+        ``ValueError`` if a compute node to scale has no duration."""
+        out = list(self.ranks)
+        scaled: dict[int, NodeTable] = {}
+        for r in range(self.world_size) if ranks is None else ranks:
+            t = out[r].table
+            if id(t) not in scaled:
+                comp = t.kind == NodeKind.COMP
+                if np.isnan(t.duration_us[comp]).any():
+                    raise ValueError("scaling compute durations needs a duration on every compute node")
+                scaled[id(t)] = replace(t, duration_us=np.where(comp, t.duration_us * factor, t.duration_us))
+            out[r] = RankProgram(scaled[id(t)], out[r].group_ids, out[r].peer_ranks)
+        return Trace(self.world_size, out, self.comm_groups)

@@ -575,7 +575,7 @@ class FusePointwisePass(ModulePass):
                 if o in in_kernel:
                     o.attributes[IN_KERNEL_ATTR] = UnitAttr()
             cls = REDUCTION if reduces else ELEMENTWISE
-            duration = device.compute_time_us(0, nbytes, cls) if nbytes or flops else device.kernel_floor_us
+            duration = device.compute_time_us(0, nbytes, cls)  # the kernel floor when it moves nothing
             # the kernel sits on the group's last computing member: a trailing view only aliases its result
             # (and would otherwise name the kernel in traces, e.g. a fused log-softmax backward as "aten.t");
             # an inlined op is not one: other kernels compute it too

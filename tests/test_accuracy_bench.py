@@ -203,3 +203,65 @@ def test_report_states_both_readings_of_an_unstated_micro_batch(tmp_path):
     # the unstated row: 20% as estimated, 5% at the other reading; all rows with it: mean(10, 5)
     assert "mean absolute error 20.0% (max 20.0%) as estimated, 5.0% (max 5.0%) at the other micro-batch" in text
     assert "all rows with that reading: 7.5% (max 10.0%)" in text
+
+
+def _compute_bound(acc, rid: str, device: str, true_fraction: float, compute_s: float = 1.0):
+    """A row whose iteration is all compute (``compute_s / f`` at sustained fraction f) and whose published
+    time is what Flint gives at ``true_fraction``."""
+    row = dict(ROW, id=rid, device=device, iteration_s=compute_s / true_fraction)
+    del row["tflops_per_gpu"]
+    r = acc.Result(row, "estimated", iteration_s=compute_s, resimulate=lambda f: compute_s / f)
+    r.iteration_at = {f: compute_s / f for f in acc.SUSTAINED_GRID}
+    return r
+
+
+def test_the_sustained_fraction_fit_recovers_a_uniform_slowdown():
+    acc = _bench()
+    rows = [_compute_bound(acc, f"R{i}", "h100-sxm", 0.85, compute_s=c) for i, c in enumerate((0.5, 2.0, 7.0))]
+    assert acc.fit_sustained(rows) == pytest.approx(0.85)
+    assert all(acc.iteration_at(r, 0.85) == pytest.approx(r.row["iteration_s"]) for r in rows)
+    assert acc.fit_sustained([_compute_bound(acc, "F", "h100-sxm", 1.25)]) == 1.0  # never above the calibration
+    # two rows disagreeing: any factor between them minimises the summed error; ties keep the larger
+    f = acc.fit_sustained([_compute_bound(acc, "A", "h100-sxm", 0.8), _compute_bound(acc, "B", "h100-sxm", 0.9)])
+    assert 0.8 <= f <= 0.9
+    with pytest.raises(ValueError, match="outside the simulated"):
+        acc.iteration_at(rows[0], 0.5)
+
+
+def test_leave_one_out_never_fits_a_row_or_its_configuration_to_itself():
+    """Each row's factor is fitted on the OTHER configurations of its device: both rows of one
+    Korthikanti model (S1-full, S1-sel+SP) are held out together; other devices' rows never count."""
+    acc = _bench()
+    pair = [_compute_bound(acc, "S1-full", "a100-80gb", 0.8), _compute_bound(acc, "S1-sel+SP", "a100-80gb", 0.8)]
+    others = [_compute_bound(acc, "S2-full", "a100-80gb", 0.95), _compute_bound(acc, "S3-full", "a100-80gb", 0.95)]
+    alone = _compute_bound(acc, "M1", "h100-sxm", 0.7)
+    results = pair + others + [alone, acc.Result(dict(ROW, id="X"), "failed", "boom")]
+    acc.leave_one_out(results)
+    for r in pair:  # fitted on S2 and S3 only: their 0.95, so the pair is still estimated too fast
+        assert r.loo_fraction == pytest.approx(0.95)
+        assert r.loo_error == pytest.approx(r.error_at(1 / 0.95)) and r.loo_error > 0.15
+    assert others[0].loo_fraction < 0.95  # fitted on S1 (x2, at 0.8) and S3 (0.95)
+    assert math.isnan(alone.loo_fraction) and math.isnan(alone.loo_error)  # no other H100 configuration
+    fits = acc.device_fits(results)
+    assert [(f.device, len(f.rows)) for f in fits] == [("a100-80gb", 4), ("h100-sxm", 1)]
+    assert fits[1].fraction == pytest.approx(0.7) and fits[1].errors["M1"] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_the_fitted_calibration_file_loads_as_a_calibration_override(tmp_path):
+    from flint.cost import load_device
+
+    acc = _bench()
+    rows = [_compute_bound(acc, f"S{i}-full", "a100-80gb", 0.9) for i in range(3)]
+    acc.leave_one_out(rows)
+    (fit,) = acc.device_fits(rows)
+    path = tmp_path / "a100-80gb.toml"
+    path.write_text(acc.fitted_toml(fit, "bench"))
+    text = path.read_text()
+    assert "FITTED, not sourced" in text and "S0-full, S1-full, S2-full" in text
+    assert "leave-one-configuration-out" in text
+    dev = load_device("a100-80gb", calibration=path)
+    assert dev.calibration.sustained_fraction == pytest.approx(0.9)
+    acc.write_report(rows, tmp_path, fits=[fit])
+    report = (tmp_path / "accuracy.md").read_text()
+    assert "## A fitted factor per device, tested leave-one-out" in report
+    assert "leave-one-configuration-out: **mean absolute error 0.0%, max 0.0%** over 3 rows" in report

@@ -256,3 +256,34 @@ def test_bad_device_numbers_are_errors():
         device_from_dict({**base, "peak_tflops_bf16": 0.0})
     with pytest.raises(FlintError, match=r"sm_count = 1.5 must be a positive integer"):
         device_from_dict({**base, "sm_count": 1.5})
+
+
+def test_sustained_fraction_divides_every_compute_kernels_time(tmp_path):
+    slow = H100.calibrated({"sustained_fraction": 0.8})
+    assert H100.calibration.sustained_fraction == 1.0  # the presets leave it out: no source measures it
+    assert mm(4096, 4096, 4096, slow) == pytest.approx(mm(4096, 4096, 4096) / 0.8)  # GEMM model
+    sdpa = op_cost("aten._scaled_dot_product_flash_attention.default", [(1, 16, 2048, 128)] * 3, "bf16",
+                   [(1, 16, 2048, 128)], "bf16", {"is_causal": True})
+    assert sdpa.attention_seq is not None  # the attention model prices it
+    assert slow.op_time_us(sdpa) == pytest.approx(H100.op_time_us(sdpa) / 0.8)
+    assert slow.compute_time_us(0, 1e9, "elementwise") == pytest.approx(
+        H100.compute_time_us(0, 1e9, "elementwise") / 0.8)
+    assert slow.compute_time_us(0, 0, "elementwise") == pytest.approx(3.0 / 0.8)  # the kernel floor too
+    assert slow.compute_time_us_array([0.0, 1e12], [1e9, 0.0])[1] == pytest.approx(
+        H100.compute_time_us_array([0.0, 1e12], [1e9, 0.0])[1] / 0.8)
+    p = tmp_path / "dev.toml"
+    p.write_text(slow.to_toml())
+    assert load_device(p).calibration.sustained_fraction == 0.8  # round-trips
+
+
+@pytest.mark.parametrize("value, message", [
+    (0.0, r"sustained_fraction = 0.0 is out of range \(valid: 0 < sustained_fraction <= 1 \(fraction of the "
+          r"calibrated kernel rates\)\)"),
+    (1.2, r"sustained_fraction = 1.2 is out of range"),
+    ("0.9", r"sustained_fraction = '0.9' must be a number"),
+])
+def test_out_of_range_sustained_fraction_names_key_and_range(value, message):
+    with pytest.raises(FlintError, match=message):
+        parse_calibration({**COMPLETE, "sustained_fraction": value}, "cal.toml")
+    with pytest.raises(FlintError, match=message):
+        load_device("h100-sxm", calibration={"sustained_fraction": value})

@@ -78,7 +78,12 @@ def test_calibration_slows_compute(step_ir, tmp_path, capsys):
     # 10 kernels per rank (mm, relu; threshold_backward, 2 mm per backward) at the 40 us floor.
     assert slow["compute_time_us"]["mean"] == pytest.approx(10 * 40.0)
     assert base["compute_time_us"]["mean"] < slow["compute_time_us"]["mean"]
-    assert "(calibrated)" in slow["compute_durations"]
+    assert "(calibrated)" in slow["compute_durations"] and "sustained_fraction" not in slow["compute_durations"]
+    cal.write_text("sustained_fraction = 0.5\n")  # a fitted factor: every kernel twice as long, and said so
+    half = json.loads(run(estimate_main, [step_ir, "--network", "ring", "--json", "--calibration", cal], capsys)[1])
+    assert half["compute_time_us"]["mean"] == pytest.approx(2 * base["compute_time_us"]["mean"], rel=1e-5)
+    assert "every kernel at 0.5 of its calibrated rate (the calibration's sustained_fraction)" \
+        in half["compute_durations"]
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -13,6 +13,7 @@ from flint.cost import load_device, load_network
 from flint.ir import flint_context
 from flint.passes.lower_to_chakra import LowerToChakraPass
 from flint.sim import simulate
+from flint.trace import NodeKind
 
 LIT = Path(__file__).resolve().parents[1] / "lit_tests" / "passes"
 
@@ -55,3 +56,31 @@ def test_lowering_a_written_ir_does_not_import_the_capture_stack():
             "assert not heavy, heavy\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_a_sustained_fraction_scales_every_compute_node_as_the_trace_scaling_does(tmp_path):
+    """Lowering on a calibration with ``sustained_fraction = f`` gives the trace lowered on the preset with
+    every compute node's duration / f (``Trace.with_compute_scaled``, which bench/accuracy.py uses to
+    simulate a row at several factors without lowering it again), and the same simulated iteration."""
+    from captures import imported
+
+    _, module = imported("llama-tiny", "fsdp", 4)
+    dev = tmp_path / "slow.toml"
+    dev.write_text(load_device("h100-sxm", {"sustained_fraction": 0.8}).to_toml())
+    traces = {}
+    for device in ("h100-sxm", str(dev)):
+        m = module.clone()
+        LowerToChakraPass(device=device).apply(Context(), m)
+        traces[device] = trace_from_ir(m)
+    scaled = traces["h100-sxm"].with_compute_scaled(1 / 0.8)
+    a, b = traces[str(dev)].ranks[0].table, scaled.ranks[0].table
+    comp = a.kind == NodeKind.COMP
+    assert comp.any() and (a.kind == b.kind).all()
+    assert b.duration_us == pytest.approx(a.duration_us, abs=2e-6, nan_ok=True)  # durations are rounded to 1e-6 us
+    network, mesh = load_network("dgx-h100"), mesh_of(module)
+    runs = [simulate(t, load_device("h100-sxm"), network, mesh) for t in (traces[str(dev)], scaled,
+                                                                          traces["h100-sxm"])]
+    assert runs[0].iteration_time_us == pytest.approx(runs[1].iteration_time_us, rel=1e-6)
+    assert runs[0].iteration_time_us > runs[2].iteration_time_us
+    assert scaled.ranks[0].table is not traces["h100-sxm"].ranks[0].table  # the original is untouched
+    assert traces["h100-sxm"].ranks[0].table.duration_us[comp] == pytest.approx(a.duration_us[comp] * 0.8, abs=2e-6)

@@ -8,6 +8,12 @@ never fitted to a workload. Schema (``[table] key``: valid range)::
     kernel_floor_us                 0 <= x <= 1000   shortest kernel, launch gap included (us)
     comm_sms                        0 <= x <= 1024   SMs one NCCL collective kernel holds while in flight
                                                      (optional; 0 or absent: compute never shares SMs)
+    sustained_fraction              0 < x <= 1       share of the calibrated kernel rates a long training
+                                                     run sustains: every compute kernel's time is divided
+                                                     by it (optional; absent: 1). The presets leave it out
+                                                     (no source measures it); a value fitted on published
+                                                     runs of the device is in calibration/fitted/<device>.toml
+                                                     (bench/accuracy.py: its data and leave-one-out test)
     [gemm]  peak_fraction           0 < x <= 1       MAMF / dense peak (bf16 / fp16 / tf32): the ceiling
             mainloop_fraction       0 < x <= 1       one SM's main-loop throughput / its share of the peak
                                                      (>= peak_fraction)
@@ -56,6 +62,7 @@ _CLASSES = set(COST_CLASSES) | {"default"}
 _SCALARS: dict[tuple[str, str], tuple[float, float, bool, type, str]] = {
     ("", "kernel_floor_us"): (0.0, 1000.0, True, float, "us"),
     ("", "comm_sms"): (0, MAX_SMS, True, int, "SMs"),
+    ("", "sustained_fraction"): (0.0, 1.0, False, float, "fraction of the calibrated kernel rates"),
     ("gemm", "peak_fraction"): (0.0, 1.0, False, float, "fraction of the dense peak"),
     ("gemm", "fp8_peak_fraction"): (0.0, 1.0, False, float, "fraction of the dense fp8 peak"),
     ("gemm", "mainloop_fraction"): (0.0, 1.0, False, float, "fraction of the per-SM dense peak"),
@@ -76,8 +83,8 @@ _TABLE_KEYS = {"gemm": ("peak_fraction", "fp8_peak_fraction", "mainloop_fraction
                "attention": ("fwd_fraction", "bwd_fraction", "seq_half", "dropout_overhead"),
                "cudnn_attention": ("fwd_fraction", "bwd_fraction", "seq_half", "dropout_overhead")}
 _OPTIONAL_KEYS = {"fp8_peak_fraction", "dropout_overhead"}  # a new table may leave them out
-TOP_KEYS = {"device", "description", "kernel_floor_us", "comm_sms", "gemm", "attention", "cudnn_attention",
-            "compute_efficiency", "memory_efficiency"}
+TOP_KEYS = {"device", "description", "kernel_floor_us", "comm_sms", "sustained_fraction", "gemm", "attention",
+            "cudnn_attention", "compute_efficiency", "memory_efficiency"}
 
 
 @dataclass(frozen=True)
@@ -92,6 +99,7 @@ class Calibration:
     attention: AttentionModel | None = None
     comm_sms: int = 0  # SMs a collective kernel holds while in flight (the simulator slows compute meanwhile)
     cudnn_attention: AttentionModel | None = None  # cuDNN's fused attention (optional)
+    sustained_fraction: float = 1.0  # share of these kernel rates a long run sustains (compute times / it)
     source: str = field(default="", compare=False)
 
     def to_toml(self) -> str:
@@ -99,6 +107,8 @@ class Calibration:
         lines = [f"kernel_floor_us = {float(self.kernel_floor_us)!r}"]
         if self.comm_sms:
             lines.append(f"comm_sms = {self.comm_sms}")
+        if self.sustained_fraction != 1.0:
+            lines.append(f"sustained_fraction = {float(self.sustained_fraction)!r}")
         if self.gemm is not None:
             g = self.gemm
             tiles = ", ".join(f"[{tm}, {tn}, {float(rel)!r}]" for tm, tn, rel in g.tiles)
@@ -221,7 +231,13 @@ def parse_calibration(data: Mapping[str, Any], where: str, *, needs_fp8: bool = 
         effs[table] = e
     cal = _build(floor, tables["gemm"], tables["attention"], effs["compute_efficiency"], effs["memory_efficiency"],
                  where, tables["cudnn_attention"])
-    return replace(cal, comm_sms=_scalar(where, "", "comm_sms", data["comm_sms"])) if "comm_sms" in data else cal
+    return replace(cal, comm_sms=_top(where, data, "comm_sms", 0),
+                   sustained_fraction=_top(where, data, "sustained_fraction", 1.0))
+
+
+def _top(where: str, data: Mapping[str, Any], key: str, default: float | int) -> float | int:
+    """An optional top-level key, range-checked, or ``default``."""
+    return _scalar(where, "", key, data[key]) if key in data else default
 
 
 def _build(floor, g, a, ce, me, where, cudnn=None) -> Calibration:
@@ -271,8 +287,9 @@ def merge_calibration(base: Calibration, data: Mapping[str, Any], where: str) ->
     ce.update(_efficiency_table(where, "compute_efficiency", data.get("compute_efficiency", {})))
     me = dict(base.memory_efficiency)
     me.update(_efficiency_table(where, "memory_efficiency", data.get("memory_efficiency", {})))
-    sms = _scalar(where, "", "comm_sms", data["comm_sms"]) if "comm_sms" in data else base.comm_sms
-    return replace(_build(floor, g, a, ce, me, where, c), comm_sms=sms, source=f"{base.source} + {where}")
+    return replace(_build(floor, g, a, ce, me, where, c), comm_sms=_top(where, data, "comm_sms", base.comm_sms),
+                   sustained_fraction=_top(where, data, "sustained_fraction", base.sustained_fraction),
+                   source=f"{base.source} + {where}")
 
 
 def read_toml(path: str | Path, what: str) -> dict[str, Any]:

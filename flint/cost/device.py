@@ -12,7 +12,7 @@ Device keys, all with units in their names::
     sm_count                                          streaming multiprocessors / compute units
     power_limit_w                                     board power limit the peaks and calibration assume
     calibration                                       a shipped calibration name or a .toml path
-    kernel_floor_us, comm_sms, [compute_efficiency], [memory_efficiency], [gemm], [attention]
+    kernel_floor_us, comm_sms, sustained_fraction, [compute_efficiency], [memory_efficiency], [gemm], [attention]
                                                       inline calibration (a custom device without a file)
 
 A device without ``calibration`` and without ``[gemm]`` uses the plain
@@ -24,7 +24,11 @@ FLOPs and bytes)::
 
     duration_us = max(flops / (peak(dtype) * compute_eff[class]),
                       bytes / (hbm_bandwidth * memory_eff[class]),
-                      kernel_floor_us)
+                      kernel_floor_us) / sustained_fraction
+
+Every compute kernel's time, by any of the models below, is divided by the calibration's
+``sustained_fraction`` (1 unless a calibration sets it: the share of the calibrated rates a long
+training run sustains; :mod:`flint.cost.calibration`).
 
 :meth:`Device.op_time_us` prices an op from its shape when the calibration
 has a GEMM or attention model (:mod:`flint.cost.compute`; GEMMs in the
@@ -62,8 +66,8 @@ DEVICES_DIR = Path(__file__).resolve().parent.parent / "devices"
 _PEAK_KEY = {"f64": "fp64", "f32": "fp32", "tf32": "tf32", "bf16": "bf16", "f16": "fp16",
              "f8e4m3fn": "fp8", "f8e5m2": "fp8", "f8e4m3fnuz": "fp8", "f8e5m2fnuz": "fp8"}
 _TENSOR_CORE = {"bf16", "fp16", "tf32", "fp8"}  # dtypes whose GEMMs run on tiled matrix units
-_CAL_KEYS = {"kernel_floor_us", "comm_sms", "compute_efficiency", "memory_efficiency", "gemm", "attention",
-             "cudnn_attention"}
+_CAL_KEYS = {"kernel_floor_us", "comm_sms", "sustained_fraction", "compute_efficiency", "memory_efficiency", "gemm",
+             "attention", "cudnn_attention"}
 _TOP_KEYS = {"name", "description", "hbm_capacity_gib", "hbm_bandwidth_gbytes_per_s", "sm_count", "power_limit_w",
              "calibration"} | _CAL_KEYS | {f"peak_tflops_{k}" for k in set(_PEAK_KEY.values())}
 
@@ -146,7 +150,7 @@ class Device:
             return 0.0
         t_flops = flops / (self.peak_flops_per_s(dtype) * self.compute_eff(op_class)) * 1e6
         t_bytes = nbytes / (self.hbm_bandwidth_gbytes_per_s * 1e9 * self.memory_eff(op_class)) * 1e6
-        return max(t_flops, t_bytes, self.kernel_floor_us)
+        return max(t_flops, t_bytes, self.kernel_floor_us) / self.calibration.sustained_fraction
 
     def compute_time_us_array(self, flops: np.ndarray, nbytes: np.ndarray, op_class: str = GEMM,
                               dtype: object = "bf16") -> np.ndarray:
@@ -155,7 +159,7 @@ class Device:
         b = np.maximum(np.asarray(nbytes, dtype=np.float64), 0.0)
         t_flops = f / (self.peak_flops_per_s(dtype) * self.compute_eff(op_class)) * 1e6
         t_bytes = b / (self.hbm_bandwidth_gbytes_per_s * 1e9 * self.memory_eff(op_class)) * 1e6
-        return np.maximum(np.maximum(t_flops, t_bytes), self.kernel_floor_us)
+        return np.maximum(np.maximum(t_flops, t_bytes), self.kernel_floor_us) / self.calibration.sustained_fraction
 
     def op_time_us(self, cost: "OpCost", dtype: object = "bf16") -> float:
         """Duration of one op from its :class:`~flint.cost.OpCost`: the shape models where the
@@ -175,7 +179,7 @@ class Device:
                                mainloop_fraction=cal.gemm_fp8_peak_fraction)
             bytes_per_us = self.hbm_bandwidth_gbytes_per_s * 1e3 * self.memory_eff(GEMM)
             t = gemm.time_us(cost.gemm_dims, cost.bytes, self.peak_flops_per_s(dtype), self.sm_count, bytes_per_us)
-            return max(t, self.kernel_floor_us)
+            return max(t, self.kernel_floor_us) / cal.sustained_fraction
         model = cal.attention
         if cost.attention_kernel == "cudnn" and cls == ATTENTION:
             model = cal.cudnn_attention
@@ -187,7 +191,7 @@ class Device:
             seq_k, backward = cost.attention_seq
             t = model.time_us(flops, seq_k, backward, self.peak_flops_per_s(dtype), cost.attention_dropout)
             t_bytes = cost.bytes / (self.hbm_bandwidth_gbytes_per_s * 1e3 * self.memory_eff(ATTENTION))
-            return max(t, t_bytes, self.kernel_floor_us)
+            return max(t, t_bytes, self.kernel_floor_us) / cal.sustained_fraction
         return self.compute_time_us(flops, cost.bytes, cls, dtype)
 
     def calibrated(self, calibration: Mapping[str, Any] | str | Path) -> "Device":

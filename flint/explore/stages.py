@@ -44,7 +44,6 @@ torch or the fake process group reaches the next one.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 import traceback
@@ -397,26 +396,13 @@ def _check_ranks(axis: str, ranks, world: int) -> None:
 
 def system_stage(lowered: Lowered, system: System):
     """The trace with straggler ranks' compute durations multiplied by the slowdown (shared tables untouched)."""
-    import numpy as np
-
-    from flint.trace import NodeKind, RankProgram, Trace
-
     trace = lowered.trace
     if not system.straggler_ranks or system.slowdown == 1.0:
         return trace
-    ranks = list(trace.ranks)
-    slowed: dict[int, Any] = {}
-    for r in system.straggler_ranks:
-        prog = ranks[r]
-        t = prog.table
-        if id(t) not in slowed:
-            comp = t.kind == NodeKind.COMP
-            if np.isnan(t.duration_us[comp]).any():
-                raise FlintError("a straggler needs compute durations on every compute node")
-            dur = np.where(comp, t.duration_us * system.slowdown, t.duration_us)
-            slowed[id(t)] = dataclasses.replace(t, duration_us=dur)
-        ranks[r] = RankProgram(slowed[id(t)], prog.group_ids, prog.peer_ranks)
-    return Trace(trace.world_size, ranks, trace.comm_groups)
+    try:
+        return trace.with_compute_scaled(system.slowdown, system.straggler_ranks)
+    except ValueError:
+        raise FlintError("a straggler needs compute durations on every compute node") from None
 
 
 def estimate_stage(lowered: Lowered, system: System, workload: Workload) -> dict[str, Any]:

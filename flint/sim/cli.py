@@ -183,6 +183,10 @@ def _load_ir_input(path: str, device_name: str, calibration: str | None, want_me
             if tmp:
                 os.unlink(tmp)
         durations = f"roofline on {device_name}" + (" (calibrated)" if calibration else "")
+        sustained = load_device(device_name, calibration).calibration.sustained_fraction
+        if sustained != 1.0:  # a fitted factor (flint/devices/calibration/fitted/): say so beside the figures
+            durations += f", every kernel at {sustained:g} of its calibrated rate " \
+                         "(the calibration's sustained_fraction)"
     mesh = mesh_of(module)
     trace = trace_from_ir(module)
     require_sound(trace, path, "emit the step and run `flint inspect` for the full list")
