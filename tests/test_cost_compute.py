@@ -6,7 +6,8 @@ from dataclasses import replace
 import pytest
 
 from flint.cost import load_device, op_cost
-from flint.cost.calibration import list_calibrations, load_calibration, parse_calibration
+from flint.cost.calibration import (list_calibrations, list_overrides, load_calibration, parse_calibration,
+                                    shipped_override)
 from flint.cost.compute import AttentionModel, GemmModel
 from flint.cost.device import device_from_dict, list_devices
 from flint.cost.flops import gemm_dims
@@ -287,3 +288,20 @@ def test_out_of_range_sustained_fraction_names_key_and_range(value, message):
         parse_calibration({**COMPLETE, "sustained_fraction": value}, "cal.toml")
     with pytest.raises(FlintError, match=message):
         load_device("h100-sxm", calibration={"sustained_fraction": value})
+
+
+def test_the_shipped_fitted_calibrations_load_by_name_and_say_they_are_fitted():
+    """flint/devices/calibration/fitted/<device>.toml (bench/accuracy.py writes them): each loads onto its
+    device by name, as `--calibration fitted/<device>`, sets only the sustained fraction, and says it is
+    fitted and on which rows."""
+    assert list_overrides() == ["fitted/a100-80gb", "fitted/h100-sxm"]  # the devices with public rows
+    for name in list_overrides():
+        device = name.split("/")[1]
+        dev = load_device(device, calibration=name)
+        assert 0.5 < dev.calibration.sustained_fraction < 1.0
+        assert replace(dev.calibration, sustained_fraction=1.0) == load_device(device).calibration
+        text = shipped_override(name).read_text()
+        assert text.startswith("# FITTED, not sourced") and "leave-one-configuration-out" in text
+    with pytest.raises(FlintError, match=r"calibration file 'fitted/h200' does not exist \(or name a shipped "
+                                         r"one: fitted/a100-80gb, fitted/h100-sxm\)"):
+        load_device("h200", calibration="fitted/h200")

@@ -95,6 +95,24 @@ def test_bad_space_names_the_axis(tmp_path, edit, where):
         load_space(_write(tmp_path, BASE.replace(*edit)))
 
 
+def test_calibration_axis_resolves_names_and_paths_and_names_what_is_wrong(tmp_path):
+    """``system.calibration``: "" (the device's own), a shipped override by name, or a TOML path taken
+    from the space file's directory; every value is loaded onto every device when the space is read."""
+    (tmp_path / "cals").mkdir()
+    (tmp_path / "cals" / "slow.toml").write_text("sustained_fraction = 0.5\n")
+    sp = load_space(_write(tmp_path, BASE.replace('network = "switch"', 'network = "switch"\n'
+                                                  'calibration = ["", "fitted/h100-sxm", "cals/slow.toml"]')))
+    assert sp.axis("system.calibration").values == ("", "fitted/h100-sxm", str((tmp_path / "cals" / "slow.toml")))
+    assert "system.calibration" not in {a.name for a in load_space(_write(tmp_path, BASE)).axes}  # optional
+    (tmp_path / "cals" / "bad.toml").write_text("sustained_fraction = 1.5\n")
+    for value, message in (("cals/bad.toml", r"system\.calibration: .*bad\.toml: sustained_fraction = 1\.5 is out "
+                                              r"of range \(valid: 0 < sustained_fraction <= 1"),
+                           ("fitted/h200", r"system\.calibration: calibration file '.*fitted/h200' does not exist")):
+        text = BASE.replace('network = "switch"', f'network = "switch"\ncalibration = "{value}"')
+        with pytest.raises(SpaceError, match=message):
+            load_space(_write(tmp_path, text))
+
+
 HF_MODELS = Path(__file__).parent / "data" / "byom" / "hf_models.py"  # defines example_inputs() (the CNN's)
 
 LLAMA_FILE = """
@@ -535,6 +553,18 @@ def test_explore_estimate_equals_flint_estimate(tmp_path, cache, capsys):
     # the default pipeline overlaps the FSDP gathers the captured order exposes
     for path in ("planned", "captured"):
         assert rows[(path, "default")]["outputs"]["exposed_comm_us"] < rows[(path, "")]["outputs"]["exposed_comm_us"]
+    # a calibration axis: each point lowered on its calibrated device, as `flint estimate --calibration`
+    text = BASE.split("[system]")[0] + '[system]\nnetwork = "switch"\ncalibration = ["", "fitted/h100-sxm"]\n'
+    out = tmp_path / "out-cal"
+    assert explore_main([_write(tmp_path, text, "cal.toml").as_posix(), "--out", str(out), "--cache", str(cache),
+                         "--no-progress", "--no-report"]) == 0
+    capsys.readouterr()
+    cal = {r["inputs"]["system.calibration"]: r["outputs"] for r in _rows(out / "results.db")}
+    assert cal[""]["iteration_time_us"] == rows[("planned", "default")]["outputs"]["iteration_time_us"]
+    assert main(["estimate", str(expanded), "--network", "switch", "--json", "--calibration", "fitted/h100-sxm"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert cal["fitted/h100-sxm"]["iteration_time_us"] == pytest.approx(rep["iteration_time_us"], rel=1e-12)
+    assert cal["fitted/h100-sxm"]["iteration_time_us"] > cal[""]["iteration_time_us"]
     # a plan expansion refuses: the point takes the captured path and says why (the capture is cached by now)
     from flint.explore import stages
 

@@ -307,6 +307,19 @@ def read_toml(path: str | Path, what: str) -> dict[str, Any]:
         raise FlintError(f"cannot read {what} file '{path}': {e.strerror}") from None
 
 
+def shipped_override(name: str | Path) -> Path | None:
+    """The shipped ``--calibration`` override a name stands for (``"fitted/h100-sxm"``:
+    ``flint/devices/calibration/fitted/h100-sxm.toml``), or ``None`` for a file path or an unknown name."""
+    s = str(name)
+    p = CALIBRATION_DIR / f"{s}.toml"
+    return p if s and not s.endswith(".toml") and not Path(s).is_file() and p.is_file() else None
+
+
+def list_overrides() -> list[str]:
+    """Names of the shipped ``--calibration`` overrides (the fitted ones: ``fitted/<device>``)."""
+    return sorted(f"fitted/{p.stem}" for p in (CALIBRATION_DIR / "fitted").glob("*.toml"))
+
+
 def list_calibrations() -> list[str]:
     """Names of the calibrations shipped in ``flint/devices/calibration``."""
     return sorted(p.stem for p in CALIBRATION_DIR.glob("*.toml"))

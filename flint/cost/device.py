@@ -47,13 +47,17 @@ reduce-scatter, ``micro-pipeline-tp{sms=16}``) adds its own count.
 from __future__ import annotations
 
 import json
+import os
+import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 import numpy as np
 
-from flint.cost.calibration import Calibration, load_calibration, merge_calibration, parse_calibration, read_toml
+from flint.cost.calibration import (Calibration, list_overrides, load_calibration, merge_calibration,
+                                    parse_calibration, read_toml, shipped_override)
 from flint.cost.dtypes import canonical_dtype
 from flint.cost.opclass import ATTENTION, GEMM, VIEW
 from flint.errors import FlintError
@@ -195,11 +199,17 @@ class Device:
         return self.compute_time_us(flops, cost.bytes, cls, dtype)
 
     def calibrated(self, calibration: Mapping[str, Any] | str | Path) -> "Device":
-        """A copy with ``calibration``'s keys overriding the device's calibration (each range-checked)."""
+        """A copy with ``calibration``'s keys overriding the device's calibration (each range-checked):
+        a dict, a TOML path, or a shipped override by name (``"fitted/h100-sxm"``: the file
+        ``flint/devices/calibration/fitted/h100-sxm.toml``)."""
         if isinstance(calibration, Mapping):
             data, where = dict(calibration), "calibration"
         else:
-            data, where = read_toml(calibration, "calibration"), str(calibration)
+            path = shipped_override(calibration) or Path(calibration)
+            if not path.is_file():
+                raise FlintError(f"calibration file '{calibration}' does not exist (or name a shipped one: "
+                                 f"{', '.join(list_overrides())})")
+            data, where = read_toml(path, "calibration"), str(path)
         data.pop("device", None)
         data.pop("description", None)
         return replace(self, calibration=merge_calibration(self.calibration, data, where))
@@ -215,6 +225,23 @@ class Device:
             lines.append(f"power_limit_w = {float(self.power_limit_w)!r}")
         lines += [f"peak_tflops_{k} = {float(v)!r}" for k, v in sorted(self.peak_tflops.items())]
         return "\n".join(lines) + "\n" + self.calibration.to_toml()
+
+
+@contextmanager
+def device_argument(device_name: str, calibration: Mapping[str, Any] | str | Path | None = None) -> Iterator[str]:
+    """What a pass's ``device`` option takes (a preset name or a TOML path): ``device_name`` itself, or
+    with ``calibration`` a temporary TOML of the calibrated device, removed on exit."""
+    if calibration is None:
+        yield device_name
+        return
+    text = load_device(device_name, calibration).to_toml()
+    fd, tmp = tempfile.mkstemp(prefix="flint-device-", suffix=".toml")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        yield tmp
+    finally:
+        os.unlink(tmp)
 
 
 def list_devices() -> list[str]:

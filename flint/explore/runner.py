@@ -134,7 +134,7 @@ def _chunks(items: list[tuple[str, dict]], jobs: int, size: int = 24) -> list[li
     groups: dict[tuple, list] = defaultdict(list)
     for pid, p in items:
         try:
-            key = (Workload.of(p).key, p.get("workload.passes", ""), p["system.device"])
+            key = (Workload.of(p).key, p.get("workload.passes", ""), p["system.device"], p.get("system.calibration"))
         except FlintError:
             key = ("invalid",)
         groups[key].append((pid, p))

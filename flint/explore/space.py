@@ -31,6 +31,8 @@ A space file is TOML::
     device = ["h100-sxm", "b200"]
     network = "dgx-h100"
     algorithm = "ring"
+    calibration = ["", "fitted/h100-sxm"]    # optional: "" the device's own; a --calibration override
+                                 # (a shipped one by name, or a TOML path relative to this file)
     [system.bandwidth_gbits_per_s]           # per network dimension
     ib = { start = 100, stop = 400, step = 100 }
     [system.latency_us]
@@ -91,7 +93,7 @@ WORKLOAD_KEYS = {"model": str, "layers": int, "global_batch": int, "seq_len": in
 WORKLOAD_DEFAULTS = {"layers": None, "dtype": "bfloat16", "passes": "default", "global_batch": None, "seq_len": 64,
                      "path": "planned"}
 PATHS = ("planned", "captured")
-SYSTEM_KEYS = {"device": str, "network": str, "algorithm": str}
+SYSTEM_KEYS = {"device": str, "network": str, "algorithm": str, "calibration": str}  # calibration: optional
 SYSTEM_DEFAULTS = {"device": "h100-sxm", "network": "dgx-h100", "algorithm": "ring"}
 PER_DIM = {"bandwidth_gbits_per_s": float, "latency_us": float}
 NIC_KEYS = {"ranks": list, "dim": str, "bandwidth_gbits_per_s": float}
@@ -351,7 +353,8 @@ def space_from_dict(data: Mapping[str, Any], src: str = "<space>") -> Space:
     for key, default in SYSTEM_DEFAULTS.items():
         if key not in sysd:
             axes.append(Axis(f"system.{key}", (default,)))
-    axes = [Axis(a.name, _model_files(src, a.values, wl)) if a.name == "workload.model" else a for a in axes]
+    axes = [Axis(a.name, _model_files(src, a.values, wl)) if a.name == "workload.model" else
+            Axis(a.name, _calibration_files(src, a.values)) if a.name == "system.calibration" else a for a in axes]
     _check_axis_values(src, axes)
 
     search = data.get("search", {})
@@ -449,6 +452,15 @@ def _model_files(src: str, values: tuple, workload: Mapping[str, Any]) -> tuple:
     return tuple(out)
 
 
+def _calibration_files(src: str, values: tuple) -> tuple:
+    """Calibration overrides: "" (the device's own), a shipped one by name (``fitted/h100-sxm``), or a TOML
+    path taken from the space file's directory (made absolute)."""
+    from flint.cost.calibration import shipped_override
+
+    base = Path(src).parent if Path(src).is_file() else Path.cwd()
+    return tuple(v if not v or shipped_override(v) else str((base / v).resolve()) for v in values)
+
+
 def _check_axis_values(src: str, axes: list[Axis]) -> None:
     """Values that can be checked without a point: presets exist, network dimensions exist, passes parse."""
     from flint.cost import load_device, load_network
@@ -459,6 +471,12 @@ def _check_axis_values(src: str, axes: list[Axis]) -> None:
             load_device(v)
         except FlintError as e:
             raise SpaceError(src, "system.device", str(e)) from None
+    for c in by["system.calibration"].values if "system.calibration" in by else ():
+        for v in by["system.device"].values if c else ():
+            try:
+                load_device(v, c)
+            except FlintError as e:
+                raise SpaceError(src, "system.calibration", str(e)) from None
     nets = []
     for v in by["system.network"].values:
         try:

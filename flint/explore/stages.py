@@ -337,11 +337,13 @@ class Lowered:
     passes: str = ""  # the pipeline that ran before lowering
 
 
-def lower_stage(module, device_name: str) -> Lowered:
-    """Peak memory from lifetimes, then ``canonicalize-dist`` + ``lower-to-chakra`` and SPMD expansion."""
+def lower_stage(module, device_name: str, calibration: str | None = None) -> Lowered:
+    """Peak memory from lifetimes, then ``canonicalize-dist`` + ``lower-to-chakra`` (on the device, with
+    ``calibration``'s overrides) and SPMD expansion."""
     from xdsl.context import Context
 
     from flint.chakra.from_ir import mesh_of, trace_from_ir
+    from flint.cost.device import device_argument
     from flint.passes.canonicalize_dist import CanonicalizeDistPass
     from flint.passes.lower_to_chakra import LowerToChakraPass
     from flint.sim.lifetimes import step_memory
@@ -352,7 +354,8 @@ def lower_stage(module, device_name: str) -> Lowered:
     memory = max((step_memory(module, None, role) for role in range(stage_roles(module))),
                  key=lambda m: m.report.peak_bytes)
     CanonicalizeDistPass().apply(Context(), module)
-    LowerToChakraPass(device=device_name).apply(Context(), module)
+    with device_argument(device_name, calibration) as device:
+        LowerToChakraPass(device=device).apply(Context(), module)
     return Lowered(trace_from_ir(module), mesh_of(module), memory, device_name)
 
 
@@ -370,7 +373,7 @@ class System:
     def of(point: Mapping[str, Any], world_size: int) -> "System":
         from flint.cost import load_device, load_network
 
-        device = load_device(point["system.device"])
+        device = load_device(point["system.device"], point.get("system.calibration") or None)
         net = load_network(point["system.network"])
         for key, value in sorted(point.items()):
             parts = key.split(".")
@@ -516,12 +519,13 @@ class Evaluator:
             workload = Workload.of(point)
             prog, fresh = self.program(workload)
             hit = prog.hit
-            lkey = (prog.key, workload.passes, point["system.device"])
+            calibration = point.get("system.calibration") or None
+            lkey = (prog.key, workload.passes, point["system.device"], calibration)
             lowered = self._lowered.get(lkey)
             if lowered is None:
                 module = fresh()
                 ran = passes_stage(module, workload.passes)
-                lowered = lower_stage(module, point["system.device"])
+                lowered = lower_stage(module, point["system.device"], calibration)
                 lowered.passes = ran
                 self._remember(self._lowered, lkey, lowered, self.max_lowered)
             system = System.of(point, lowered.trace.world_size)

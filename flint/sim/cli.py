@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -62,11 +61,6 @@ class Loaded:
     passes: str | None = None  # the pass pipeline run on step IR ("" none; None: not IR)
     attention: str | None = None  # which attention rates priced the IR's fused attention ops (None: none)
     breakdown: object | None = None  # step IR: the compute kernels by op class (flint.sim.breakdown)
-
-
-def _device_toml(device) -> str:
-    """A device as TOML (for passes that take a preset name or a path)."""
-    return device.to_toml()
 
 
 def _parse_algorithm(text: str):
@@ -125,6 +119,7 @@ def _load_ir_input(path: str, device_name: str, calibration: str | None, want_me
     from flint.chakra.from_ir import mesh_of, trace_from_ir
     from flint.chakra.to_ir import WORLD_ATTR, trace_from_concrete_ir
     from flint.cost import load_device
+    from flint.cost.device import device_argument
     from flint.passes.canonicalize_dist import CanonicalizeDistPass
     from flint.passes.lower_to_chakra import LowerToChakraPass
     from flint.ir.parse import load_ir
@@ -164,24 +159,15 @@ def _load_ir_input(path: str, device_name: str, calibration: str | None, want_me
             per_role = [step_memory(module, cap, role) for role in range(stage_roles(module))]
             memory = max(per_role, key=lambda m: m.report.peak_bytes)  # the pipeline rank that needs most
             stage_peaks = [m.report.peak_bytes for m in per_role]
-        device_arg = device_name
-        tmp = None
-        if calibration is not None:
-            fd, tmp = tempfile.mkstemp(prefix="flint-device-", suffix=".toml")
-            with os.fdopen(fd, "w") as f:
-                f.write(_device_toml(load_device(device_name, calibration)))
-            device_arg = tmp
         try:
-            CanonicalizeDistPass().apply(Context(), module)
-            LowerToChakraPass(device=device_arg, grad_wait=grad_wait or GRAD_WAIT[0], class_times=True).apply(
-                Context(), module)
+            with device_argument(device_name, calibration) as device_arg:
+                CanonicalizeDistPass().apply(Context(), module)
+                LowerToChakraPass(device=device_arg, grad_wait=grad_wait or GRAD_WAIT[0], class_times=True).apply(
+                    Context(), module)
             module.verify()
             breakdown = compute_breakdown(module)
         except VerifyException as e:
             raise FlintError(f"{path}: error: {str(e).splitlines()[0]}") from None
-        finally:
-            if tmp:
-                os.unlink(tmp)
         durations = f"roofline on {device_name}" + (" (calibrated)" if calibration else "")
         sustained = load_device(device_name, calibration).calibration.sustained_fraction
         if sustained != 1.0:  # a fitted factor (flint/devices/calibration/fitted/): say so beside the figures
@@ -257,7 +243,9 @@ def _common_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--device", default=DEFAULT_DEVICE,
                     help=f"device preset or TOML (default {DEFAULT_DEVICE}); prices compute and gives the MFU peak")
     ap.add_argument("--network", default=DEFAULT_NETWORK, help=f"network preset or TOML (default {DEFAULT_NETWORK})")
-    ap.add_argument("--calibration", help="calibration TOML: per-op-class efficiencies and kernel floor for the device")
+    ap.add_argument("--calibration", help="calibration TOML overriding keys of the device's sourced calibration "
+                    "(schema: flint/cost/calibration.py), or a shipped one by name: fitted/a100-80gb, "
+                    "fitted/h100-sxm (the sustained_fraction fitted on published runs; see docs/accuracy.md)")
     ap.add_argument("--algorithm", default="ring",
                     help="collective algorithm: ring, tree, direct, halving-doubling, auto (NCCL's choice: faster of ring and tree for all-reduce); or per kind, e.g. "
                          "'all_reduce=tree,all_gather=ring' (default ring)")
