@@ -302,6 +302,12 @@ def test_the_shipped_fitted_calibrations_load_by_name_and_say_they_are_fitted():
         assert replace(dev.calibration, sustained_fraction=1.0) == load_device(device).calibration
         text = shipped_override(name).read_text()
         assert text.startswith("# FITTED, not sourced") and "leave-one-configuration-out" in text
+        assert load_device(device, calibration="fitted").calibration == dev.calibration  # the device's own
     with pytest.raises(FlintError, match=r"calibration file 'fitted/h200' does not exist \(or name a shipped "
-                                         r"one: fitted/a100-80gb, fitted/h100-sxm\)"):
+                                         r"one: fitted, fitted/a100-80gb, fitted/h100-sxm\)"):
         load_device("h200", calibration="fitted/h200")
+    with pytest.raises(FlintError, match=r"no fitted calibration for device 'h200' \(fitted: a100-80gb, h100-sxm\)"):
+        load_device("h200", calibration="fitted")
+    # a file for another device is refused, not silently applied
+    with pytest.raises(FlintError, match=r"h100-sxm\.toml: a calibration for device 'h100-sxm', not 'a100-80gb'"):
+        load_device("a100-80gb", calibration="fitted/h100-sxm")

@@ -101,13 +101,16 @@ def test_calibration_axis_resolves_names_and_paths_and_names_what_is_wrong(tmp_p
     (tmp_path / "cals").mkdir()
     (tmp_path / "cals" / "slow.toml").write_text("sustained_fraction = 0.5\n")
     sp = load_space(_write(tmp_path, BASE.replace('network = "switch"', 'network = "switch"\n'
-                                                  'calibration = ["", "fitted/h100-sxm", "cals/slow.toml"]')))
-    assert sp.axis("system.calibration").values == ("", "fitted/h100-sxm", str((tmp_path / "cals" / "slow.toml")))
+                                                  'calibration = ["", "fitted", "fitted/h100-sxm", "cals/slow.toml"]')))
+    assert sp.axis("system.calibration").values == ("", "fitted", "fitted/h100-sxm",
+                                                    str((tmp_path / "cals" / "slow.toml")))
     assert "system.calibration" not in {a.name for a in load_space(_write(tmp_path, BASE)).axes}  # optional
     (tmp_path / "cals" / "bad.toml").write_text("sustained_fraction = 1.5\n")
     for value, message in (("cals/bad.toml", r"system\.calibration: .*bad\.toml: sustained_fraction = 1\.5 is out "
                                               r"of range \(valid: 0 < sustained_fraction <= 1"),
-                           ("fitted/h200", r"system\.calibration: calibration file '.*fitted/h200' does not exist")):
+                           ("fitted/h200", r"system\.calibration: calibration file '.*fitted/h200' does not exist"),
+                           ('fitted"\ndevice = ["h100-sxm", "b200"]#', r"system\.calibration: no fitted calibration "
+                                                                       r"for device 'b200'")):
         text = BASE.replace('network = "switch"', f'network = "switch"\ncalibration = "{value}"')
         with pytest.raises(SpaceError, match=message):
             load_space(_write(tmp_path, text))

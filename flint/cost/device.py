@@ -200,16 +200,25 @@ class Device:
 
     def calibrated(self, calibration: Mapping[str, Any] | str | Path) -> "Device":
         """A copy with ``calibration``'s keys overriding the device's calibration (each range-checked):
-        a dict, a TOML path, or a shipped override by name (``"fitted/h100-sxm"``: the file
-        ``flint/devices/calibration/fitted/h100-sxm.toml``)."""
+        a dict, a TOML path, a shipped override by name (``"fitted/h100-sxm"``: the file
+        ``flint/devices/calibration/fitted/h100-sxm.toml``), or ``"fitted"``, this device's fitted one.
+        A file whose ``device`` key names another device is refused."""
         if isinstance(calibration, Mapping):
             data, where = dict(calibration), "calibration"
         else:
+            if str(calibration) == "fitted":  # this device's own fitted override
+                if f"fitted/{self.name}" not in list_overrides():
+                    raise FlintError(f"no fitted calibration for device '{self.name}' (fitted: "
+                                     f"{', '.join(n.split('/')[1] for n in list_overrides())})")
+                calibration = f"fitted/{self.name}"
             path = shipped_override(calibration) or Path(calibration)
             if not path.is_file():
                 raise FlintError(f"calibration file '{calibration}' does not exist (or name a shipped one: "
-                                 f"{', '.join(list_overrides())})")
+                                 f"fitted, {', '.join(list_overrides())})")
             data, where = read_toml(path, "calibration"), str(path)
+        if "device" in data and data["device"] != self.name:
+            raise FlintError(f"{where}: a calibration for device {data['device']!r}, not '{self.name}' (remove its "
+                             f"'device' key to apply it to '{self.name}' anyway)")
         data.pop("device", None)
         data.pop("description", None)
         return replace(self, calibration=merge_calibration(self.calibration, data, where))

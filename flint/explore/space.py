@@ -31,8 +31,9 @@ A space file is TOML::
     device = ["h100-sxm", "b200"]
     network = "dgx-h100"
     algorithm = "ring"
-    calibration = ["", "fitted/h100-sxm"]    # optional: "" the device's own; a --calibration override
-                                 # (a shipped one by name, or a TOML path relative to this file)
+    calibration = ["", "fitted"]  # optional: "" the device's own; "fitted" each device's fitted one; a
+                                 # --calibration override (a shipped one by name, or a TOML path
+                                 # relative to this file)
     [system.bandwidth_gbits_per_s]           # per network dimension
     ib = { start = 100, stop = 400, step = 100 }
     [system.latency_us]
@@ -453,12 +454,12 @@ def _model_files(src: str, values: tuple, workload: Mapping[str, Any]) -> tuple:
 
 
 def _calibration_files(src: str, values: tuple) -> tuple:
-    """Calibration overrides: "" (the device's own), a shipped one by name (``fitted/h100-sxm``), or a TOML
-    path taken from the space file's directory (made absolute)."""
+    """Calibration overrides: "" (the device's own), "fitted" (each device's fitted one), a shipped one by
+    name (``fitted/h100-sxm``), or a TOML path taken from the space file's directory (made absolute)."""
     from flint.cost.calibration import shipped_override
 
     base = Path(src).parent if Path(src).is_file() else Path.cwd()
-    return tuple(v if not v or shipped_override(v) else str((base / v).resolve()) for v in values)
+    return tuple(v if v in ("", "fitted") or shipped_override(v) else str((base / v).resolve()) for v in values)
 
 
 def _check_axis_values(src: str, axes: list[Axis]) -> None:

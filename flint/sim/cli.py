@@ -244,8 +244,9 @@ def _common_args(ap: argparse.ArgumentParser) -> None:
                     help=f"device preset or TOML (default {DEFAULT_DEVICE}); prices compute and gives the MFU peak")
     ap.add_argument("--network", default=DEFAULT_NETWORK, help=f"network preset or TOML (default {DEFAULT_NETWORK})")
     ap.add_argument("--calibration", help="calibration TOML overriding keys of the device's sourced calibration "
-                    "(schema: flint/cost/calibration.py), or a shipped one by name: fitted/a100-80gb, "
-                    "fitted/h100-sxm (the sustained_fraction fitted on published runs; see docs/accuracy.md)")
+                    "(schema: flint/cost/calibration.py), or a shipped one by name: fitted (the device's own), "
+                    "fitted/a100-80gb, fitted/h100-sxm (the sustained_fraction fitted on published runs; see "
+                    "docs/accuracy.md)")
     ap.add_argument("--algorithm", default="ring",
                     help="collective algorithm: ring, tree, direct, halving-doubling, auto (NCCL's choice: faster of ring and tree for all-reduce); or per kind, e.g. "
                          "'all_reduce=tree,all_gather=ring' (default ring)")
