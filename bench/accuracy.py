@@ -251,7 +251,6 @@ def megatron_flops(row: dict) -> float:
 # leave-one-configuration-out: each row estimated with the factor fitted on the OTHER configurations of its device.
 SUSTAINED_GRID = (0.7, 0.8, 0.9, 1.0)  # each row simulated at these; the fit interpolates between them
 FIT_STEP = 0.0025                      # the fitted factor's resolution
-FITTED_DIR = ROOT / "flint" / "devices" / "calibration" / "fitted"
 
 
 def configuration(row: dict) -> str:
@@ -260,7 +259,7 @@ def configuration(row: dict) -> str:
     return row["id"].split("-")[0]
 
 
-def iteration_at(r: "Result", fraction: float) -> float:
+def interpolated_iteration(r: "Result", fraction: float) -> float:
     """The row's iteration (s) at sustained fraction ``fraction``: linear in 1 / fraction between the
     fractions it was simulated at (``r.iteration_at``)."""
     pts = sorted((1 / f, t) for f, t in r.iteration_at.items())
@@ -278,7 +277,7 @@ def fit_sustained(rows: list["Result"]) -> float:
     rows' mean absolute throughput error (ties: the larger, nearer the sourced calibration)."""
     n = round((1 - min(SUSTAINED_GRID)) / FIT_STEP)
     candidates = [round(1 - i * FIT_STEP, 6) for i in range(n + 1)]
-    return min(candidates, key=lambda f: sum(abs(r.error_at(iteration_at(r, f))) for r in rows))
+    return min(candidates, key=lambda f: sum(abs(r.error_at(interpolated_iteration(r, f))) for r in rows))
 
 
 def leave_one_out(results: list["Result"]) -> None:
@@ -737,6 +736,8 @@ def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", help="comma-separated row ids (default: all)")
     ap.add_argument("--out", default=str(ROOT / "docs"), help="directory for accuracy.md and accuracy.png")
+    from flint.cost.calibration import FITTED_DIR
+
     ap.add_argument("--fitted-out", default=str(FITTED_DIR),
                     help="directory for the per-device fitted calibrations <device>.toml (written only when "
                          "every row ran, i.e. without --rows)")

@@ -219,13 +219,13 @@ def test_the_sustained_fraction_fit_recovers_a_uniform_slowdown():
     acc = _bench()
     rows = [_compute_bound(acc, f"R{i}", "h100-sxm", 0.85, compute_s=c) for i, c in enumerate((0.5, 2.0, 7.0))]
     assert acc.fit_sustained(rows) == pytest.approx(0.85)
-    assert all(acc.iteration_at(r, 0.85) == pytest.approx(r.row["iteration_s"]) for r in rows)
+    assert all(acc.interpolated_iteration(r, 0.85) == pytest.approx(r.row["iteration_s"]) for r in rows)
     assert acc.fit_sustained([_compute_bound(acc, "F", "h100-sxm", 1.25)]) == 1.0  # never above the calibration
     # two rows disagreeing: any factor between them minimises the summed error; ties keep the larger
     f = acc.fit_sustained([_compute_bound(acc, "A", "h100-sxm", 0.8), _compute_bound(acc, "B", "h100-sxm", 0.9)])
     assert 0.8 <= f <= 0.9
     with pytest.raises(ValueError, match="outside the simulated"):
-        acc.iteration_at(rows[0], 0.5)
+        acc.interpolated_iteration(rows[0], 0.5)
 
 
 def test_leave_one_out_never_fits_a_row_or_its_configuration_to_itself():

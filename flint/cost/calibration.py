@@ -56,6 +56,7 @@ from flint.limits import MAX_SMS
 from flint.opclasses import COST_CLASSES
 
 CALIBRATION_DIR = Path(__file__).resolve().parent.parent / "devices" / "calibration"
+FITTED_DIR = CALIBRATION_DIR / "fitted"  # the fitted overrides (bench/accuracy.py writes them): fitted/<device>
 _CLASSES = set(COST_CLASSES) | {"default"}
 
 # (table, key) -> (lo, hi, lo_inclusive, kind, unit)
@@ -317,7 +318,7 @@ def shipped_override(name: str | Path) -> Path | None:
 
 def list_overrides() -> list[str]:
     """Names of the shipped ``--calibration`` overrides (the fitted ones: ``fitted/<device>``)."""
-    return sorted(f"fitted/{p.stem}" for p in (CALIBRATION_DIR / "fitted").glob("*.toml"))
+    return sorted(f"fitted/{p.stem}" for p in FITTED_DIR.glob("*.toml"))
 
 
 def list_calibrations() -> list[str]:

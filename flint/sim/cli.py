@@ -150,13 +150,13 @@ def _load_ir_input(path: str, device_name: str, calibration: str | None, want_me
         spec = resolve(module, passes)
         run_pipeline(module, spec, path)
         attention = _attention_summary(module)
+        device = load_device(device_name, calibration)
         if want_memory:
             from flint.sim.lifetimes import step_memory
 
             from flint.ir.aten import stage_roles
 
-            cap = load_device(device_name, calibration).hbm_capacity_bytes
-            per_role = [step_memory(module, cap, role) for role in range(stage_roles(module))]
+            per_role = [step_memory(module, device.hbm_capacity_bytes, role) for role in range(stage_roles(module))]
             memory = max(per_role, key=lambda m: m.report.peak_bytes)  # the pipeline rank that needs most
             stage_peaks = [m.report.peak_bytes for m in per_role]
         try:
@@ -169,7 +169,7 @@ def _load_ir_input(path: str, device_name: str, calibration: str | None, want_me
         except VerifyException as e:
             raise FlintError(f"{path}: error: {str(e).splitlines()[0]}") from None
         durations = f"roofline on {device_name}" + (" (calibrated)" if calibration else "")
-        sustained = load_device(device_name, calibration).calibration.sustained_fraction
+        sustained = device.calibration.sustained_fraction
         if sustained != 1.0:  # a fitted factor (flint/devices/calibration/fitted/): say so beside the figures
             durations += f", every kernel at {sustained:g} of its calibrated rate " \
                          "(the calibration's sustained_fraction)"
