@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import struct
 
 from xdsl.dialects.builtin import ModuleOp
@@ -72,30 +73,53 @@ def decode_source(data: bytes, path: str) -> str:
 #: Deepest nesting (brackets, regions, types) an IR file may have; Python's parser recursion ends beyond it.
 MAX_NESTING = 64
 
+# What the scan stops at outside a string literal: a newline, a quote, a bracket, a comment.
+_LEXICAL = re.compile(r'[\n"()\[\]{}<>]|//')
+# A string literal's body as MLIR (and xDSL's lexer) accepts it, matched one character or escape at a time: xDSL's
+# own pattern nests quantifiers ("(?:[^"...]+|...)*"), which backtracks exponentially in the length of an
+# unterminated literal (a 24-character one took 0.5 s, each further two characters x4): checked here first.
+_STRING_BODY = re.compile(r'(?:[^"\\\n\v\f]|\\(?:["nt\\]|[0-9A-Fa-f]{2}))*')
+
 
 def check_nesting(text: str, path: str) -> None:
-    """Refuse absurd nesting before the recursive-descent parser would exhaust Python's stack."""
+    """Refuse absurd nesting before the recursive-descent parser would exhaust Python's stack, and a string
+    literal that is not closed on its line or holds an escape MLIR does not have, before xDSL's lexer would
+    spend exponential time on it. Linear in the text; errors name file:line:col."""
     depth = 0
     line = 1
-    col0 = 0
-    opening, closing = "([{<", ")]}>"
-    in_str = False
-    prev = ""
-    for i, ch in enumerate(text):
+    col0 = 0  # offset of the current line's first character
+    pos = 0
+    while (m := _LEXICAL.search(text, pos)) is not None:
+        i, ch = m.start(), m.group()
+        pos = m.end()
         if ch == "\n":
             line += 1
-            col0 = i + 1
-        elif ch == '"' and prev != "\\":
-            in_str = not in_str
-        elif not in_str:
-            if ch in opening:
-                depth += 1
-                if depth > MAX_NESTING:
-                    raise FlintError(f"{path}:{line}:{i - col0 + 1}: error: nesting deeper than {MAX_NESTING} levels "
-                                     "(brackets, braces, regions); no Flint IR nests like this")
-            elif ch in closing and depth > 0 and not (ch == ">" and prev == "-"):
-                depth -= 1
-        prev = ch
+            col0 = pos
+        elif ch == "//":  # a comment, to the end of its line
+            pos = text.find("\n", i)
+            if pos < 0:
+                return
+        elif ch == '"':
+            end = _STRING_BODY.match(text, pos).end()
+            if end < len(text) and text[end] == '"':
+                pos = end + 1
+                continue
+            where = f"{path}:{line}:{i - col0 + 1}: error:"
+            if end < len(text) and text[end] == "\\":
+                bad = text[end:end + 3].split("\n")[0]
+                raise FlintError(f"{path}:{line}:{end - col0 + 1}: error: invalid escape '{bad}' in a string literal "
+                                 "(MLIR's are \\\" \\n \\t \\\\ and \\ with two hex digits)")
+            if end < len(text) and text[end] in "\v\f":
+                raise FlintError(f"{where} a string literal holds a vertical tab or form feed; write it as \\0B or "
+                                 "\\0C")
+            raise FlintError(f"{where} unterminated string literal: no closing '\"' before the end of the line")
+        elif ch in "([{<":
+            depth += 1
+            if depth > MAX_NESTING:
+                raise FlintError(f"{path}:{line}:{i - col0 + 1}: error: nesting deeper than {MAX_NESTING} levels "
+                                 "(brackets, braces, regions); no Flint IR nests like this")
+        elif depth > 0 and not (ch == ">" and i > 0 and text[i - 1] == "-"):
+            depth -= 1
 
 
 def read_source(path: str) -> str:

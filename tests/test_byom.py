@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from captures import BYOM, captured, captured_byom
+from captures import BYOM, _byom_factory, captured, captured_byom
 from flint.capture import CaptureError, capture_step
 from flint.capture.byom import InputSpec, find_blocks, find_layers, parse_inputs, user_function
 from flint.capture.composite import composite_autograd
@@ -474,6 +474,8 @@ def test_hf_plan_all_reduces_the_per_head_norm_gradients():
 
 @pytest.mark.parametrize("name,plan,field,message", [
     ("falcon", "fsdp+tp", "plan", "match no TP preset .* and it declares no Hugging Face tensor-parallel plan"),
+    ("gpt_bigcode", "fsdp+tp", "plan", r"its module names are TP preset hf-gpt2's, but transformer\.h\.0\.attn\."
+                                       "c_attn is a Linear, where the preset shards Hugging Face's Conv1D"),
     ("gpt_neox", "tp+sp", "sp", "Hugging Face's plan has none; drop sp"),
     ("gpt_neox_packed", "fsdp+tp", "plan", r"shards 'gpt_neox\.layers\.\*\.attention\.query_key_value' with "
                                            "'packed_colwise', which Flint does not capture"),
@@ -483,6 +485,24 @@ def test_hf_tensor_parallel_refusals(name, plan, field, message):
     with pytest.raises(CaptureError, match=message) as err:
         captured_byom(name, plan, 4 if "fsdp" in plan else 2, 2)
     assert err.value.field == field
+
+
+def test_tp_preset_needs_its_layer_types_not_only_its_names():
+    """A preset is detected by its module names AND the layers its styles shard: GPT-2 fits hf-gpt2; a GPT-2
+    whose fused c_attn is multi-query (q of 64, k and v of 16: what each rank's equal split would misread) does
+    not, and says why; GPTBigCode (GPT-2's names on nn.Linear layers) does not either."""
+    from transformers.pytorch_utils import Conv1D
+
+    from flint.capture.byom import _named_presets, detect_tp_preset
+
+    with torch.device("meta"):
+        gpt2, bigcode = _byom_factory("gpt2")(), _byom_factory("gpt_bigcode")()
+    assert detect_tp_preset(gpt2) == "hf-gpt2"
+    assert detect_tp_preset(bigcode) is None
+    with torch.device("meta"):
+        gpt2.transformer.h[0].attn.c_attn = Conv1D(96, 64)
+    assert detect_tp_preset(gpt2) is None
+    assert "projects 64 to 96 features, not to equal q, k and v of 64" in _named_presets(gpt2)["hf-gpt2"]
 
 
 def _block_gemm_flops(step) -> int:

@@ -253,8 +253,11 @@ def test_calibration_file_errors_name_the_file(tmp_path):
 
 def test_bad_device_numbers_are_errors():
     base = {"name": "x", "peak_tflops_bf16": 100.0, "hbm_capacity_gib": 16.0, "hbm_bandwidth_gbytes_per_s": 1000.0}
-    with pytest.raises(FlintError, match=r"peak_tflops_bf16 = 0.0 must be a positive number"):
+    with pytest.raises(FlintError, match=r"peak_tflops_bf16 = 0.0 must be a positive finite number"):
         device_from_dict({**base, "peak_tflops_bf16": 0.0})
+    # an infinite capacity (TOML's inf, or 1e400) was accepted and crashed the memory check (fuzz, seed 40)
+    with pytest.raises(FlintError, match=r"hbm_capacity_gib = inf must be a positive finite number"):
+        device_from_dict({**base, "hbm_capacity_gib": float("inf")})
     with pytest.raises(FlintError, match=r"sm_count = 1.5 must be a positive integer"):
         device_from_dict({**base, "sm_count": 1.5})
 

@@ -89,6 +89,10 @@ IR_CLASSES = [
     ("comp depends on itself", SEED_CHAKRA_IR.replace('duration_us = 1.5', 'duration_us = 1.5 data(%e)'), ":4:5:", "depends on itself"),
     ("deep nesting", SEED_IR.replace("args = {size = [8, 64]}", "args = {size = " + "[" * 5000 + "]" * 5000 + "}"),
      ":11:", "nesting deeper than"),
+    # xDSL's string pattern backtracks exponentially on these (the unterminated one never returned)
+    ("unterminated string", SEED_IR.replace('phase = "fwd" module = "embed" :', 'phase = "fwd module = embed :', 1),
+     ":4:52:", "unterminated string literal"),
+    ("invalid escape", SEED_IR.replace('phase = "fwd"', 'phase = "f\\qwd"', 1), ":4:54:", "invalid escape '\\qw'"),
 ]
 
 

@@ -565,6 +565,9 @@ TP_PRESETS: dict[str, dict[str, Any]] = {
                   "mlp.c_fc": "conv1d_colwise", "mlp.c_proj": "conv1d_rowwise", "ln_1": "sp_norm",
                   "ln_2": "sp_norm", "attn": "prepare", "mlp": "prepare"},
         "divide": ("attn.split_size",),
+        # each rank reads its columns as [q | k | v] of equal widths: multi-head attention only (not
+        # GPTBigCode's multi-query c_attn, whose k and v are one head wide)
+        "fused_qkv": "attn.c_attn",
         "heads": ("num_attention_heads",),
         "sp_dtensor_stream": True,
     },
@@ -607,14 +610,40 @@ def _conv1d_styles():
     return Conv1DColwiseParallel, Conv1DRowwiseParallel
 
 
-def detect_tp_preset(model: nn.Module) -> str | None:
-    """The preset whose block pattern names exist in ``model`` (or None)."""
-    names = {n for n, _ in model.named_modules()}
-    for preset, table in TP_PRESETS.items():
-        blocks = table["blocks"]
-        if all(f"{blocks}.0.{sub}" in names for sub, style in table["block"].items() if style != "prepare"):
-            return preset
+def _preset_mismatch(preset: str, modules: Mapping[str, nn.Module]) -> str | None:
+    """Why ``preset`` does not fit a model whose block pattern names it has (``modules``: its named modules):
+    a layer of another type than the style shards (``nn.Linear`` for colwise / rowwise, Hugging Face's
+    ``Conv1D`` for conv1d_*), or a fused QKV projection whose q, k and v are not of one width. None if it fits."""
+    table = TP_PRESETS[preset]
+    first = f"{table['blocks']}.0"
+    for sub, style in table["block"].items():
+        module = modules[f"{first}.{sub}"] if style != "prepare" else None
+        if style in ("colwise", "rowwise") and not isinstance(module, nn.Linear):
+            return f"{first}.{sub} is a {type(module).__name__}, where the preset shards an nn.Linear"
+        if style.startswith("conv1d_") and type(module).__name__ != "Conv1D":
+            return (f"{first}.{sub} is a {type(module).__name__}, where the preset shards Hugging Face's Conv1D "
+                    "(weight (in, out))")
+    if "fused_qkv" in table:
+        weight = modules[f"{first}.{table['fused_qkv']}"].weight
+        width, out = weight.shape  # Conv1D: (in, out)
+        if out != 3 * width:
+            return (f"{first}.{table['fused_qkv']} projects {width} to {out} features, not to equal q, k and v "
+                    f"of {width} (3 x {width} = {3 * width}; multi-query or grouped-query attention), which the "
+                    "preset splits per rank")
     return None
+
+
+def _named_presets(model: nn.Module) -> dict[str, str | None]:
+    """The presets whose block pattern names exist in ``model``, each with why it does not fit (None: it fits)."""
+    modules = dict(model.named_modules())
+    return {preset: _preset_mismatch(preset, modules) for preset, table in TP_PRESETS.items()
+            if all(f"{table['blocks']}.0.{sub}" in modules for sub, style in table["block"].items()
+                   if style != "prepare")}
+
+
+def detect_tp_preset(model: nn.Module) -> str | None:
+    """The preset whose block pattern names exist in ``model`` and whose styles fit its layers (or None)."""
+    return next((preset for preset, why in _named_presets(model).items() if why is None), None)
 
 
 def tp_plan(preset: str, sp: bool, model: nn.Module) -> dict[str, Any]:
@@ -835,10 +864,12 @@ def preset_parallelize(plan, model: nn.Module, blocks_path: str | None) -> Calla
             preset = detect_tp_preset(model)
             hf_plan = hf_tp_plan(model, plan.tp)
             if preset is None and hf_plan is None:
-                raise CaptureError("plan", f"tensor parallelism of {type(model).__name__}: its module names match "
-                                   f"no TP preset ({', '.join(TP_PRESETS)}) and it declares no Hugging Face "
-                                   "tensor-parallel plan (base_model_tp_plan); pass --parallelize with your own "
-                                   "parallelize_module plan", where_defined(model))
+                near = "; ".join(f"its module names are TP preset {name}'s, but {why}"
+                                 for name, why in _named_presets(model).items())
+                names = near or f"its module names match no TP preset ({', '.join(TP_PRESETS)})"
+                raise CaptureError("plan", f"tensor parallelism of {type(model).__name__}: {names}, and it declares "
+                                   "no Hugging Face tensor-parallel plan (base_model_tp_plan); pass --parallelize "
+                                   "with your own parallelize_module plan", where_defined(model))
             heads = TP_PRESETS[preset]["heads"] if preset else ("num_attention_heads", "num_key_value_heads")
             for key in heads:
                 value = _cfg_get(model, key)

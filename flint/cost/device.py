@@ -47,6 +47,7 @@ reduce-scatter, ``micro-pipeline-tp{sms=16}``) adds its own count.
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from contextlib import contextmanager
@@ -261,8 +262,8 @@ def list_devices() -> list[str]:
 def _positive(d: Mapping[str, Any], key: str, where: str, kind: type = float) -> Any:
     v = d[key]
     if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and not isinstance(v, int)) \
-            or not v > 0 or v != v:
-        raise FlintError(f"{where}: {key} = {v!r} must be a positive {'integer' if kind is int else 'number'}")
+            or not 0 < v < math.inf:
+        raise FlintError(f"{where}: {key} = {v!r} must be a positive {'integer' if kind is int else 'finite number'}")
     return kind(v)
 
 

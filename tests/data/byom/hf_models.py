@@ -111,6 +111,13 @@ def starcoder2():  # tied embeddings under Hugging Face's plan (vocabulary-shard
                                                   max_position_embeddings=128, bos_token_id=0, eos_token_id=0))
 
 
+def gpt_bigcode():  # GPT-2's module names, but nn.Linear layers and a multi-query c_attn: no TP preset fits
+    from transformers import GPTBigCodeConfig, GPTBigCodeForCausalLM
+
+    return GPTBigCodeForCausalLM(GPTBigCodeConfig(vocab_size=256, n_positions=128, n_embd=64, n_layer=2, n_head=4,
+                                                  multi_query=True, bos_token_id=0, eos_token_id=0))
+
+
 def gpt_neox_packed():  # a plan style Flint does not capture
     return gpt_neox({"layers.*.attention.query_key_value": "packed_colwise", "layers.*.attention.dense": "rowwise"})
 
