@@ -608,6 +608,49 @@ def test_plain_modules_capture(name, plan, inputs):
     assert sum(aten_op_work(op).flops for op in module.walk() if isinstance(op, AtenOp)) == step.summary().flops
 
 
+def test_a_skipped_backward_output_is_counted():
+    """A layer norm whose input needs no gradient (a float input) runs native_layer_norm_backward with
+    output_mask [False, True, True]: its skipped output made the capture summary's FLOP count fail
+    ('NoneType' object is not iterable, first seen on nn.Transformer's float inputs)."""
+    from xdsl.dialects import func
+
+    from flint.importer import import_step
+    from flint.ir.aten import AtenOp
+    from flint.passes.annotate_cost import aten_op_work
+
+    step = captured_byom("float_stack", "dp", 2, 1, "x=8x16:float32,target=8:int64")
+    norm_bwd = [n for n in step.part("model").bwd.nodes() if "native_layer_norm_backward" in str(n.target)]
+    assert [v is None for v in norm_bwd[0].meta["val"]] == [True, False, False]
+    module = import_step(step)  # the IR keeps the computed outputs only; its FLOPs (each function times its
+    # runs per step) are the captured graphs'
+    runs = {name.data: count.value.data for name, count in module.attributes["flint.schedule"].data}
+    ir_flops = sum(aten_op_work(op).flops * runs[fn.sym_name.data] for fn in module.walk()
+                   if isinstance(fn, func.FuncOp) for op in fn.walk() if isinstance(op, AtenOp))
+    assert ir_flops == step.summary().flops > 0
+
+
+def test_layers_reading_a_second_input_with_a_gradient_are_captured_whole():
+    """nn.Transformer: the decoder layers (the largest stack) take the encoder's output, ``memory``. Replaced by a
+    pass-through in the model part, they left it unread, so the whole encoder dropped out of the step (4 of its 6
+    attentions were left, and no encoder GEMM). Now the stack is captured whole, with a note saying why."""
+    step = captured_byom("seq2seq", "dp", 2, 1, "src=4x8x32,tgt=4x4x32")
+    assert [(p.name, p.repeat) for p in step.parts] == [("model", 1)]
+    (note,) = step.notes
+    assert note.startswith("decoder.layers captured whole") and "'memory' needs a gradient" in note
+    # encoder and decoder self-attention and the decoder's cross-attention, 2 layers each: forward and backward
+    assert step.summary().op_classes["attention"] == 2 * 3 * 2
+    modules = {n.meta.get("nn_module_stack") and next(reversed(n.meta["nn_module_stack"].values()))[0]
+               for n in step.parts[0].fwd.nodes()}
+    assert any("encoder" in str(m) and "layers" in str(m) for m in modules)
+    # a stack whose layers take only their hidden state keeps its repeated block and no note
+    plain = captured_byom("encoder", "dp", 2, 1, "tokens=4x16:int64,target=4x16:int64")
+    assert [p.name for p in plain.parts] == ["model", "block"] and plain.notes == ()
+    # a float input straight into the layers: passed through, the head's input needed no gradient either
+    raw = captured_byom("float_into_layers", "dp", 2, 1, "x=8x16:float32,target=8:int64")
+    assert [p.name for p in raw.parts] == ["model"] and "the hidden state Linear receives needs no gradient" in \
+        raw.notes[0]
+
+
 def test_inputs_a_kwargs_forward_would_swallow_are_refused():
     """Hugging Face's forward takes **kwargs: inputs meant for another model of the same file (its
     example_inputs(), written for the CNN) reached it as kwargs and failed deep inside the model with

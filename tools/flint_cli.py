@@ -157,6 +157,8 @@ def cmd_capture(args: argparse.Namespace) -> int:
     summary = step.summary()
     print(f"wrote {args.output}: {n_ops} ops in {len([p for p in step.parts for _ in p.graphs()])} functions "
           f"(capture {t_capture:.1f} s, import {time.perf_counter() - t0 - t_capture:.1f} s)")
+    for note in step.notes:
+        print(f"note: {note}")
     print(f"\nper rank, per step ({'; '.join(f'{p.name} x{p.repeat}' for p in step.parts)}):")
     print(f"  {'op class':<22} {'count':>8}")
     for cls, n in sorted(summary.op_classes.items(), key=lambda kv: (-kv[1], kv[0])):

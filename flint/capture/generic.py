@@ -10,8 +10,10 @@ the run) and ``model`` (the model's forward and loss with the run's layers
 replaced by a pass-through, so it holds exactly the work outside them: the
 embedding, the head, and layers outside the run, such as DeepSeek-V3's dense
 first layers). A model without a pattern that repeats at least twice is
-captured whole as one part ``model``. After the backward, every parameter
-must have a gradient.
+captured whole as one part ``model``, and so is one whose layers take a
+second input that needs a gradient (an encoder's output into decoder layers)
+or a hidden state that needs none (:func:`_why_capture_whole`). After the
+backward, every parameter must have a gradient.
 """
 
 from __future__ import annotations
@@ -209,7 +211,7 @@ def _record_block_inputs(call: nn.Module, args: Sequence[torch.Tensor], layers: 
     # is_tracing checks for FakeTensor) takes the traced branch, and nothing data-dependent runs
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     try:
-        with torch.no_grad(), mode:
+        with mode:  # with autograd, as in training: which of the layers' inputs need a gradient
             call(*[mode.from_tensor(a) for a in args])
     except _Stop:
         pass
@@ -231,15 +233,48 @@ def _record_block_inputs(call: nn.Module, args: Sequence[torch.Tensor], layers: 
 
 
 def _fresh(t: Any) -> Any:
-    """A meta tensor (or DTensor) like ``t``, outside the recording's fake mode."""
+    """A meta tensor (or DTensor) like ``t``, outside the recording's fake mode, needing a gradient if ``t`` did."""
     if isinstance(t, DTensor):
         local = t.to_local()
         fresh = torch.empty_strided(local.shape, local.stride(), dtype=local.dtype, device="meta")
-        return DTensor.from_local(fresh, t.device_mesh, t.placements, run_check=False, shape=t.shape,
-                                  stride=t.stride())
+        return DTensor.from_local(fresh.requires_grad_(t.requires_grad), t.device_mesh, t.placements,
+                                  run_check=False, shape=t.shape, stride=t.stride())
     if isinstance(t, torch.Tensor):
-        return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+        return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta").requires_grad_(t.requires_grad)
     return t
+
+
+def _why_capture_whole(layers: Sequence[nn.Module], recorded: Sequence[tuple[Any, Any, Any]]) -> str:
+    """Why the run's layers cannot be passed through in the model part, from what they receive in the model's
+    forward (``recorded``: :func:`_record_block_inputs`), or "". A tensor besides the hidden state (a layer's
+    first tensor) that needs a gradient: the pass-through would leave it unread, and what computes it would
+    drop out (masks, rotary tables and position biases of buffers need none). A hidden state that needs none
+    where it enters the run (a float input straight into the layers): the pass-through's output would need none
+    either, so what reads it would skip its input gradient, which the layers' output needs in the real step."""
+    import inspect
+
+    for layer, (b_args, b_kwargs, _) in zip(layers, recorded):
+        inner = getattr(layer, "_checkpoint_wrapped_module", layer)
+        try:
+            names = [n for n in inspect.signature(inner.forward).parameters]
+        except (TypeError, ValueError):
+            names = []
+        seen_hidden = False
+        for key, value in [(i, a) for i, a in enumerate(b_args)] + list(b_kwargs.items()):
+            for t in tree_flatten(value)[0]:
+                if not isinstance(t, torch.Tensor):
+                    continue
+                if seen_hidden and t.requires_grad:
+                    name = key if isinstance(key, str) else names[key] if key < len(names) else f"argument {key}"
+                    return (f"{type(inner).__name__}.forward's '{name}' needs a gradient, which a pass-through "
+                            "would leave unread, so what computes it would drop out of the step")
+                seen_hidden = True
+    b_args, b_kwargs, _ = recorded[0]
+    hidden = next(t for t in tree_flatten((tuple(b_args), dict(b_kwargs)))[0] if isinstance(t, torch.Tensor))
+    if not hidden.requires_grad and any(p.requires_grad for layer in layers for p in layer.parameters()):
+        return (f"the hidden state {type(layers[0]).__name__} receives needs no gradient (nothing trainable "
+                "computes it), so a pass-through's output would need none either")
+    return ""
 
 
 def _check_gradients(module: nn.Module, infos: dict[int, ParamInfo], part: str) -> None:
@@ -333,6 +368,10 @@ def _capture_generic(model: nn.Module, dm, mesh, inputs: Mapping[str, InputSpec]
     period = stack.keys[:stack.period] if run else ()  # the keys of the run's first period
     first = [blocks._modules[k] for k in period]  # as parallelize left them (AC-wrapped)
     recorded = _record_block_inputs(call, args, first) if blocks is not None else None
+    notes: list[str] = []
+    if recorded is not None and (why := _why_capture_whole(first, recorded)):
+        notes.append(f"{stack.path} captured whole, not as one repeated layer: {why}")
+        blocks = recorded = None
     root = _apply_groups(model, calls, infos)
     call.model = root
     kw = dict(infos=infos, buffers=buffers, optimizer=optimizer)
@@ -372,4 +411,4 @@ def _capture_generic(model: nn.Module, dm, mesh, inputs: Mapping[str, InputSpec]
         mpart, _ = capture_part("model", call, args, ("input",) * len(args), 1, **kw)
         _check_gradients(call, infos, "model")
         parts = [mpart]
-    return parts, local
+    return parts, local, notes

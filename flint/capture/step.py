@@ -123,6 +123,7 @@ class CapturedStep:
     # (a Hugging Face model no preset names), or why shard-expand cannot reproduce that plan
     tp_rules: tuple[tuple[str, int], ...] | None = None
     tp_refused: str = ""
+    notes: tuple[str, ...] = ()  # how the capture departed from its usual structure, and why (shown to the user)
 
     def part(self, name: str) -> CapturedPart:
         return next(p for p in self.parts if p.name == name)
@@ -719,7 +720,7 @@ def capture_step(
                 from flint.capture.byom import planned_tp_rules
 
                 tp_rules, tp_refused = planned_tp_rules(model)
-            parts, local = capture_generic(
+            parts, local, notes = capture_generic(
                 model, dm, mesh, specs, parallelize=fn, plan=None if custom else plan, loss=loss, repeat=repeat,
                 capture_part=capture_part, param_dtype=param_dtype, data_axes=data_axes,
                 local_batch=_local_batch, optimizer=optimizer, buffers=buffers)
@@ -729,7 +730,8 @@ def capture_step(
             if parallelize is not None and not custom:
                 plan_name = getattr(parallelize, "__name__", plan_name)
             return CapturedStep(parts, mesh, plan_name, axes, param_dtype, local, global_params,
-                                None if custom or parallelize is not None else plan, partitioner, tp_rules, tp_refused)
+                                None if custom or parallelize is not None else plan, partitioner, tp_rules, tp_refused,
+                                tuple(notes))
         if repeat:
             _check_layers(model.layers)
         _check_batch(batch_shapes, ("tokens", "labels"))

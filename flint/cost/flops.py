@@ -171,11 +171,12 @@ def op_flops(target: str, in_shapes: Sequence[Any], out_shapes: Sequence[Shape] 
         out_val = outs[0] if len(outs) == 1 else tuple(outs)
         return int(_fc().flop_registry[packet](*full, out_val=out_val, **kwargs))
     return _extra_flops(name, [None if s is None else _shape(s) for s in in_shapes if not isinstance(s, list)],
-                        [_shape(s) for s in out_shapes])
+                        [None if s is None else _shape(s) for s in out_shapes])
 
 
 def _extra_flops(name: str, ins: list, outs: list) -> int:
-    """Matrix-multiply ops PyTorch's registry does not cover (2 FLOPs per multiply-add)."""
+    """Matrix-multiply ops PyTorch's registry does not cover (2 FLOPs per multiply-add). ``None`` in ``outs``:
+    an output the op skipped (``native_layer_norm_backward``'s input gradient of an input needing none)."""
     if name == "linear":  # input [..., K], weight [N, K]
         x, w = ins[0], ins[1]
         return 2 * math.prod(x[:-1]) * x[-1] * w[0]

@@ -191,6 +191,36 @@ def encoder():
     return Encoder()
 
 
+class FloatStack(nn.Module):
+    """Repeated layers on a float input that needs no gradient. ``norm_first``: a LayerNorm reads the input
+    first, and its backward skips the input gradient (output_mask [False, True, True])."""
+
+    def __init__(self, norm_first: bool = True) -> None:
+        super().__init__()
+        self.norm_in = nn.LayerNorm(16) if norm_first else nn.Identity()
+        self.layers = nn.ModuleList([nn.Linear(16, 16) for _ in range(2)])
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        x = self.norm_in(x)
+        for layer in self.layers:
+            x = layer(x)
+        return F.cross_entropy(self.head(x), target)
+
+
+def float_stack():
+    return FloatStack()
+
+
+def float_into_layers():  # the float input straight into the repeated layers: its hidden state needs no gradient
+    return FloatStack(norm_first=False)
+
+
+def seq2seq():  # torch's nn.Transformer: its decoder layers read the encoder's output (memory), which needs a gradient
+    return nn.Transformer(d_model=32, nhead=2, num_encoder_layers=2, num_decoder_layers=2, dim_feedforward=64,
+                          batch_first=True)
+
+
 class MixedLayer(nn.Module):
     """A pre-norm residual layer whose MLP is narrow (dense) or wide: one class, two shapes."""
 
