@@ -8,18 +8,41 @@ import struct
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Operation
 from xdsl.parser import Parser
+from xdsl.parser.core import ForwardDeclaredValue
 from xdsl.utils.exceptions import ParseError, VerifyException
 
 from flint.errors import FlintError
 
 
 class RecordingParser(Parser):
-    """A parser that remembers where each operation started in the source."""
+    """A parser that remembers where each operation started in the source, and the names of values used
+    before their definition (``forward_names``)."""
 
     def __init__(self, *args, positions: dict[Operation, tuple[int, int]], line_offset: int = 0, **kwargs):
         super().__init__(*args, **kwargs)
         self._positions = positions
         self._line_offset = line_offset
+        self.forward_names: dict[ForwardDeclaredValue, str] = {}
+
+    def resolve_operand(self, operand, type):
+        value = super().resolve_operand(operand, type)
+        if isinstance(value, ForwardDeclaredValue):
+            self.forward_names.setdefault(value, operand.operand_name)
+        return value
+
+    def parse_resolved_module(self, path: str, implicit: bool = True) -> ModuleOp:
+        """``parse_module``, then refuse a use xDSL could not resolve: a value defined inside a region of the
+        op that uses it stays a placeholder, on which xDSL's verifier fails without a location."""
+        module = self.parse_module(implicit)
+        for op in module.walk():
+            for value in op.operands:
+                if isinstance(value, ForwardDeclaredValue):
+                    where = f"{path}:{self._positions[op][0]}:{self._positions[op][1]}" if op in self._positions \
+                        else path
+                    raise FlintError(f"{where}: error: '{op.name}' uses %{self.forward_names.get(value, '?')}, "
+                                     "which is not defined before it in a scope the op sees (a value defined inside "
+                                     "the op's own region, or later)")
+        return module
 
     def parse_operation(self) -> Operation:
         span = self._current_token.span
@@ -142,7 +165,7 @@ def load_ir(path: str) -> ModuleOp:
     text = read_source(path)
     positions: dict[Operation, tuple[int, int]] = {}
     try:
-        module = RecordingParser(flint_context(), text, path, positions=positions).parse_module()
+        module = RecordingParser(flint_context(), text, path, positions=positions).parse_resolved_module(path)
     except ParseError as e:
         raise FlintError(parse_error_message(e)) from None
     try:

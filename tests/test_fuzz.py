@@ -89,6 +89,11 @@ IR_CLASSES = [
     ("comp depends on itself", SEED_CHAKRA_IR.replace('duration_us = 1.5', 'duration_us = 1.5 data(%e)'), ":4:5:", "depends on itself"),
     ("deep nesting", SEED_IR.replace("args = {size = [8, 64]}", "args = {size = " + "[" * 5000 + "]" * 5000 + "}"),
      ":11:", "nesting deeper than"),
+    ("value defined in its user's region", SEED_CHAKRA_IR.replace(
+        '    %e = chakra.comp "embed" flops = 65536 bytes = 10240 duration_us = 1.5\n', "").replace(
+        "    ^bb0(%c: !chakra.node):\n",
+        '    ^bb0(%c: !chakra.node):\n      %e = chakra.comp "embed" flops = 65536 bytes = 10240 duration_us = 1.5\n'),
+     ":4:5:", "'chakra.repeat' uses %e, which is not defined before it"),
     # xDSL's string pattern backtracks exponentially on these (the unterminated one never returned)
     ("unterminated string", SEED_IR.replace('phase = "fwd" module = "embed" :', 'phase = "fwd module = embed :', 1),
      ":4:52:", "unterminated string literal"),

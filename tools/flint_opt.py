@@ -102,7 +102,7 @@ class FlintOptMain(xDSLOptMain):
         parser = RecordingParser(
             self.ctx, text, name, positions=self._positions, line_offset=start_offset
         )
-        return parser.parse_module(not self.args.no_implicit_module)
+        return parser.parse_resolved_module(name, not self.args.no_implicit_module)
 
     def apply_passes(self, prog: ModuleOp) -> None:
         super().apply_passes(prog)

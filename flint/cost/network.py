@@ -268,6 +268,10 @@ def network_from_dict(d: Mapping[str, Any], where: str = "network") -> Network:
         except FlintError as e:
             raise FlintError(f"{at}: {e}") from None
         dims.append(NetworkDim(name, size, link))
+    inner_open = next((i for i, dim in enumerate(dims[:-1]) if dim.size == 0), None)
+    if inner_open is not None:
+        raise FlintError(f"{where}: dims[{inner_open}] size = 0 (or no size): only the outermost dimension, the "
+                         f"last [[dims]] table (dims[{len(dims) - 1}]), may have size 0 (as many as the world needs)")
     return Network(str(d.get("name", where)), tuple(dims), str(d.get("description", "")))
 
 
