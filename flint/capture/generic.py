@@ -18,6 +18,7 @@ backward, every parameter must have a gradient.
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from typing import Any, Callable, Mapping, Sequence
 
@@ -251,12 +252,10 @@ def _why_capture_whole(layers: Sequence[nn.Module], recorded: Sequence[tuple[Any
     drop out (masks, rotary tables and position biases of buffers need none). A hidden state that needs none
     where it enters the run (a float input straight into the layers): the pass-through's output would need none
     either, so what reads it would skip its input gradient, which the layers' output needs in the real step."""
-    import inspect
-
     for layer, (b_args, b_kwargs, _) in zip(layers, recorded):
         inner = getattr(layer, "_checkpoint_wrapped_module", layer)
         try:
-            names = [n for n in inspect.signature(inner.forward).parameters]
+            names = list(inspect.signature(inner.forward).parameters)
         except (TypeError, ValueError):
             names = []
         seen_hidden = False
