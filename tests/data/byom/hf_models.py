@@ -216,6 +216,14 @@ def float_into_layers():  # the float input straight into the repeated layers: i
     return FloatStack(norm_first=False)
 
 
+def bart():  # an encoder-decoder whose decoder layers take encoder_hidden_states, which needs a gradient
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    return BartForConditionalGeneration(BartConfig(vocab_size=256, d_model=32, encoder_layers=2, decoder_layers=2,
+                                                   encoder_attention_heads=2, decoder_attention_heads=2,
+                                                   encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=32))
+
+
 def seq2seq():  # torch's nn.Transformer: its decoder layers read the encoder's output (memory), which needs a gradient
     return nn.Transformer(d_model=32, nhead=2, num_encoder_layers=2, num_decoder_layers=2, dim_feedforward=64,
                           batch_first=True)
