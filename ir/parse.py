@@ -104,7 +104,7 @@ _LEXICAL = re.compile(r'[\n"()\[\]{}<>]|//')
 _STRING_BODY = re.compile(r'(?:[^"\\\n\v\f]|\\(?:["nt\\]|[0-9A-Fa-f]{2}))*')
 
 
-def check_nesting(text: str, path: str) -> None:
+def check_lexical(text: str, path: str) -> None:
     """Refuse absurd nesting before the recursive-descent parser would exhaust Python's stack, and a string
     literal that is not closed on its line or holds an escape MLIR does not have, before xDSL's lexer would
     spend exponential time on it. Linear in the text; errors name file:line:col."""
@@ -154,7 +154,7 @@ def read_source(path: str) -> str:
     except OSError as e:
         raise FlintError(f"cannot read IR file {path}: {e.strerror}") from None
     text = decode_source(data, path)
-    check_nesting(text, path)
+    check_lexical(text, path)
     return text
 
 

@@ -23,7 +23,7 @@ from xdsl.xdsl_opt_main import xDSLOptMain
 
 from flint.errors import FlintError, run_cli
 from flint.fileio import write_text_atomic
-from flint.ir.parse import RecordingParser, check_nesting, decode_source, failing_op, parse_error_message
+from flint.ir.parse import RecordingParser, check_lexical, decode_source, failing_op, parse_error_message
 from flint.ir import FLINT_DIALECTS
 from flint.ir.module import verify_module
 from flint.passes.registry import FLINT_PASSES, all_passes, options, parse_passes, summary
@@ -98,7 +98,7 @@ class FlintOptMain(xDSLOptMain):
             return super().parse_chunk(chunk, file_extension, start_offset)
         name = self.get_input_name()
         text = decode_source(chunk.read(), name)
-        check_nesting(text, name)
+        check_lexical(text, name)
         parser = RecordingParser(
             self.ctx, text, name, positions=self._positions, line_offset=start_offset
         )

@@ -158,10 +158,10 @@ def op_flops(target: str, in_shapes: Sequence[Any], out_shapes: Sequence[Shape] 
     if name in _ATTN_BWD:
         go, q, k, v = _attention_shapes(target, in_shapes, 4)
         return int(_fc().sdpa_backward_flop_count(go, q, k, v))
+    outs = [None if s is None else _shape(s) for s in out_shapes]  # None: an output the op skipped
     packet, schema = _schema(ns, name, overload)
     if packet is not None and packet in _fc().flop_registry and schema is not None:
         full, kwargs = _registry_args(schema, in_shapes, args)
-        outs = [None if s is None else _shape(s) for s in out_shapes]  # None: an output the op skipped
         mask = _scalar(schema, args, "output_mask", None)
         if isinstance(mask, (list, tuple)) and len(outs) == sum(map(bool, mask)) < len(mask):
             # the IR keeps only the results the op computed (convolution_backward of a layer whose input
@@ -170,8 +170,7 @@ def op_flops(target: str, in_shapes: Sequence[Any], out_shapes: Sequence[Shape] 
             outs = [next(it) if m else None for m in mask]
         out_val = outs[0] if len(outs) == 1 else tuple(outs)
         return int(_fc().flop_registry[packet](*full, out_val=out_val, **kwargs))
-    return _extra_flops(name, [None if s is None else _shape(s) for s in in_shapes if not isinstance(s, list)],
-                        [None if s is None else _shape(s) for s in out_shapes])
+    return _extra_flops(name, [None if s is None else _shape(s) for s in in_shapes if not isinstance(s, list)], outs)
 
 
 def _extra_flops(name: str, ins: list, outs: list) -> int:
