@@ -125,3 +125,76 @@ def test_user_pipeline_refusals(static, result, message):
     with pytest.raises(CaptureError, match=message):
         capture_step(factory("llama-tiny"), {"tokens": (8, SEQ), "labels": (8, SEQ)}, plan=Plan.from_dict({"pp": 2}),
                      parallelize=_build(static, result))
+
+
+class _GatedBlock(torch.nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(dim, dim)
+
+    def forward(self, h: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        return h + self.lin(h) * gate
+
+
+class _Gated(torch.nn.Module):
+    """Blocks that read a second tensor with a gradient: a gate the first stage computes from the embedding."""
+
+    def __init__(self, vocab: int = 64, dim: int = 32, n: int = 4) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, dim)
+        self.gate = torch.nn.Linear(dim, dim)
+        self.layers = torch.nn.ModuleList(_GatedBlock(dim) for _ in range(n))
+        self.out = torch.nn.Linear(dim, vocab)
+
+
+class _GatedStage(torch.nn.Module):
+    def __init__(self, model: _Gated, lo: int, hi: int, first: bool, last: bool) -> None:
+        super().__init__()
+        self.embed, self.gate = (model.embed, model.gate) if first else (None, None)
+        self.layers = torch.nn.ModuleList(model.layers[lo:hi])
+        self.out = model.out if last else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x) if self.embed is not None else x
+        gate = self.gate(h) if self.gate is not None else h.sigmoid()
+        for layer in self.layers:
+            h = layer(h, gate)
+        return self.out(h) if self.out is not None else h
+
+
+class _UnusedStage(_GatedStage):
+    """The gate computed and not read: the blocks take the hidden state only."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x) if self.embed is not None else x
+        for layer in self.layers:
+            h = layer(h, torch.ones_like(h))
+        return self.out(h) if self.out is not None else h
+
+
+@pytest.mark.parametrize("stage,message", [
+    # the first and last stages are captured with their blocks passed through; a block input besides the hidden
+    # state that needs a gradient would be left unread, and the first stage's gate GEMM would drop out of the
+    # step (before this check the capture succeeded without it)
+    (_GatedStage, r"stage 0's blocks cannot be passed through in its capture: _GatedBlock.forward's 'gate' needs "
+                  r"a gradient"),
+    # a stage parameter the loss does not depend on (as on the generic path)
+    (_UnusedStage, r"part 'first_stage' gives no gradient to 2 parameter\(s\): gate.weight, gate.bias"),
+])
+def test_user_pipeline_stage_that_would_lose_a_gradient_is_refused(stage, message):
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
+    def pipeline(model, mesh):
+        pp = mesh["pp"]
+        rank = pp.get_local_rank()
+        io = dict(input_args=torch.empty(2, 8, dtype=torch.int64, device="meta") if rank == 0
+                  else torch.empty(2, 8, 32, device="meta"),
+                  output_args=torch.empty(2, 8, 32 if rank == 0 else 64, device="meta"))
+        module = stage(model, 2 * rank, 2 * rank + 2, rank == 0, rank == 1)
+        return Schedule1F1B(PipelineStage(module, rank, 2, torch.device("meta"), group=pp.get_group(), **io), 2,
+                            loss_fn=lambda logits, y: torch.nn.functional.cross_entropy(logits.flatten(0, 1),
+                                                                                        y.flatten()))
+
+    with pytest.raises(CaptureError, match=message):
+        capture_step(_Gated, {"tokens": (4, 8), "labels": (4, 8)}, plan=Plan.from_dict({"pp": 2}),
+                     parallelize=pipeline)

@@ -247,11 +247,24 @@ def _fresh(t: Any) -> Any:
 
 def _why_capture_whole(layers: Sequence[nn.Module], recorded: Sequence[tuple[Any, Any, Any]]) -> str:
     """Why the run's layers cannot be passed through in the model part, from what they receive in the model's
-    forward (``recorded``: :func:`_record_block_inputs`), or "". A tensor besides the hidden state (a layer's
-    first tensor) that needs a gradient: the pass-through would leave it unread, and what computes it would
-    drop out (masks, rotary tables and position biases of buffers need none). A hidden state that needs none
-    where it enters the run (a float input straight into the layers): the pass-through's output would need none
-    either, so what reads it would skip its input gradient, which the layers' output needs in the real step."""
+    forward (``recorded``: :func:`_record_block_inputs`), or "". A second input that needs a gradient
+    (:func:`_second_input_with_gradient`). A hidden state that needs none where it enters the run (a float input
+    straight into the layers): the pass-through's output would need none either, so what reads it would skip
+    its input gradient, which the layers' output needs in the real step."""
+    if why := _second_input_with_gradient(layers, recorded):
+        return why
+    b_args, b_kwargs, _ = recorded[0]
+    hidden = next(t for t in tree_flatten((tuple(b_args), dict(b_kwargs)))[0] if isinstance(t, torch.Tensor))
+    if not hidden.requires_grad and any(p.requires_grad for layer in layers for p in layer.parameters()):
+        return (f"the hidden state {type(layers[0]).__name__} receives needs no gradient (nothing trainable "
+                "computes it), so a pass-through's output would need none either")
+    return ""
+
+
+def _second_input_with_gradient(layers: Sequence[nn.Module], recorded: Sequence[tuple[Any, Any, Any]]) -> str:
+    """Why a pass-through of ``layers`` would lose part of the step, or "": a tensor they receive besides the
+    hidden state (a layer's first tensor) needs a gradient, so the pass-through would leave it unread, and what
+    computes it would drop out (masks, rotary tables and position biases of buffers need none)."""
     for layer, (b_args, b_kwargs, _) in zip(layers, recorded):
         inner = getattr(layer, "_checkpoint_wrapped_module", layer)
         try:
@@ -268,11 +281,6 @@ def _why_capture_whole(layers: Sequence[nn.Module], recorded: Sequence[tuple[Any
                     return (f"{type(inner).__name__}.forward's '{name}' needs a gradient, which a pass-through "
                             "would leave unread, so what computes it would drop out of the step")
                 seen_hidden = True
-    b_args, b_kwargs, _ = recorded[0]
-    hidden = next(t for t in tree_flatten((tuple(b_args), dict(b_kwargs)))[0] if isinstance(t, torch.Tensor))
-    if not hidden.requires_grad and any(p.requires_grad for layer in layers for p in layer.parameters()):
-        return (f"the hidden state {type(layers[0]).__name__} receives needs no gradient (nothing trainable "
-                "computes it), so a pass-through's output would need none either")
     return ""
 
 

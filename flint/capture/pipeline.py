@@ -134,8 +134,8 @@ def capture_pipeline(model_factory: Callable[[], nn.Module], build: Callable, pl
     """
     from flint.capture.byom import call_user, intercept, where_defined
     from flint.capture.fake_dist import device_mesh, fake_world, group_axes
-    from flint.capture.generic import (_TENSOR, _apply_groups, _BlockCall, _infos_after_tp, _record_block_inputs,
-                                       _Skip)
+    from flint.capture.generic import (_TENSOR, _apply_groups, _BlockCall, _check_gradients, _infos_after_tp,
+                                       _record_block_inputs, _second_input_with_gradient, _Skip)
     from flint.capture.step import CapturedStep
     from flint.pipeline.schedules import stage_ranks
 
@@ -227,8 +227,18 @@ def capture_pipeline(model_factory: Callable[[], nn.Module], build: Callable, pl
                         raise CaptureError("parallelize", f"stage 0 input_args {[s for s, _ in got]}: expected one "
                                            f"microbatch of '{names[0]}', {list(want[0][0])} (global batch / "
                                            f"data-parallel {dp} / {M} microbatches)", source)
-                args = tuple(_meta_tensor(m) for m in st.input_metas)
-                ((b_args, b_kwargs, b_out),) = _record_block_inputs(st.submod, args, [next(iter(st.blocks.children()))])
+                # a later stage's inputs need a gradient, as the previous stage's outputs do in the step
+                args = tuple(_meta_tensor(m).requires_grad_(not first and m.dtype.is_floating_point)
+                             for m in st.input_metas)
+                block0 = next(iter(st.blocks.children()))
+                recorded = _record_block_inputs(st.submod, args, [block0])
+                ((b_args, b_kwargs, b_out),) = recorded
+                if (first or last) and (why := _second_input_with_gradient([block0], recorded)):
+                    raise CaptureError("parallelize", f"stage {st.index}'s blocks cannot be passed through in its "
+                                       f"capture: {why}. Flint's pipeline capture needs blocks whose only input "
+                                       "with a gradient is the hidden state (compute the other one inside the "
+                                       "block, or capture without pipeline parallelism, which takes such a stack "
+                                       "whole)", where_defined(block0))
                 if "block" not in parts:
                     leaves, spec = tree_flatten((tuple(b_args), dict(b_kwargs)))
                     tensors = [t.detach() for t in leaves if isinstance(t, torch.Tensor)]
@@ -237,6 +247,7 @@ def capture_pipeline(model_factory: Callable[[], nn.Module], build: Callable, pl
                     kinds = ("activation",) + ("input",) * (len(tensors) - 1)
                     call = _BlockCall([next(iter(st.blocks.children()))], [spec], [consts])
                     parts["block"], out = capture_part("block", call, tuple(tensors), kinds, 1, **kw)
+                    _check_gradients(call, infos, "block")
                     captured.append(parts["block"])
                     boundary = tuple(int(d) for d in tensors[0].shape)
                     info["boundary"] = (boundary, tensors[0].dtype)
@@ -250,6 +261,7 @@ def capture_pipeline(model_factory: Callable[[], nn.Module], build: Callable, pl
                 try:
                     if first:
                         part, out = capture_part("first_stage", st.submod, args, ("input",) * len(args), 1, **kw)
+                        _check_gradients(st.submod, infos, "first_stage")
                         parts["first_stage"] = part
                         captured.append(part)
                     if last:
@@ -259,8 +271,9 @@ def capture_pipeline(model_factory: Callable[[], nn.Module], build: Callable, pl
                         target = torch.zeros(local[names[-1]], dtype=torch.int64, device="meta")
                         h = tuple(a.detach().requires_grad_(a.is_floating_point()) for a in args)
                         kinds = ("activation",) * len(h) + ("input",)
-                        part, _ = capture_part("last_stage", _LossStage(st.submod, loss_fn), (*h, target), kinds, 1,
-                                               **kw)
+                        loss_stage = _LossStage(st.submod, loss_fn)
+                        part, _ = capture_part("last_stage", loss_stage, (*h, target), kinds, 1, **kw)
+                        _check_gradients(loss_stage, infos, "last_stage")
                         parts["last_stage"] = part
                         captured.append(part)
                 finally:
