@@ -159,7 +159,8 @@ def read_source(path: str) -> str:
 
 
 def load_ir(path: str) -> ModuleOp:
-    """Parse and verify an IR file; errors are :class:`FlintError` naming file:line:col."""
+    """Parse and verify an IR file holding a training step (a module without one is refused); errors are
+    :class:`FlintError` naming file:line:col."""
     from flint.ir import flint_context
 
     text = read_source(path)
@@ -177,4 +178,7 @@ def load_ir(path: str) -> ModuleOp:
         op = failing_op(module, e)
         where = f"{path}:{positions[op][0]}:{positions[op][1]}" if op in positions else path
         raise FlintError(f"{where}: error: {str(e).splitlines()[0]}") from None
+    if not any(op.name in ("func.func", "chakra.graph") for op in module.ops):
+        raise FlintError(f"{path}:1:1: error: the module holds no training step: no func.func (aten + dist IR) and "
+                         "no chakra.graph (lowered or imported per-rank graphs)")
     return module

@@ -71,6 +71,11 @@ def test_capture_emit_inspect_end_to_end(tmp_path):
     (["--world-size", "8", "--plan", "dp", "--tp", "2"], "--tp applies to plans with tp; recipe 'dp' has none"),
     (["--world-size", "8", "--plan", "tp", "--tp", "4"], "recipe 'tp' spans the whole world"),
     (["--world-size", "8", "--plan", "zero3"], "unknown recipe 'zero3'"),
+    # a 2-D recipe without its TP degree was plain FSDP / DDP, silently
+    (["--world-size", "8", "--plan", "fsdp+tp"], "--plan fsdp+tp needs its tensor-parallel degree: --tp N with N >= 2 "
+                                                 "dividing --world-size 8 (the rest is fsdp); without --tp there is "
+                                                 "no tensor parallelism (that plan is --plan fsdp)"),
+    (["--world-size", "8", "--plan", "dp+tp", "--tp", "1"], "with --tp 1 there is no tensor parallelism"),
     (["--plan", "fsdp"], "--world-size is required with --plan"),
     (["--world-size", "8", "--seq-len", "-5"], "--seq-len must be at least 1"),
     (["--world-size", "8", "--batch-size", "0"], "--batch-size must be at least 1"),

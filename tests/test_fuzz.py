@@ -111,6 +111,18 @@ def test_ir_class_is_located(tmp_path, name, text, where, what):
     assert not out.exists()
 
 
+@pytest.mark.parametrize("text", ["builtin.module {\n}\n", "builtin.module {\n  shard.grid @mesh(shape = 2x2)\n}\n"])
+def test_module_without_a_step_is_refused(tmp_path, text):
+    """fuzz seed 48: emit ended in an internal error (lower-to-chakra's VerifyException), estimate in a message about
+    a chakra.graph the file does not hold."""
+    src = _ir(tmp_path, text)
+    out = tmp_path / "out"
+    for command, argv in (("estimate", [src, "--network", "ring"]), ("simulate", [src]),
+                          ("emit", [src, "-o", str(out)])):
+        _fails_located(command, argv, "in.mlir:1:1: error: the module holds no training step: no func.func")
+    assert not out.exists()
+
+
 def test_unmatched_send_is_refused_before_simulation(tmp_path):
     # verify-dist is not run by estimate/emit; the trace check catches the deadlock before simulating.
     src = _ir(tmp_path, SEED_IR.replace("tag = 7 : tensor<8x64xbf16>\n    %6", "tag = 8 : tensor<8x64xbf16>\n    %6"))
@@ -249,6 +261,15 @@ def test_device_values_are_checked(tmp_path, key, value):
     dev = tmp_path / "dev.toml"
     dev.write_text(text)
     _fails_located("estimate", [_ir(tmp_path, SEED_IR), "--device", str(dev)], "dev.toml", key)
+
+
+def test_device_comm_sms_without_sm_count_names_the_file(tmp_path):
+    """fuzz seed 48: the message named the device, not the file."""
+    text = (Path(__file__).resolve().parents[1] / "flint" / "devices" / "h100-sxm.toml").read_text()
+    dev = tmp_path / "dev.toml"
+    dev.write_text("".join(line for line in text.splitlines(keepends=True) if not line.startswith("sm_count")))
+    _fails_located("estimate", [_ir(tmp_path, SEED_IR), "--device", str(dev)],
+                   f"{dev}: device 'h100-sxm': comm_sms = 24 (calibration ", "needs sm_count above it")
 
 
 # -- the fuzz property ------------------------------------------------------------------------------

@@ -181,6 +181,65 @@ def test_estimate_cli_reports_the_pipeline(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["passes"] == ""
 
 
+@pytest.mark.slow
+def test_ir_scheduled_by_flint_opt_gets_no_default_pipeline_on_top(tmp_path, capsys):
+    """flint-opt records a scheduling pipeline on the module (flint.scheduled_by); estimate and emit then run no
+    default pipeline, whose reorder-all-gather{prefetch=1} would have moved the user's prefetch=2 gathers back
+    (before: the file estimated exactly as the unscheduled step). A pipeline of no scheduling pass records
+    nothing, and the default pipeline still runs after it."""
+    from flint.schedule.pipelines import scheduled_by
+    from flint.ir.parse import load_ir
+    from flint.sim.cli import estimate_main
+    from flint.tools.flint_cli import main as flint_main
+    from flint.tools.flint_opt import main as opt_main
+
+    step, mine, tidy = tmp_path / "step.mlir", tmp_path / "mine.mlir", tmp_path / "tidy.mlir"
+    step.write_text(str(fsdp_step(3)))
+    spec = "reorder-all-gather{prefetch=2}"
+    assert opt_main([str(step), "-p", spec, "-o", str(mine)]) == 0
+    assert opt_main([str(mine), "-p", "sink-waits", "-o", str(mine)]) == 0
+    assert opt_main([str(step), "-p", "canonicalize-dist", "-o", str(tidy)]) == 0
+    assert scheduled_by(load_ir(str(mine))) == f"{spec},sink-waits" and scheduled_by(load_ir(str(tidy))) is None
+
+    def estimate(path, *extra):
+        assert estimate_main([str(path), "--json", *extra]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    base, own = estimate(step), estimate(mine)
+    assert own["passes"] == "" and own["scheduled_by"] == f"{spec},sink-waits" and "scheduled_by" not in base
+    assert own == {**estimate(step, "--passes", f"{spec},sink-waits"), "input": str(mine), "passes": "",
+                   "scheduled_by": f"{spec},sink-waits"}
+    assert own["iteration_time_us"] != base["iteration_time_us"]
+    assert estimate(tidy)["passes"] == FSDP_PIPELINE
+    assert estimate_main([str(mine)]) == 0
+    assert f"scheduled by flint-opt before: {spec},sink-waits" in capsys.readouterr().out
+    assert flint_main(["emit", str(mine), "-o", str(tmp_path / "t"), "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["passes"] == "" and f"note: {mine} was scheduled by flint-opt -p '{spec},sink-waits'" in err
+
+
+def test_which_pipelines_count_as_scheduling():
+    """Flint's scheduling passes and plug-ins (passes Flint does not know) are recorded, on a module with a plan
+    only (without one no default pipeline would run anyway); cost and cleanup passes are not."""
+    from xdsl.dialects.builtin import ModuleOp
+
+    from flint.passes.registry import FLINT_PASSES
+    from flint.plan import Plan, attach
+    from flint.schedule.pipelines import record_scheduling, scheduled_by
+
+    builtin = set(FLINT_PASSES) | {"canonicalize", "cse", "dce"}
+    for spec, want in [("fuse-pointwise,cse,canonicalize-dist", None), ("my-plugin{k=1}", "my-plugin{k=1}"),
+                       ("annotate-cost,assign-streams", "annotate-cost,assign-streams"), ("", None)]:
+        m = ModuleOp([])
+        attach(m, Plan.from_dict({"dp_shard": 4}, world_size=4))
+        record_scheduling(m, spec, builtin)
+        assert scheduled_by(m) == want, spec
+        assert default_pipeline(m) == ("" if want else FSDP_PIPELINE)
+    bare = ModuleOp([])
+    record_scheduling(bare, "sink-waits", builtin)
+    assert scheduled_by(bare) is None
+
+
 @pytest.mark.parametrize("spec, message", [
     ("reorder-all-gather{prefetch=-1}", "prefetch=-1 must be >= 0"),
     ("reorder-all-gather{prefetch=1 delay=true}", "delay=true needs prefetch=0"),

@@ -105,7 +105,8 @@ def test_a_collective_waiting_for_its_peer_holds_its_sms():
 def test_comm_sms_is_checked_against_the_device():
     from flint.errors import FlintError
 
-    with pytest.raises(FlintError, match=r"comm_sms = 132 needs sm_count above it"):
+    with pytest.raises(FlintError, match=r"h100-sxm.toml: device 'h100-sxm': comm_sms = 132 \(calibration .*\) "
+                       r"needs sm_count above it"):
         _sharing(132)
     with pytest.raises(FlintError, match=r"comm_sms = -1 is out of range \(valid: 0 <= comm_sms <= 1024"):
         _sharing(-1)

@@ -69,6 +69,11 @@ def _capture_plan(args: argparse.Namespace):
     if tp < 1:
         raise FlintError(f"--tp must be at least 1, got {tp}")
     parts = name.split("+")
+    if "tp" in parts and {"dp", "fsdp"} & set(parts) and tp == 1:
+        other = "+".join(p for p in parts if p in ("dp", "fsdp"))
+        raise FlintError(f"--plan {name} needs its tensor-parallel degree: --tp N with N >= 2 dividing --world-size "
+                         f"{args.world_size} (the rest is {other}); {'without --tp' if args.tp is None else 'with --tp 1'}"
+                         f" there is no tensor parallelism (that plan is --plan {other})")
     if args.tp is not None and "tp" not in parts:
         raise FlintError(f"--tp applies to plans with tp; recipe '{name}' has none")
     if args.tp is not None and not {"dp", "fsdp"} & set(parts) and tp != args.world_size:
@@ -237,7 +242,7 @@ def cmd_emit(args: argparse.Namespace) -> int:
     from flint.passes.lower_to_chakra import LowerToChakraPass
 
     from flint.ir.parse import load_ir
-    from flint.schedule.pipelines import resolve, run_pipeline
+    from flint.schedule.pipelines import resolve, run_pipeline, scheduled_by
 
     t0 = time.perf_counter()
     check_writable(args.output, is_dir=True)
@@ -249,6 +254,9 @@ def cmd_emit(args: argparse.Namespace) -> int:
                 raise FlintError(f"{flag}: {args.input} is already lowered to chakra.graph; give the aten + dist IR")
     else:
         spec = resolve(module, args.passes)
+        if args.passes is None and (by := scheduled_by(module)) is not None:
+            print(f"note: {args.input} was scheduled by flint-opt -p '{by}' (module attribute flint.scheduled_by): "
+                  "no default pipeline runs on it (--passes runs one)", file=sys.stderr)
         run_pipeline(module, spec, args.input)
         CanonicalizeDistPass().apply(Context(), module)
         LowerToChakraPass(device=args.device, grad_wait=args.grad_wait or GRAD_WAIT[0]).apply(Context(), module)
@@ -378,7 +386,8 @@ def build_parser() -> argparse.ArgumentParser:
     cap.add_argument("--plan", default=None,
                      help="named plan: dp, fsdp, tp, tp+sp, dp+tp, fsdp+tp, fsdp+tp+sp (default: fsdp)")
     cap.add_argument("--tp", type=int, default=None,
-                     help="tensor-parallel degree of 2-D plans (dp+tp, fsdp+tp, fsdp+tp+sp; default: 1); "
+                     help="tensor-parallel degree of 2-D plans (dp+tp, fsdp+tp, fsdp+tp+sp: required, >= 2, "
+                          "dividing --world-size; tp and tp+sp span the world); "
                           "a model file's layers are split by Flint's TP presets (torchtitan, Hugging Face Llama "
                           "and GPT-2 names) or, for other Hugging Face models, by the TP plan their config "
                           "declares (base_model_tp_plan)")

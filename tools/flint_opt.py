@@ -27,6 +27,7 @@ from flint.ir.parse import RecordingParser, check_lexical, decode_source, failin
 from flint.ir import FLINT_DIALECTS
 from flint.ir.module import verify_module
 from flint.passes.registry import FLINT_PASSES, all_passes, options, parse_passes, summary
+from flint.schedule.pipelines import record_scheduling
 
 # Generic xDSL passes that are useful on Flint IR too.
 XDSL_PASSES = ("canonicalize", "cse", "dce")
@@ -107,6 +108,8 @@ class FlintOptMain(xDSLOptMain):
     def apply_passes(self, prog: ModuleOp) -> None:
         super().apply_passes(prog)
         verify_module(prog)
+        if self.args.passes:  # so that flint estimate / emit run no default schedule on top of this one
+            record_scheduling(prog, self.args.passes, set(FLINT_PASSES) | set(XDSL_PASSES))
 
     # -- errors --------------------------------------------------------------
     def _locate(self, op: Operation | None) -> str:

@@ -94,7 +94,10 @@ class Device:
     def __post_init__(self) -> None:
         sms = self.calibration.comm_sms
         if sms and (self.sm_count is None or sms >= self.sm_count):
-            raise FlintError(f"device '{self.name}': comm_sms = {sms} needs sm_count above it "
+            where = f"{self.source}: " if self.source else ""
+            cal = self.calibration.source
+            cal = f" (calibration {cal})" if cal and cal != self.source else ""
+            raise FlintError(f"{where}device '{self.name}': comm_sms = {sms}{cal} needs sm_count above it "
                              f"(sm_count = {self.sm_count}; valid: 0 <= comm_sms < sm_count)")
 
     @property

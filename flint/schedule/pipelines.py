@@ -19,6 +19,13 @@ reproduces what PyTorch's runtime does for that recipe:
   ``bucket-collectives{bytes=26214400},sink-waits``.
 - anything else (TP alone, no plan): no pass; DTensor issues TP collectives
   in the compute stream's order, which is the captured order.
+
+IR that ``flint-opt`` has already scheduled (a ``-p`` pipeline with a
+scheduling pass: one of ``SCHEDULING_PASSES`` or a plug-in) records that
+pipeline on the module (``flint.scheduled_by``), and gets no default
+pipeline: the default's passes would redo the schedule on top of the
+user's (``reorder-all-gather{prefetch=1}`` moving gathers back,
+``assign-streams`` replacing their streams). ``--passes`` still runs.
 """
 
 from __future__ import annotations
@@ -32,11 +39,43 @@ from flint.errors import FlintError
 FSDP_PIPELINE = "reorder-all-gather{prefetch=1},sink-waits,assign-streams"
 DDP_PIPELINE = "bucket-collectives{bytes=26214400},sink-waits"
 
+# Flint's passes that schedule communication (move, regroup or re-stream it); plug-in passes count as such too.
+SCHEDULING_PASSES = frozenset({"reorder-all-gather", "sink-waits", "hoist-starts", "assign-streams",
+                               "bucket-collectives", "split-collectives", "micro-pipeline-tp"})
+SCHEDULED_ATTR = "flint.scheduled_by"
+
+
+def record_scheduling(module: ModuleOp, spec: str, builtin: frozenset[str] | set[str]) -> None:
+    """Record on a module with a plan that the pipeline ``spec`` (flint-opt's ``-p``) scheduled it, if one of
+    its passes schedules: one of :data:`SCHEDULING_PASSES`, or a plug-in (a pass not in ``builtin``)."""
+    from xdsl.dialects.builtin import StringAttr
+    from xdsl.utils.arg_spec import parse_pipeline
+
+    from flint.plan import PLAN_ATTR
+
+    if PLAN_ATTR not in module.attributes or not spec.strip():
+        return
+    if not any(p.name in SCHEDULING_PASSES or p.name not in builtin for p in parse_pipeline(spec)):
+        return
+    before = scheduled_by(module)
+    module.attributes[SCHEDULED_ATTR] = StringAttr(f"{before},{spec.strip()}" if before else spec.strip())
+
+
+def scheduled_by(module: ModuleOp) -> str | None:
+    """The scheduling pipeline(s) flint-opt ran on the module (:func:`record_scheduling`), or None."""
+    from xdsl.dialects.builtin import StringAttr
+
+    attr = module.attributes.get(SCHEDULED_ATTR)
+    return attr.data if isinstance(attr, StringAttr) else None
+
 
 def default_pipeline(module: ModuleOp) -> str:
-    """The pipeline reproducing PyTorch's runtime for the module's recorded plan ("" for none)."""
+    """The pipeline reproducing PyTorch's runtime for the module's recorded plan ("" for none, and for a module
+    flint-opt has scheduled already)."""
     from flint.plan import plan_of
 
+    if scheduled_by(module) is not None:
+        return ""
     try:
         plan = plan_of(module)
     except Exception:

@@ -59,6 +59,7 @@ class Loaded:
     trace_dir: Path | None = None
     pipeline: dict | None = None  # a pipelined IR: schedule, stages, microbatches, peak memory per pipeline rank
     passes: str | None = None  # the pass pipeline run on step IR ("" none; None: not IR)
+    scheduled_by: str | None = None  # step IR flint-opt scheduled: its pipeline (no default pipeline ran on it)
     attention: str | None = None  # which attention rates priced the IR's fused attention ops (None: none)
     breakdown: object | None = None  # step IR: the compute kernels by op class (flint.sim.breakdown)
 
@@ -134,7 +135,7 @@ def _load_ir_input(path: str, device_name: str, calibration: str | None, want_me
                       "from the imported graphs (device roofline where missing)", "ir")
     memory, note, stage_peaks, attention, breakdown = None, None, None, None, None
     lowered = any(op.name == "chakra.graph" for op in module.ops)
-    spec = ""
+    spec, by = "", None
     if lowered:
         if passes:
             raise FlintError(f"--passes: {path} is already lowered to chakra.graph; give the aten + dist IR")
@@ -145,9 +146,10 @@ def _load_ir_input(path: str, device_name: str, calibration: str | None, want_me
         if any(CLASS_TIMES_ATTR in o.attributes for o in module.walk() if o.name == "chakra.comp"):
             breakdown = compute_breakdown(module)  # lowered with lower-to-chakra{class-times=true}
     else:
-        from flint.schedule.pipelines import resolve, run_pipeline
+        from flint.schedule.pipelines import resolve, run_pipeline, scheduled_by
 
         spec = resolve(module, passes)
+        by = scheduled_by(module)
         run_pipeline(module, spec, path)
         attention = _attention_summary(module)
         device = load_device(device_name, calibration)
@@ -177,7 +179,7 @@ def _load_ir_input(path: str, device_name: str, calibration: str | None, want_me
     trace = trace_from_ir(module)
     require_sound(trace, path, "emit the step and run `flint inspect` for the full list")
     return Loaded(trace, mesh, memory, note, durations, "ir", pipeline=_pipeline_info(module, stage_peaks),
-                  passes=spec, attention=attention, breakdown=breakdown)
+                  passes=spec, attention=attention, breakdown=breakdown, scheduled_by=by)
 
 
 def _attention_summary(module) -> str | None:
@@ -282,6 +284,8 @@ def _native(args, want_memory: bool) -> tuple[dict, object]:
                           durations=loaded.durations, pipeline=loaded.pipeline)
     if loaded.passes is not None:
         rep["passes"] = loaded.passes
+    if loaded.scheduled_by is not None:
+        rep["scheduled_by"] = loaded.scheduled_by
     sms = device.calibration.comm_sms
     rep["sm_sharing"] = (f"a collective in flight holds {sms} of {device.sm_count} SMs; compute meanwhile runs on "
                          "the rest" if sms else "off")

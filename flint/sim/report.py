@@ -159,6 +159,9 @@ def format_report(rep: dict) -> str:
              f"network {rep['network']}, algorithm {rep['algorithm']}, compute durations {rep['compute_durations']}"]
     if "passes" in rep:
         lines.append(f"  passes: {rep['passes'] or '(none)'}")
+    if "scheduled_by" in rep:
+        lines.append(f"  scheduled by flint-opt before: {rep['scheduled_by']} (module attribute flint.scheduled_by; "
+                     "no default pipeline runs on such IR)")
     if "sm_sharing" in rep:
         lines.append(f"  SM sharing: {rep['sm_sharing']}")
     if "nic_sharing_us" in rep:
