@@ -194,12 +194,27 @@ def test_cases_skip_2d_recipes_below_world_size_4():
     assert Case("llama-tiny", "tp", 4).mesh() == ((4,), ("tp",))
 
 
+def test_a_named_hugging_face_model_runs_every_selected_plan():
+    """Before, a Hugging Face model named with --models ran only its HF_CASES entries: hf-qwen3-tiny under fsdp
+    and tp+sp at 2 ranks was "no case to run (2-D recipes need world size 4)", for two 1-D recipes."""
+    from flint.validate.cli import DEFAULT_MODELS, hf_cases
+
+    got = [(c.model, c.plan, c.world_size) for c in hf_cases(["hf-qwen3-tiny", "llama-tiny"], ["fsdp", "tp+sp"], [2])]
+    assert got == [("hf-qwen3-tiny", "fsdp", 2), ("hf-qwen3-tiny", "tp+sp", 2)]
+    assert [(c.model, c.plan, c.world_size) for c in hf_cases(list(DEFAULT_MODELS), ["fsdp+tp"], [4])] == \
+        [c for c in HF_CASES if c[1:] == ("fsdp+tp", 4)]
+
+
 @pytest.mark.parametrize("argv,message", [
     (["--plans", "zero3"], "unknown recipe 'zero3'"),
     (["--models", "llama-huge"], "unknown model 'llama-huge'"),
     (["--world-sizes", "1"], "at least 2"),
     (["--world-sizes", "two"], "must be integers"),
-    (["--plans", "fsdp+tp", "--world-sizes", "2"], "no case to run"),
+    (["--plans", "fsdp+tp", "--world-sizes", "2"], "no case to run for --plans fsdp+tp at --world-sizes 2"),
+    # --memory ended with status 1 and no word in these two cases
+    (["--memory", "--plans", "fsdp+tp", "--world-sizes", "2"], "no case to run for --plans fsdp+tp"),
+    (["--memory", "--models", "hf-qwen3-tiny"], "--models hf-qwen3-tiny: --memory compares zoo models only"),
+    (["--models", "hf-nosuch"], "Hugging Face: hf-llama-tiny, hf-gpt2-tiny"),
     (["--memory", "--ac", "sometimes"], "--ac: unknown mode 'sometimes'"),
 ])
 def test_cli_rejects_bad_arguments(argv, message, capsys, tmp_path):

@@ -58,12 +58,14 @@ def cases(models, plans, world_sizes):
 
 
 def hf_cases(models, plans, world_sizes):
-    """The Hugging Face cases of HF_CASES whose plan and world size are selected, with the default
-    models or when --models names them."""
+    """The Hugging Face cases: with the default models, those of HF_CASES whose plan and world size are
+    selected; a Hugging Face model --models names runs every selected plan x world size, as a zoo model."""
+    from flint.models.hf import is_hf
     from flint.validate.compare import Case
 
-    return [Case(m, p, w) for m, p, w in HF_CASES
-            if (m in models or tuple(models) == DEFAULT_MODELS) and p in plans and w in world_sizes]
+    if tuple(models) == DEFAULT_MODELS:
+        return [Case(m, p, w) for m, p, w in HF_CASES if p in plans and w in world_sizes]
+    return cases([m for m in models if is_hf(m)], plans, world_sizes)
 
 
 def ac_cases(models, plans, world_sizes):
@@ -81,12 +83,21 @@ def loss_parallel_cases(models, plans, world_sizes):
             if m in models and p in plans and w in world_sizes]
 
 
+def _no_case(plans, world_sizes) -> str:
+    return (f"flint validate: error: no case to run for --plans {','.join(plans)} at --world-sizes "
+            f"{','.join(map(str, world_sizes))}: 2-D recipes need an even world size of at least 4")
+
+
 def memory_main(models, plans, world_sizes, ac_modes, partitioners=("min-cut",)) -> int:
     """``--memory``: Flint's peak per rank vs PyTorch's memory tracker on fake tensors, one table."""
     from flint.validate.memory import MemoryCase, compare_in_subprocess, runtime_overheads, table
 
     results, failed = [], 0
-    for case in cases(models, plans, world_sizes):
+    todo = cases(models, plans, world_sizes)
+    if not todo:
+        print(_no_case(plans, world_sizes), file=sys.stderr)
+        return 2
+    for case in todo:
         for ac, part in ((a, p) for p in partitioners for a in ac_modes):
             mc = MemoryCase(case.model, case.plan, case.world_size, ac, tp=case.tp if case.tp > 1 else 2,
                             partitioner=part)
@@ -140,11 +151,19 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         models, plans = _csv(args.models), _csv(args.plans)
-        from flint.models.hf import is_hf
+        from flint.models import ModelConfigError
+        from flint.models.hf import HF_MODELS, is_hf
 
         for m in models:
             if not is_hf(m):
-                config(m)
+                try:
+                    config(m)
+                except ModelConfigError as e:
+                    raise FlintError(f"--models: {e}; Hugging Face: {', '.join(HF_MODELS)}") from None
+            elif args.memory:
+                raise FlintError(f"--models {m}: --memory compares zoo models only (Flint's memory model against "
+                                 "PyTorch's tracker on the zoo's configs); run it without --memory for the real "
+                                 "gloo comparison")
         for p in plans:
             if p not in RECIPES:
                 raise FlintError(f"--plans: unknown recipe '{p}'; known: {', '.join(RECIPES)}")
@@ -174,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"flint validate: error: --partitioner: unknown partitioner '{bad[0] if bad else args.partitioner}'"
                   f"; known: {', '.join(PARTITIONERS)}", file=sys.stderr)
             return 2
-        return memory_main([m for m in models if not is_hf(m)], plans, world_sizes, modes, parts)
+        return memory_main(models, plans, world_sizes, modes, parts)
     if args.partitioner is not None:
         print("flint validate: error: --partitioner applies only with --memory", file=sys.stderr)
         return 2
@@ -183,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         todo += ac_cases(models, plans, world_sizes)
     todo += loss_parallel_cases(models, plans, world_sizes)
     if not todo:
-        print("flint validate: error: no case to run (2-D recipes need world size 4)", file=sys.stderr)
+        print(_no_case(plans, world_sizes), file=sys.stderr)
         return 2
     results, failed = [], []
     for case in todo:
