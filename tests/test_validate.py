@@ -194,6 +194,20 @@ def test_cases_skip_2d_recipes_below_world_size_4():
     assert Case("llama-tiny", "tp", 4).mesh() == ((4,), ("tp",))
 
 
+def test_flint_side_capture_keeps_pytorch_warnings_quiet():
+    """flint validate's own capture hides PyTorch's capture-time warnings, as flint capture does (before, the
+    checkpoint note every FSDP capture triggers was printed to the validate run's output). A fresh process:
+    PyTorch prints that note once per process."""
+    import subprocess
+    import sys
+
+    code = ("from flint.validate.compare import Case, flint_counts\n"
+            "assert flint_counts(Case('llama-tiny', 'fsdp', 2)).collectives\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert "context_fn" not in run.stderr and "W1" not in run.stderr, run.stderr
+
+
 def test_a_named_hugging_face_model_runs_every_selected_plan():
     """Before, a Hugging Face model named with --models ran only its HF_CASES entries: hf-qwen3-tiny under fsdp
     and tp+sp at 2 ranks was "no case to run (2-D recipes need world size 4)", for two 1-D recipes."""

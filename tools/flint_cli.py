@@ -87,7 +87,7 @@ def cmd_capture(args: argparse.Namespace) -> int:
 
     from xdsl.printer import Printer
 
-    from flint.capture import capture_step
+    from flint.capture import capture_step, pytorch_warnings
     from flint.importer import import_step
 
     t0 = time.perf_counter()
@@ -145,7 +145,7 @@ def cmd_capture(args: argparse.Namespace) -> int:
     print(f"capturing {args.model} ({parallelize.__name__ if parallelize else plan.describe()}; mesh "
           f"{'x'.join(map(str, mesh.shape))} {tuple(mesh.axis_names)}, {what}, {args.dtype}) ...", file=sys.stderr)
     with _stage("capture: torch.compile + AOTAutograd of the step's parts (forward, backward, optimizer)"), \
-            _pytorch_warnings(args.verbose) as caught:
+            pytorch_warnings(args.verbose) as caught:
         step = capture_step(model_factory, shapes, plan=plan, dtype=args.dtype, loss=args.loss,
                             default_batch=(batch, seq), parallelize=parallelize, partitioner=args.partitioner)
     t_capture = time.perf_counter() - t0
@@ -187,49 +187,6 @@ def _stage(desc: str):
     print(f"  {desc} ...", file=sys.stderr, flush=True)
     yield
     print(f"  {desc}: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
-
-
-@contextmanager
-def _pytorch_warnings(verbose: bool):
-    """Collect the warnings PyTorch prints while capturing (e.g. the activation-checkpoint block every
-    FSDP capture triggers): shown with ``--verbose`` or when the capture fails, else counted."""
-    import logging
-    import warnings
-
-    records: list[str] = []
-
-    class _Collect(logging.Handler):
-        def emit(self, record):
-            records.append(f"{record.name}: {record.getMessage()}")
-
-    handler = _Collect(level=logging.WARNING)
-    # torch attaches its own stderr handlers to its loggers: swap them for the collector meanwhile.
-    saved = {}
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        if not verbose:
-            names = ["torch"] + [n for n in logging.root.manager.loggerDict if n.startswith("torch.")]
-            for n in names:
-                lg = logging.getLogger(n)
-                if lg.handlers or n == "torch":
-                    saved[n] = lg.handlers[:]
-                    lg.handlers = [handler]
-        ok = False
-        try:
-            yield records
-            ok = True
-        finally:
-            for n, hs in saved.items():
-                logging.getLogger(n).handlers = hs
-            seen = set()
-            for w in caught:
-                text = f"{w.filename}:{w.lineno}: {w.category.__name__}: {w.message}"
-                if text not in seen:
-                    seen.add(text)
-                    records.append(text)
-            if verbose or not ok:
-                for r in records:
-                    print(f"  warning: {r}", file=sys.stderr)
 
 
 def cmd_emit(args: argparse.Namespace) -> int:

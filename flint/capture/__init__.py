@@ -14,6 +14,9 @@ See :func:`capture_step` (flint/capture/step.py) for the inputs and
 """
 
 import logging
+import sys
+import warnings
+from contextlib import contextmanager
 
 from flint.capture.errors import CaptureError
 
@@ -35,6 +38,48 @@ class _LibraryImportNoise(logging.Filter):
 logging.getLogger("torchao").addFilter(_LibraryImportNoise())
 logging.getLogger("torch.utils._pytree").addFilter(_LibraryImportNoise())
 
+
+@contextmanager
+def pytorch_warnings(verbose: bool = False):
+    """Collect the warnings PyTorch prints while capturing (e.g. the activation-checkpoint block every
+    FSDP capture triggers): printed with ``verbose`` (``flint capture --verbose``) or when the capture fails,
+    else only collected (the caller may count them)."""
+    records: list[str] = []
+
+    class _Collect(logging.Handler):
+        def emit(self, record):
+            records.append(f"{record.name}: {record.getMessage()}")
+
+    handler = _Collect(level=logging.WARNING)
+    # torch attaches its own stderr handlers to its loggers: swap them for the collector meanwhile.
+    saved = {}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if not verbose:
+            names = ["torch"] + [n for n in logging.root.manager.loggerDict if n.startswith("torch.")]
+            for n in names:
+                lg = logging.getLogger(n)
+                if lg.handlers or n == "torch":
+                    saved[n] = lg.handlers[:]
+                    lg.handlers = [handler]
+        ok = False
+        try:
+            yield records
+            ok = True
+        finally:
+            for n, hs in saved.items():
+                logging.getLogger(n).handlers = hs
+            seen = set()
+            for w in caught:
+                text = f"{w.filename}:{w.lineno}: {w.category.__name__}: {w.message}"
+                if text not in seen:
+                    seen.add(text)
+                    records.append(text)
+            if verbose or not ok:
+                for r in records:
+                    print(f"  warning: {r}", file=sys.stderr)
+
+
 # Everything else on first use (PEP 562): ``import flint.capture.opclass`` (the op classes the cost
 # model reads while lowering a written IR) must not pay for torch._dynamo, DTensor and the recipes.
 _LAZY = {
@@ -46,7 +91,7 @@ _LAZY = {
 }
 
 __all__ = ["capture_step", "CapturedStep", "CapturedPart", "CapturedGraph", "Role", "StepSummary",
-           "summarize", "classify_aten", "CaptureError", "RECIPES", "ParamInfo"]
+           "summarize", "classify_aten", "CaptureError", "RECIPES", "ParamInfo", "pytorch_warnings"]
 
 
 def __getattr__(name: str):

@@ -245,7 +245,7 @@ def capture_pipeline(model_factory: Callable[[], nn.Module], build: Callable, pl
                     consts = [_TENSOR if isinstance(t, torch.Tensor) else t for t in leaves]
                     tensors[0].requires_grad_()
                     kinds = ("activation",) + ("input",) * (len(tensors) - 1)
-                    call = _BlockCall([next(iter(st.blocks.children()))], [spec], [consts])
+                    call = _BlockCall([block0], [spec], [consts])
                     parts["block"], out = capture_part("block", call, tuple(tensors), kinds, 1, **kw)
                     _check_gradients(call, infos, "block")
                     captured.append(parts["block"])

@@ -70,7 +70,7 @@ class FlintCounts:
 
 def flint_counts(case: Case) -> FlintCounts:
     """Capture ``case`` with Flint (fake process group, meta tensors) and count it."""
-    from flint.capture import capture_step
+    from flint.capture import capture_step, pytorch_warnings
     from flint.models import factory
 
     from flint.models.hf import hf_factory, is_hf
@@ -81,17 +81,18 @@ def flint_counts(case: Case) -> FlintCounts:
     else:
         batch = {"tokens": case.batch, "labels": case.batch}
         model_factory = factory(case.model)
-    if case.ac == "none" and not case.loss_parallel:
-        step = capture_step(model_factory, batch, world_size=case.world_size, plan=case.plan, tp=case.tp,
-                            repeat=False)
-    else:
-        from flint.validate.worker import case_plan
+    with pytorch_warnings():  # as flint capture: PyTorch's notes on the capture shown only if it fails
+        if case.ac == "none" and not case.loss_parallel:
+            step = capture_step(model_factory, batch, world_size=case.world_size, plan=case.plan, tp=case.tp,
+                                repeat=False)
+        else:
+            from flint.validate.worker import case_plan
 
-        # one graph per block, as Flint estimates it: in one graph of the whole stack AOTAutograd's
-        # partitioner recomputes a checkpointed block's output (the next block's input), which eager
-        # checkpoint_wrapper saves (one more GEMM per block boundary than the real run)
-        plan = case_plan(case.plan, case.world_size, case.tp, case.ac, case.loss_parallel)
-        step = capture_step(model_factory, batch, plan=plan, repeat=True)
+            # one graph per block, as Flint estimates it: in one graph of the whole stack AOTAutograd's
+            # partitioner recomputes a checkpointed block's output (the next block's input), which eager
+            # checkpoint_wrapper saves (one more GEMM per block boundary than the real run)
+            plan = case_plan(case.plan, case.world_size, case.tp, case.ac, case.loss_parallel)
+            step = capture_step(model_factory, batch, plan=plan, repeat=True)
     summary = step.summary()
     colls, coll_bytes = Counter(), Counter()
     for (kind, _axes, phase), n in summary.collectives.items():
