@@ -42,7 +42,8 @@ def main() -> int:
     mutations = Counter(o.argv[-1] for o in outcomes)
     print(f"flint fuzz campaign: seed {args.seed}, {args.cases} cases, {len(outcomes)} command invocations, "
           f"{len(mutations)} distinct mutation classes, {dt:.0f} s "
-          f"(slowest invocation {slowest[0]:.1f} s: {slowest[1].command if slowest[1] else '-'})\n")
+          f"(slowest invocation {slowest[0]:.1f} s: "
+          f"{f'{slowest[1].command}, {slowest[1].argv[-1]}' if slowest[1] else '-'})\n")
     print(f"{'command':<14} {'exit 0':>8} {'clean error':>12} {'FAIL':>6}")
     for cmd in sorted({c for c, _ in exits}):
         print(f"{cmd:<14} {exits[(cmd, 'ok')]:>8} {exits[(cmd, 'clean error')]:>12} {exits[(cmd, 'FAIL')]:>6}")

@@ -570,8 +570,8 @@ def test_the_estimate_report_says_how_much_nic_sharing_cost():
 
     shared = report(spmd(_two_comms().build(), groups={1: (0, 1), 2: (0, 1)}, group_ids=(1, 2)))
     assert shared["nic_sharing_us"] == {"mean": pytest.approx(80.0), "max": pytest.approx(80.0)}
-    assert ("  NIC sharing: transfers sharing a port with other traffic finished 0.080 ms later in all per rank "
-            "(mean; max 0.080 ms)") in format_report(shared).splitlines()
+    assert ("  NIC sharing: transfers sharing a port with other traffic finished 0.080 ms later, summed per rank "
+            "(mean over ranks; max 0.080 ms)") in format_report(shared).splitlines()
     b = NodeTableBuilder()
     b.add_coll("ar", CollKind.ALL_REDUCE, AR_2, 0)
     alone = report(spmd(b.build()))

@@ -324,6 +324,8 @@ DELEGATED = {
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from flint.pass_flags import PASSES_HELP
+
     ap = argparse.ArgumentParser(
         prog="flint", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="From a model and a plan to traces, estimates and reports.",
@@ -397,10 +399,7 @@ def build_parser() -> argparse.ArgumentParser:
     emit.add_argument("--force", action="store_true", help="replace an output directory that holds other files")
     emit.add_argument("--prefix", default="trace", help="file-name prefix (default: trace)")
     emit.add_argument("--device", default="h100-sxm", help="device preset or TOML for compute durations (default: h100-sxm)")
-    emit.add_argument("--passes", default=None, metavar="PIPELINE",
-                      help="pass pipeline to run before lowering, flint-opt -p syntax; '' runs none; default: the "
-                           "plan's default pipeline (FSDP: reorder-all-gather{prefetch=1},sink-waits,assign-streams; "
-                           "DDP: bucket-collectives{bytes=26214400},sink-waits; otherwise none)")
+    emit.add_argument("--passes", default=None, metavar="PIPELINE", help=PASSES_HELP)
     add_grad_wait_flag(emit)
     emit.add_argument("--json", action="store_true", help="print what was written (and the pipeline that ran) as JSON")
     emit.set_defaults(func=cmd_emit)

@@ -35,9 +35,7 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.utils.exceptions import DiagnosticException, VerifyException
 
 from flint.errors import FlintError
-
-FSDP_PIPELINE = "reorder-all-gather{prefetch=1},sink-waits,assign-streams"
-DDP_PIPELINE = "bucket-collectives{bytes=26214400},sink-waits"
+from flint.pass_flags import DDP_PIPELINE, FSDP_PIPELINE
 
 # Flint's passes that schedule communication (move, regroup or re-stream it); plug-in passes count as such too.
 SCHEDULING_PASSES = frozenset({"reorder-all-gather", "sink-waits", "hoist-starts", "assign-streams",

@@ -39,10 +39,6 @@ from flint.errors import FlintError, run_cli
 from flint.grad_wait import GRAD_WAIT, add_grad_wait_flag
 
 DEFAULT_DEVICE = "h100-sxm"
-PASSES_HELP = ("step IR only: pass pipeline to run before lowering, flint-opt -p syntax, e.g. "
-               "'reorder-all-gather{prefetch=2},assign-streams'; '' runs none; default: the plan's "
-               "default pipeline (FSDP: reorder-all-gather{prefetch=1},sink-waits,assign-streams; DDP: "
-               "bucket-collectives{bytes=26214400},sink-waits; otherwise none)")
 DEFAULT_NETWORK = "dgx-h100"
 
 
@@ -238,6 +234,8 @@ def _pipeline_info(module, stage_peaks: list[int] | None) -> dict | None:
 
 
 def _common_args(ap: argparse.ArgumentParser) -> None:
+    from flint.pass_flags import PASSES_HELP
+
     from flint.chakra.reader import COMM_GROUPS_HELP
 
     ap.add_argument("input", help="step IR (.mlir: aten + dist functions, or a lowered chakra.graph) or a Chakra "

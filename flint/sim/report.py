@@ -167,7 +167,7 @@ def format_report(rep: dict) -> str:
     if "nic_sharing_us" in rep:
         ns = rep["nic_sharing_us"]
         lines.append(f"  NIC sharing: transfers sharing a port with other traffic finished {ns['mean'] / 1e3:.3f} ms "
-                     f"later in all per rank (mean; max {ns['max'] / 1e3:.3f} ms)")
+                     f"later, summed per rank (mean over ranks; max {ns['max'] / 1e3:.3f} ms)")
     if "attention" in rep:
         lines.append(f"  attention: {rep['attention']}")
     lines.append("")
