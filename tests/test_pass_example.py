@@ -36,6 +36,7 @@ def run(env, *args) -> subprocess.CompletedProcess:
 def test_flint_opt_runs_the_installed_pass(site):
     helped = run(site, sys.executable, "-m", "flint.tools.flint_opt", "--help")
     assert "gather-at-start" in helped.stdout and "[plug-in]" in helped.stdout
+    assert "or a plug-in) is recorded on a module with a plan (flint.scheduled_by)" in " ".join(helped.stdout.split())
     res = run(site, sys.executable, "-m", "flint.tools.flint_opt", str(GOLDEN), "-p", "gather-at-start{kind=all}")
     assert res.returncode == 0, res.stderr
     body = [line.strip() for line in res.stdout.splitlines() if "dist." in line]

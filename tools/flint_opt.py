@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+import textwrap
 from io import StringIO
 from typing import IO
 
@@ -27,7 +28,7 @@ from flint.ir.parse import RecordingParser, check_lexical, decode_source, failin
 from flint.ir import FLINT_DIALECTS
 from flint.ir.module import verify_module
 from flint.passes.registry import FLINT_PASSES, all_passes, options, parse_passes, summary
-from flint.schedule.pipelines import record_scheduling
+from flint.schedule.pipelines import SCHEDULING_PASSES, record_scheduling
 
 # Generic xDSL passes that are useful on Flint IR too.
 XDSL_PASSES = ("canonicalize", "cse", "dce")
@@ -85,7 +86,11 @@ class FlintOptMain(xDSLOptMain):
                 lines.append(f"  {'':<24}   options: {', '.join(opts)}")
         lines.append("")
         lines.append(f"Generic xDSL passes: {', '.join(XDSL_PASSES)}.")
-        lines.append("Print the IR after each pass with --print-between-passes.\n")
+        lines.append("Print the IR after each pass with --print-between-passes.")
+        lines.append(textwrap.fill(f"A pipeline with a scheduling pass ({', '.join(sorted(SCHEDULING_PASSES))} or a "
+                                   "plug-in) is recorded on a module with a plan (flint.scheduled_by): flint estimate, "
+                                   "simulate and emit then run no default pipeline on top of it.", 100,
+                                   break_on_hyphens=False) + "\n")
         arg_parser.epilog = "\n".join(lines)
 
     def setup_pipeline(self) -> None:
