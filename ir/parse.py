@@ -14,6 +14,14 @@ from xdsl.utils.exceptions import ParseError, VerifyException
 from flint.errors import FlintError
 
 
+def located(positions: dict[Operation, tuple[int, int]], op: Operation | None, path: str) -> str:
+    """``path:line:col`` of ``op`` where the parser recorded it, else ``path``."""
+    if op is not None and op in positions:
+        line, col = positions[op]
+        return f"{path}:{line}:{col}"
+    return path
+
+
 class RecordingParser(Parser):
     """A parser that remembers where each operation started in the source, and the names of values used
     before their definition (``forward_names``)."""
@@ -37,11 +45,10 @@ class RecordingParser(Parser):
         for op in module.walk():
             for value in op.operands:
                 if isinstance(value, ForwardDeclaredValue):
-                    where = f"{path}:{self._positions[op][0]}:{self._positions[op][1]}" if op in self._positions \
-                        else path
-                    raise FlintError(f"{where}: error: '{op.name}' uses %{self.forward_names.get(value, '?')}, "
-                                     "which is not defined before it in a scope the op sees (a value defined inside "
-                                     "the op's own region, or later)")
+                    name = self.forward_names.get(value, "?")
+                    raise FlintError(f"{located(self._positions, op, path)}: error: '{op.name}' uses %{name}, which "
+                                     "is not defined before it in a scope the op sees (a value defined inside the "
+                                     "op's own region, or later)")
         return module
 
     def parse_operation(self) -> Operation:
@@ -176,8 +183,7 @@ def load_ir(path: str) -> ModuleOp:
         verify_module(module)
     except VerifyException as e:
         op = failing_op(module, e)
-        where = f"{path}:{positions[op][0]}:{positions[op][1]}" if op in positions else path
-        raise FlintError(f"{where}: error: {str(e).splitlines()[0]}") from None
+        raise FlintError(f"{located(positions, op, path)}: error: {str(e).splitlines()[0]}") from None
     if not any(op.name in ("func.func", "chakra.graph") for op in module.ops):
         raise FlintError(f"{path}:1:1: error: the module holds no training step: no func.func (aten + dist IR) and "
                          "no chakra.graph (lowered or imported per-rank graphs)")

@@ -24,7 +24,8 @@ from xdsl.xdsl_opt_main import xDSLOptMain
 
 from flint.errors import FlintError, run_cli
 from flint.fileio import write_text_atomic
-from flint.ir.parse import RecordingParser, check_lexical, decode_source, failing_op, parse_error_message
+from flint.ir.parse import (RecordingParser, check_lexical, decode_source, failing_op, located,
+                            parse_error_message)
 from flint.ir import FLINT_DIALECTS
 from flint.ir.module import verify_module
 from flint.passes.registry import FLINT_PASSES, all_passes, options, parse_passes, summary
@@ -118,11 +119,7 @@ class FlintOptMain(xDSLOptMain):
 
     # -- errors --------------------------------------------------------------
     def _locate(self, op: Operation | None) -> str:
-        name = self.get_input_name()
-        if op is not None and op in self._positions:
-            line, col = self._positions[op]
-            return f"{name}:{line}:{col}"
-        return name
+        return located(self._positions, op, self.get_input_name())
 
     def _diagnostic(self, module: ModuleOp | None, err: Exception) -> str:
         if isinstance(err, ParseError):
