@@ -178,10 +178,10 @@ class _Block(nn.Module):
 class _BlockStack(nn.Module):
     """A plain model (not a StagedLM): input projection, a ModuleList of identical blocks, output."""
 
-    def __init__(self) -> None:
+    def __init__(self, layers: int = 3) -> None:
         super().__init__()
         self.inp = nn.Linear(16, 32)
-        self.blocks = nn.ModuleList([_Block() for _ in range(3)])
+        self.blocks = nn.ModuleList([_Block() for _ in range(layers)])
         self.out = nn.Linear(32, 10)
 
     def forward(self, x, target):
@@ -192,9 +192,9 @@ class _BlockStack(nn.Module):
 
 
 @functools.cache
-def _generic(mode: str, plan: str = "fsdp", world: int = 2):
-    p = dataclasses.replace(from_recipe(plan, world), activation_checkpoint=mode)
-    return capture_step(_BlockStack, {"x": (8, 16), "target": (8,)}, plan=p)
+def _generic(mode: str, plan: str = "fsdp", world: int = 2, layers: int = 3, every: int = 1):
+    p = dataclasses.replace(from_recipe(plan, world), activation_checkpoint=mode, ac_every=every)
+    return capture_step(functools.partial(_BlockStack, layers), {"x": (8, 16), "target": (8,)}, plan=p)
 
 
 def _gemm_flops(graph) -> int:
@@ -224,10 +224,85 @@ def test_generic_path_selective_op_saves_the_policy_list():
     assert extra == _recomputed_flops(none.part("block").fwd, lambda n: False) > 0
 
 
-def test_generic_path_selective_layer_every_second_block_is_refused():
-    p = dataclasses.replace(from_recipe("fsdp", 2), activation_checkpoint="selective-layer", ac_every=2)
-    with pytest.raises(PlanError, match="ac_every.*one block body"):
-        capture_step(_BlockStack, {"x": (8, 16), "target": (8,)}, plan=p)
+def _one_layers_recompute() -> int:
+    """The FLOPs full checkpointing adds per block (3 blocks, every one checkpointed)."""
+    return (_generic("full").summary().flops - _generic("none").summary().flops) // 3
+
+
+@pytest.mark.parametrize("layers", [4, 5])
+def test_generic_path_selective_layer_every_second_block(layers):
+    """The repeated block is two layers, the second checkpointed; a 5th layer (plain) runs in the model part.
+    Before, the stack repeated layer 0 (plain) and the step had no recompute at all."""
+    none, sel = _generic("none", layers=layers), _generic("selective-layer", layers=layers, every=2)
+    assert [(p.name, p.repeat) for p in sel.parts] == [("model", 1), ("block", 2)]
+    assert sel.summary().flops - none.summary().flops == 2 * _one_layers_recompute() > 0
+    assert any("repeated block is 2 layers" in n and "activation checkpointing" in n for n in sel.notes)
+    assert any("layer(s) 4 captured in the model part" in n for n in sel.notes) == (layers == 5)
+    # the model part holds the 5th layer's GEMMs: 2 forward (+ inp, out) when it is there
+    assert _mm(sel.part("model").fwd) + sum(1 for n in sel.part("model").fwd.nodes()
+                                            if n.target == torch.ops.aten.addmm.default) == 2 + 2 * (layers == 5)
+
+
+def _every_second_checkpointed(model, mesh):
+    """A training script's own: every second block checkpointed, every block and the root fully sharded."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+    from torch.distributed.fsdp import fully_shard
+
+    for i, key in enumerate(list(model.blocks._modules)):
+        if i % 2:
+            model.blocks._modules[key] = checkpoint_wrapper(model.blocks._modules[key], preserve_rng_state=False)
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+
+
+def _last_block_kept_gathered(model, mesh):
+    """A training script's own: the last block not resharded after forward (its backward comes first)."""
+    from torch.distributed.fsdp import fully_shard
+
+    for i, block in enumerate(model.blocks):
+        fully_shard(block, mesh=mesh, reshard_after_forward=i < len(model.blocks) - 1)
+    fully_shard(model, mesh=mesh)
+
+
+@pytest.mark.slow
+def test_own_parallelize_checkpointing_every_second_block():
+    own = capture_step(functools.partial(_BlockStack, 4), {"x": (8, 16), "target": (8,)},
+                       plan=_every_second_checkpointed, world_size=2)
+    assert [(p.name, p.repeat) for p in own.parts] == [("model", 1), ("block", 2)]
+    assert own.summary().flops == _generic("selective-layer", layers=4, every=2).summary().flops
+
+
+@pytest.mark.slow
+def test_own_parallelize_last_block_unresharded():
+    """The last block runs in the model part, and backward re-gathers the other three only (before: all four)."""
+    def captured(repeat: bool):
+        return capture_step(functools.partial(_BlockStack, 4), {"x": (8, 16), "target": (8,)},
+                            plan=_last_block_kept_gathered, world_size=2, repeat=repeat)
+
+    rep, whole = captured(True), captured(False)
+    assert [(p.name, p.repeat) for p in rep.parts] == [("model", 1), ("block", 3)]
+    assert any("layer(s) 3 captured in the model part" in n and "data-parallel groups or their options" in n
+               for n in rep.notes)
+    gathers = lambda step: sum(_gathers(g) * p.repeat for p in step.parts for g in p.graphs())  # noqa: E731
+    assert gathers(rep) == gathers(whole) == 5 + 3  # forward: root and 4 blocks; backward: blocks 0-2
+    assert rep.summary().flops == whole.summary().flops
+
+
+@pytest.mark.parametrize("kinds,period,expected", [
+    ("aaaa", 1, (1, 4)),
+    ("abab", 1, (2, 2)),
+    ("ababa", 1, (2, 2)),      # the 5th layer outside the repeats
+    ("aaab", 1, (1, 3)),       # the last one differs
+    ("abcd", 1, (1, 1)),       # nothing repeats: captured whole
+    ("abaabaab", 1, (3, 2)),
+    ("abcdabcd", 2, (4, 2)),   # a multiple of the structure's period
+    ("aabbaabb", 2, (4, 2)),
+])
+def test_repeating_pattern_of_what_parallelize_made(kinds, period, expected):
+    from flint.capture.generic import _repeating
+
+    assert _repeating(list(kinds), period) == expected
 
 
 def test_generic_path_ac_with_own_parallelize_function_is_refused():

@@ -182,6 +182,13 @@ class _UnusedStage(_GatedStage):
     (_UnusedStage, r"part 'first_stage' gives no gradient to 2 parameter\(s\): gate.weight, gate.bias"),
 ])
 def test_user_pipeline_stage_that_would_lose_a_gradient_is_refused(stage, message):
+    with pytest.raises(CaptureError, match=message):
+        capture_step(_Gated, {"tokens": (4, 8), "labels": (4, 8)}, plan=Plan.from_dict({"pp": 2}),
+                     parallelize=_two_stages(stage))
+
+
+def _two_stages(stage):
+    """A pipeline function: ``stage`` over _Gated's blocks 0-1 on pipeline rank 0, 2-3 on rank 1, 1F1B."""
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
     def pipeline(model, mesh):
@@ -194,7 +201,31 @@ def test_user_pipeline_stage_that_would_lose_a_gradient_is_refused(stage, messag
         return Schedule1F1B(PipelineStage(module, rank, 2, torch.device("meta"), group=pp.get_group(), **io), 2,
                             loss_fn=lambda logits, y: torch.nn.functional.cross_entropy(logits.flatten(0, 1),
                                                                                         y.flatten()))
+    return pipeline
 
-    with pytest.raises(CaptureError, match=message):
+
+class _CheckpointedOnRank1(_GatedStage):
+    """Blocks that read the hidden state only; the pipeline function checkpoints the second stage's blocks."""
+
+    def __init__(self, model: _Gated, lo: int, hi: int, first: bool, last: bool) -> None:
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+        super().__init__(model, lo, hi, first, last)
+        self.gate = None
+        if not first:
+            self.layers = torch.nn.ModuleList(checkpoint_wrapper(b, preserve_rng_state=False) for b in self.layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x) if self.embed is not None else x
+        for layer in self.layers:
+            h = layer(h, 1.0)
+        return self.out(h) if self.out is not None else h
+
+
+def test_user_pipeline_blocks_treated_differently_are_refused():
+    """One block body stands for every stage's blocks: before this check, stage 1's checkpointing was dropped
+    (stage 0's plain block repeated for all)."""
+    with pytest.raises(CaptureError, match=r"stage 1's block 0 and stage 0's block 0 differ in activation "
+                                           r"checkpointing: Flint's pipeline capture repeats one block body"):
         capture_step(_Gated, {"tokens": (4, 8), "labels": (4, 8)}, plan=Plan.from_dict({"pp": 2}),
-                     parallelize=pipeline)
+                     parallelize=_two_stages(_CheckpointedOnRank1))

@@ -9,8 +9,13 @@ the inputs it receives in the model's own forward, repeated once per period of
 the run) and ``model`` (the model's forward and loss with the run's layers
 replaced by a pass-through, so it holds exactly the work outside them: the
 embedding, the head, and layers outside the run, such as DeepSeek-V3's dense
-first layers). A model without a pattern that repeats at least twice is
-captured whole as one part ``model``, and so is one whose layers take a
+first layers). The run is found on the model as built, and narrowed to what
+the parallelize function made of its layers (:func:`_layer_kind`): a pattern
+of layers checkpointed, sharded or grouped alike (selective-layer
+checkpointing every 2nd layer: two layers, the second checkpointed), repeated,
+and the layers after its last whole repeat run in the model part. A model
+without a pattern that repeats at least twice is captured whole as one part
+``model``, and so is one whose layers take a
 second input that needs a gradient (an encoder's output into decoder layers)
 or a hidden state that needs none (:func:`_why_capture_whole`). After the
 backward, every parameter must have a gradient.
@@ -18,6 +23,7 @@ backward, every parameter must have a gradient.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import warnings
 from typing import Any, Callable, Mapping, Sequence
@@ -284,6 +290,54 @@ def _second_input_with_gradient(layers: Sequence[nn.Module], recorded: Sequence[
     return ""
 
 
+def _described(value: Any) -> str:
+    """A checkpoint wrapper's argument, compared across layers: a function by its name (torchtitan builds one
+    policy closure per layer), a ``functools.partial`` by its function and arguments."""
+    if isinstance(value, functools.partial):
+        return f"{_described(value.func)}({', '.join(_described(a) for a in value.args)})"
+    if callable(value):
+        return f"{getattr(value, '__module__', '')}.{getattr(value, '__qualname__', type(value).__name__)}"
+    return repr(value)
+
+
+def _layer_kind(layer: nn.Module, calls: Sequence[GroupCall]) -> tuple[tuple, tuple, tuple]:
+    """What the parallelize function made of one layer, which :func:`flint.capture.byom.find_layers` (run
+    before it) could not compare: (the modules with their checkpoint wrappers' arguments, the parameters' local
+    shapes and placements, the data-parallel groups on the layer or inside it with their options)."""
+    names = {id(m): n for n, m in layer.named_modules()}
+    modules = tuple((n, type(m).__name__, tuple(sorted((k, _described(v)) for k, v in m.checkpoint_fn.keywords.items()))
+                     if isinstance(getattr(m, "checkpoint_fn", None), functools.partial) else ())
+                    for n, m in layer.named_modules())
+    params = tuple((n, tuple(_local(p).shape), p.dtype, tuple(map(str, p.placements)) if isinstance(p, DTensor)
+                    else ()) for n, p in layer.named_parameters())
+    groups = tuple((tuple(names[id(m)] for m in c.modules), c.mode, c.reshard_after_forward, c.param_dtype,
+                    c.reduce_dtype, getattr(c.mesh, "mesh_dim_names", None))
+                   for c in calls if all(id(m) in names for m in c.modules))
+    return modules, params, groups
+
+
+_KIND_PARTS = ("activation checkpointing", "parameter sharding", "data-parallel groups or their options")
+
+
+def _differs(kinds: Sequence[tuple]) -> str:
+    """What differs among the layers of ``kinds`` (:func:`_layer_kind`), in words."""
+    return " and ".join(what for i, what in enumerate(_KIND_PARTS) if len({k[i] for k in kinds}) > 1)
+
+
+def _repeating(kinds: Sequence[tuple], period: int) -> tuple[int, int]:
+    """(layers per repeat, repeats): of the patterns whose length is a multiple of ``period`` (the structure's),
+    the one whose leading repeats over ``kinds`` cover the most layers, then the shortest; repeats 1 if none
+    repeats twice."""
+    best = (period, 1)
+    for size in range(period, len(kinds) // 2 + 1, period):
+        repeats = 1
+        while (repeats + 1) * size <= len(kinds) and kinds[repeats * size:(repeats + 1) * size] == kinds[:size]:
+            repeats += 1
+        if repeats >= 2 and repeats * size > best[0] * best[1]:
+            best = (size, repeats)
+    return best
+
+
 def _check_gradients(module: nn.Module, infos: dict[int, ParamInfo], part: str) -> None:
     lacking = [infos[id(p)].name if id(p) in infos else "?" for p in module.parameters()
                if p.requires_grad and p.grad is None]
@@ -372,10 +426,32 @@ def _capture_generic(model: nn.Module, dm, mesh, inputs: Mapping[str, InputSpec]
     args = tuple(torch.zeros(local[k], dtype=input_dtype(k, spec, param_dtype), device="meta")
                  for k, spec in inputs.items())
     call = CallModel(model, list(inputs), targets, loss)
-    period = stack.keys[:stack.period] if run else ()  # the keys of the run's first period
+    notes: list[str] = []
+    size = stack.period if run else 1
+    if run:
+        # the parallelize function may treat the run's layers differently (every second one checkpointed, the
+        # last one not resharded): the repeated block is the pattern of what it made of them, and layers after
+        # the pattern's last repeat are captured in the model part, where they run
+        made = [_layer_kind(blocks._modules[k], calls) for k in run]
+        size, repeats = _repeating(made, stack.period)
+        if repeats < 2:
+            notes.append(f"{stack.path} captured whole, not as a repeated layer: the parallelize function gives "
+                         f"its layers {_differs(made)} that follow no repeating pattern")
+            run, blocks = (), None
+        else:
+            if size > stack.period:
+                notes.append(f"{stack.path}: the repeated block is {size} layers, as the parallelize function "
+                             f"gives them {_differs(made[:size])} in a pattern of {size}")
+            if size * repeats < len(run):
+                tail = range(size * repeats, len(run))
+                other = _differs([k for i in tail for k in (made[i % size], made[i])])
+                notes.append(f"{stack.path}: layer(s) {', '.join(run[i] for i in tail)} captured in the model part, "
+                             f"after the repeated block ({repeats} x {size} layer(s)): they do not continue its "
+                             "pattern" + (f" (the parallelize function changes the {other} there)" if other else ""))
+                run = run[:size * repeats]
+    period = run[:size]  # the keys of the run's first repeat
     first = [blocks._modules[k] for k in period]  # as parallelize left them (AC-wrapped)
     recorded = _record_block_inputs(call, args, first) if blocks is not None else None
-    notes: list[str] = []
     if recorded is not None and (why := _why_capture_whole(first, recorded)):
         notes.append(f"{stack.path} captured whole, not as one repeated layer: {why}")
         blocks = recorded = None
@@ -401,12 +477,12 @@ def _capture_generic(model: nn.Module, dm, mesh, inputs: Mapping[str, InputSpec]
         kinds = ("activation",) + ("input",) * (len(tensors) - 1)
         # the period's layers as their data-parallel groups, if any
         block_call = _BlockCall([blocks._modules[k] for k in period], specs, consts)
-        part, _ = capture_part("block", block_call, tuple(tensors), kinds, len(run) // stack.period, **kw)
+        part, _ = capture_part("block", block_call, tuple(tensors), kinds, len(run) // size, **kw)
         _check_gradients(block_call, infos, "block")
         # the run's layers pass their hidden state through in the model part; the layers outside it run there
         saved = [(key, blocks._modules[key]) for key in run]
         for i, (key, _) in enumerate(saved):
-            blocks._modules[key] = _Skip(*out_specs[i % stack.period], blocks._modules[key])
+            blocks._modules[key] = _Skip(*out_specs[i % size], blocks._modules[key])
         try:
             mpart, _ = capture_part("model", call, args, ("input",) * len(args), 1, **kw)
             _check_gradients(call, infos, "model")

@@ -134,8 +134,9 @@ def capture_pipeline(model_factory: Callable[[], nn.Module], build: Callable, pl
     """
     from flint.capture.byom import call_user, intercept, where_defined
     from flint.capture.fake_dist import device_mesh, fake_world, group_axes
-    from flint.capture.generic import (_TENSOR, _apply_groups, _BlockCall, _check_gradients, _infos_after_tp,
-                                       _record_block_inputs, _second_input_with_gradient, _Skip)
+    from flint.capture.generic import (_TENSOR, _apply_groups, _BlockCall, _check_gradients, _differs,
+                                       _infos_after_tp, _layer_kind, _record_block_inputs,
+                                       _second_input_with_gradient, _Skip)
     from flint.capture.step import CapturedStep
     from flint.pipeline.schedules import stage_ranks
 
@@ -195,6 +196,17 @@ def capture_pipeline(model_factory: Callable[[], nn.Module], build: Callable, pl
                     raise CaptureError("parallelize", f"stage {st.index} says num_stages = {st.num}, but {P} "
                                        f"pipeline ranks x {V} stage(s) each = {P * V}", source)
                 owner_of[st.index] = r
+                # one block body stands for every block of every stage: what the function made of each block
+                # (checkpoint wrappers, sharding, data-parallel groups) must be the same
+                for key, block in (st.blocks._modules.items() if st.blocks is not None else ()):
+                    kind = _layer_kind(block, rec.groups)
+                    ref = info.setdefault("block_kind", (kind, f"stage {st.index}'s block {key}"))
+                    if kind != ref[0]:
+                        raise CaptureError("parallelize", f"stage {st.index}'s block {key} and {ref[1]} differ in "
+                                           f"{_differs([kind, ref[0]])}: Flint's pipeline capture repeats one block "
+                                           "body over every stage, so the pipeline function must treat every "
+                                           "block alike (capture without pipeline parallelism takes a repeating "
+                                           "pattern of blocks)", source)
             infos = _infos_after_tp(model, {})
             placed: set[int] = set()
             for st in stages:  # fully_shard / replicate calls on a stage's modules: its parameter groups

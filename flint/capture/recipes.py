@@ -267,10 +267,6 @@ def check_ac(plan: Plan, model: nn.Module, staged: bool) -> None:
                             "modules, or composite modules of one class), so Flint finds no layers to checkpoint",
                             plan.source)
         layers = found.container
-        if plan.activation_checkpoint == "selective-layer" and plan.ac_every > 1:
-            raise PlanError("ac_every", f"selective-layer every {plan.ac_every} blocks on a model outside the "
-                            "zoo: the generic path captures one block body for the whole stack (not yet two "
-                            "roles); use full or selective-op", plan.source)
     if not any(isinstance(m, nn.Linear) for m in layers.modules()):
         raise PlanError("activation_checkpoint", f"'{plan.activation_checkpoint}' on blocks without linear "
                         "layers: there are no GEMMs to save or recompute", plan.source)
