@@ -654,6 +654,14 @@ Dist = Dialect(
 #                            the start of the preceding part of the schedule), and the
 #                            last K iterations issue nothing. The wait stays in its own
 #                            iteration. lower-to-chakra and the memory model honour it.
+#   flint.prefetch_at = "L"  with flint.prefetch, on the same ops: they are issued (K
+#                            iterations ahead) where the op marked
+#   flint.prefetch_point = "L" runs, not where they stand: a block of several FSDP
+#                            groups gathers its next iteration's first group when its
+#                            own last group starts, as FSDP2 prefetches one module
+#                            ahead. The ops stay at the top, so every value is still
+#                            defined before its use; without the marked op in the
+#                            function they are issued where they stand.
 
 STREAM_ATTR = "stream"
 # ``flint.where = array<i64: axis, coord>`` on a `dist.send` / `dist.recv` / `aten.op` of a decomposed
@@ -670,6 +678,8 @@ def where_of(op: Operation) -> tuple[int, int] | None:
     axis, coord = attr.get_values()
     return int(axis), int(coord)
 PREFETCH_ATTR = "flint.prefetch"
+PREFETCH_AT_ATTR = "flint.prefetch_at"
+PREFETCH_POINT_ATTR = "flint.prefetch_point"
 # ``flint.sms = N : i64`` on a `dist.send`: its communication kernel holds N SMs from issue to finish
 # (Transformer Engine's userbuffers reduce-scatter kernels; set by micro-pipeline-tp{sms=N});
 # lower-to-chakra carries it to the chakra.send, the simulator slows the rank's compute meanwhile.
@@ -694,3 +704,21 @@ def prefetch_of(op: Operation) -> int:
     """How many iterations ahead ``op`` runs (``flint.prefetch``; 0 when absent)."""
     attr = op.attributes.get(PREFETCH_ATTR)
     return attr.value.data if isinstance(attr, IntegerAttr) else 0
+
+
+def prefetch_points(block: Block) -> dict[Operation, Operation]:
+    """Prefetched ops of ``block`` issued elsewhere (``flint.prefetch_at``) -> the op they are issued right
+    before (the one whose ``flint.prefetch_point`` names their label); ops whose label no op holds are left out
+    (issued where they stand)."""
+    from xdsl.dialects.builtin import StringAttr
+
+    points, out = {}, {}
+    for op in block.ops:
+        attr = op.attributes.get(PREFETCH_POINT_ATTR)
+        if isinstance(attr, StringAttr):
+            points[attr.data] = op
+    for op in block.ops:
+        attr = op.attributes.get(PREFETCH_AT_ATTR)
+        if isinstance(attr, StringAttr) and attr.data in points and prefetch_of(op):
+            out[op] = points[attr.data]
+    return out

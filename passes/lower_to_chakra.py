@@ -236,6 +236,7 @@ class _FunctionLowering:
         # op -> (flops, bytes, duration): a function run from many schedule entries is costed once.
         self.costs = costs if costs is not None else {}
         self.issued: list[SSAValue] = []
+        self.issued_ops: list[Operation] = []  # the op each issued node lowers
         self.producer: dict[SSAValue, tuple[SSAValue, ...]] = {}
         # A buffer written piecewise (`aten.slice_scatter` of a decomposed collective): its producers per
         # element range [lo, hi), so a slice depends on what wrote that range only, as the unrolled steps do.
@@ -349,12 +350,27 @@ class _FunctionLowering:
         return ctrl
 
     def lower(self) -> None:
-        for op in self.fn.body.block.ops:
+        block = self.fn.body.block
+        # in a steady iteration, a prefetched op with an issue point (flint.prefetch_at) is issued right before
+        # it: a block's next first group is gathered when its last group starts
+        points = dist.prefetch_points(block) if self.mode == STEADY else {}
+        deferred: dict[Operation, list[Operation]] = {}
+        seen: set[Operation] = set()
+        for op in block.ops:
+            seen.add(op)
+            for early in deferred.pop(op, ()):
+                self.lower_op(early)
             if op in self.prefetched:
-                if self.mode in (PROLOGUE, STEADY):
+                if op in points and points[op] not in seen:
+                    deferred.setdefault(points[op], []).append(op)
+                elif self.mode in (PROLOGUE, STEADY):
                     self.lower_op(op)
             elif self.mode != PROLOGUE:
                 self.lower_op(op)
+        if self.issued:  # in the order of their ops in the body, as the slots that carry them are
+            pos = {o: i for i, o in enumerate(block.ops)}
+            order = sorted(range(len(self.issued)), key=lambda i: pos[self.issued_ops[i]])
+            self.issued = [self.issued[i] for i in order]
 
     def lower_op(self, op: Operation) -> None:
         if isinstance(op, func.ReturnOp):
@@ -442,6 +458,7 @@ class _FunctionLowering:
         self.run = None  # a later compute node must not run before this comm node is issued
         if result is not None and result.owner in self.prefetched and self.mode in (PROLOGUE, STEADY):
             self.issued.append(node)  # for a later iteration: its wait names the slot instead
+            self.issued_ops.append(result.owner)
             return
         if result is not None:
             self.producer[result] = (node,)

@@ -102,6 +102,7 @@ class OverlapReportPass(ModulePass):
     def _function(self, fn: func.FuncOp, device, network) -> list[tuple]:
         ops = list(fn.body.block.ops)
         pos = {o: i for i, o in enumerate(ops)}
+        points = dist.prefetch_points(fn.body.block)  # prefetched ops issued elsewhere: where
         compute = [aten_op_cost(o, device)[2] if isinstance(o, AtenOp) else 0.0 for o in ops]
         rows = []
         for i, o in enumerate(ops):
@@ -128,11 +129,14 @@ class OverlapReportPass(ModulePass):
                 what = f"{o.name.removeprefix('dist.')} axis {axes[0]} offset {o.offset.value.data}"
             fut = _future(o)
             comp = 0.0
+            ahead = dist.prefetch_of(o)
+            # where it is issued: after itself, or at its issue point (flint.prefetch_at) `ahead` iterations early
+            issued = pos[points[o]] if ahead and o in points else i + 1
             if fut is not None:
                 waits = [u.operation for u in fut.uses if isinstance(u.operation, dist.WaitOp) and u.operation in pos]
                 if waits:
-                    comp = sum(compute[i + 1:pos[waits[0]]])
-            ahead = dist.prefetch_of(o)
+                    w = pos[waits[0]]
+                    comp = sum(compute[issued:w]) if issued <= w else -sum(compute[w:issued])
             if ahead:  # issued `ahead` iterations early: that many whole bodies run in between
                 comp += ahead * sum(compute)
                 what += f" prefetch {ahead}"

@@ -124,8 +124,9 @@ Schedule attributes
 Ops marked ``flint.prefetch = K`` (see :mod:`flint.ir.dist`; set by
 ``reorder-all-gather``) in a function repeated ``N`` times run ``K``
 iterations early: iteration ``j``'s gathered parameters are allocated at the
-prefetched start's position in iteration ``j - K`` (for ``j < K``: at the
-start of the preceding part, where ``lower-to-chakra`` puts the prologue)
+prefetched start's position in iteration ``j - K`` (its issue point's, when
+``flint.prefetch_at`` names one; for ``j < K``: at the start of the
+preceding part, where ``lower-to-chakra`` puts the prologue)
 and freed after their last use in iteration ``j``. Prefetching one block
 further keeps one more block's gathered parameters live. Under a pipeline
 (each function runs once per schedule entry) a rank's forward runs that
@@ -305,6 +306,10 @@ def _profile(fn: func.FuncOp, prefetch: int = 0, nosync: frozenset[int] = frozen
     ops = [op for op in fn.body.block.ops if not isinstance(op, func.ReturnOp)]
     p = _Profile(fn, roles, max(len(ops), 1))
     early = {op for op in ops if dist.prefetch_of(op) > 0} if prefetch else set()
+    index = {op: i for i, op in enumerate(ops)}
+    # issued where their issue point runs (flint.prefetch_at), as lower-to-chakra issues them
+    issue_at = {op: index[point] for op, point in dist.prefetch_points(fn.body.block).items()
+                if point in index and index[point] > index[op]} if early else {}
     args = list(fn.body.block.args)
     p.arg_last_use = [-1] * len(args)
     p.arg_returned = [False] * len(args)
@@ -336,7 +341,7 @@ def _profile(fn: func.FuncOp, prefetch: int = 0, nosync: frozenset[int] = frozen
     skipped: set[SSAValue] = set()  # results of skipped (nosync) gradient reductions, and their dtype casts
     for at, op in enumerate(ops):
         if op in early:  # a local position in an earlier iteration (negative when K iterations back)
-            at -= prefetch * p.n_pos
+            at = issue_at.get(op, at) - prefetch * p.n_pos
         for v in op.operands:
             use(v, at)
         if isinstance(op, dist.StepsOp):

@@ -50,10 +50,19 @@ builtin.module attributes {flint.schedule = [["block", 3], ["tail", 1]]} {
 
 // BAD: error: unknown network 'nope'
 
-// After reorder-all-gather{prefetch=1}, the block's gathers are issued one block
-// early: one whole body of compute (14.118 us) more can hide each.
+// The block holds two FSDP groups (w1, then w2): reorder-all-gather{prefetch=1} issues each one group
+// ahead, as FSDP2 prefetches one module ahead. w2's gather is issued where w1's group starts (its
+// mm): the mm and the relu hide it. The next iteration's w1 is issued where w2's group starts
+// (flint.prefetch_at): only w2's mm (5.559 us) runs before the next iteration waits for it.
 // RUN: flint-opt %s -p 'reorder-all-gather{prefetch=1},overlap-report' -o /dev/null 2>&1 | filecheck %s --check-prefix=PREFETCH
 // PREFETCH: @block (runs 3x per step)
 // PREFETCH-NEXT: op  communication
-// PREFETCH-NEXT: #0  all_gather axes [0] (n=4) prefetch 1 {{ +}} 2048        6.655       14.118        0.000
-// PREFETCH-NEXT: #1  all_gather axes [0] (n=4) prefetch 1 {{ +}} 2048        6.655       22.677        0.000
+// PREFETCH-NEXT: #0  all_gather axes [0] (n=4) prefetch 1 {{ +}} 2048        6.655        5.559        1.096
+// PREFETCH-NEXT: #2  all_gather axes [0] (n=4) {{ +}} 2048        6.655        8.559        0.000
+// prefetch=2, a whole block ahead: each gather issued one iteration early where its group starts,
+// one whole body of compute (14.118 us) hides each.
+// RUN: flint-opt %s -p 'reorder-all-gather{prefetch=2},overlap-report' -o /dev/null 2>&1 | filecheck %s --check-prefix=PREFETCH2
+// PREFETCH2: @block (runs 3x per step)
+// PREFETCH2-NEXT: op  communication
+// PREFETCH2-NEXT: #0  all_gather axes [0] (n=4) prefetch 1 {{ +}} 2048        6.655       14.118        0.000
+// PREFETCH2-NEXT: #1  all_gather axes [0] (n=4) prefetch 1 {{ +}} 2048        6.655       14.118        0.000
