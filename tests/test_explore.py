@@ -583,3 +583,26 @@ def test_explore_estimate_equals_flint_estimate(tmp_path, cache, capsys):
     assert res["status"] == "ok" and res["outputs"]["path"] == "captured"
     assert res["outputs"]["path_note"] == "shard-expand: no sharding rule for 'aten.my_op.default' at model.py:1:0"
     assert res["outputs"]["iteration_time_us"] == rows[("captured", "")]["outputs"]["iteration_time_us"]
+
+
+def test_summary_names_why_points_were_pruned_and_what_mfu_counts(tmp_path):
+    """A sweep over activation checkpointing modes: the points pairing ac_every with another mode are pruned
+    (counted under degrees_divide, the plan's own validation), and the summary says why; its mfu legend says
+    that recompute counts as work."""
+    from collections import Counter
+
+    from flint.explore.report import dataframe, summary_markdown
+    from flint.explore.runner import RunSummary
+
+    space = load_space(_write(tmp_path, BASE))
+    rows = [{"point_id": "a", "inputs": {"workload.plan.activation_checkpoint": "full"}, "status": "pruned",
+             "constraint_name": "degrees_divide",
+             "error": "plan field 'ac_every': applies only to activation_checkpoint = \"selective-layer\""},
+            {"point_id": "b", "inputs": {"workload.plan.activation_checkpoint": "none"}, "status": "ok",
+             "outputs": {"iteration_time_us": 10.0, "exposed_comm_us": 1.0, "mfu": 0.3, "peak_memory_bytes": 2**30,
+                         "fits": True, "gpus": 8}}]
+    md = summary_markdown(dataframe(rows, space), space,
+                          RunSummary("grid", ["a", "b"], evaluated=1, pruned=Counter({"degrees_divide": 1})))
+    assert ("| `degrees_divide` | 1 | plan field 'ac_every': applies only to activation_checkpoint = "
+            "\"selective-layer\" |") in md
+    assert "`mfu` counts the FLOPs the step runs, activation checkpointing's recompute included" in md

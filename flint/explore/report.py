@@ -145,8 +145,11 @@ def summary_markdown(df, space: Space, summary, plots: Sequence[str] = ()) -> st
                  f"from the cache) and reused {summary.reused} stored ones, in {summary.wall_s:.1f} s.")
     lines.append("")
     if summary.pruned:
-        lines += ["| constraint | points removed |", "|---|---|"]
-        lines += [f"| `{c}` | {n} |" for c, n in sorted(summary.pruned.items())]
+        lines += ["| constraint | points removed | the first one's reason |", "|---|---|---|"]
+        for c, n in sorted(summary.pruned.items()):
+            why = df[(df["status"] == "pruned") & (df["constraint"] == c)]["error"] if not df.empty else ()
+            first = str(why.iloc[0]).replace("|", "/").replace("\n", " ") if len(why) else ""
+            lines.append(f"| `{c}` | {n} | {first} |")
         lines.append("")
     vary = _varying(df, space)
     if len(ok):
@@ -165,6 +168,9 @@ def summary_markdown(df, space: Space, summary, plots: Sequence[str] = ()) -> st
             sub = ok.loc[best].copy()
             sub.insert(0, "objective", [o for o in space.objectives][:len(best)])
             lines += _table(sub, ["objective", *vary, *outs])
+        if "mfu" in outs:
+            lines += ["", "`mfu` counts the FLOPs the step runs, activation checkpointing's recompute included "
+                          "(hardware FLOPs): it rises under checkpointing while the step slows."]
         if space.reference:
             lines += ["", "## Against the reference point", ""]
             m = ok
