@@ -113,6 +113,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from flint.errors import FlintError
+from flint.tomlio import parse_toml
 from flint.mesh import Mesh
 
 # Degree fields, in torchtitan's outermost-to-innermost mesh order.
@@ -210,8 +211,7 @@ class Plan:
         """A validated plan from a TOML file (fields at the top level or under ``[plan]``)."""
         path = Path(path)
         try:
-            with open(path, "rb") as f:
-                data = tomllib.load(f)
+            data = parse_toml(path.read_bytes())
         except FileNotFoundError:
             raise PlanError("plan", "no such file", str(path)) from None
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:

@@ -119,6 +119,19 @@ def test_network_errors():
     assert load_network("dgx-h100", sizes=[4, 2]).for_world(8).sizes == (4, 2)
 
 
+def test_world_size_error_of_a_network_file_names_the_file(tmp_path):
+    """Fuzz seed 51: a network file whose inner dimension does not divide the world said "network 'dgx-h100'"
+    (the name inside the mutated file) and not which file."""
+    path = tmp_path / "mine.toml"
+    path.write_text('name = "dgx-h100"\n[[dims]]\nname = "nv"\nsize = 3\nbandwidth_gbytes_per_s = 100\n'
+                    '[[dims]]\nname = "ib"\nsize = 0\nbandwidth_gbytes_per_s = 50\n')
+    with pytest.raises(FlintError, match=rf"^network 'dgx-h100' \({path}\): world size 4 is not a multiple of the "
+                                         r"inner dimensions' 3 ranks \(nv size 3\)"):
+        load_network(path).for_world(4)
+    with pytest.raises(FlintError, match=r"^network 'dgx-h100': world size 12"):  # a preset: its name says it
+        load_network("dgx-h100").for_world(12)
+
+
 # ------------------------------------------------------------- NCCL-like terms
 
 def test_base_latency_and_bus_efficiency_by_hand():

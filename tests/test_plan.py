@@ -132,3 +132,23 @@ def test_plan_round_trips_through_a_module_attribute():
         plan = Plan.from_dict(fields)
         attach(module, plan)
         assert plan_of(module) == plan
+
+
+@pytest.mark.parametrize("nesting", ["[" * 3000, "{a = " * 1500])
+@pytest.mark.parametrize("reader", ["plan", "space", "rules", "runtime memory", "device"])
+def test_toml_nested_too_deeply_names_the_file(tmp_path, reader, nesting):
+    """tomllib recurses per nesting level; fuzz seed 51 found its RecursionError as an internal error of
+    Plan.load. Every TOML reader names the file instead (flint.tomlio.parse_toml)."""
+    from flint.cost import load_device
+    from flint.errors import FlintError
+    from flint.explore.space import load_space
+    from flint.sharding.rules import load_rules
+    from flint.validate.memory import runtime_overheads
+
+    path = tmp_path / "deep.toml"
+    path.write_text(f"x = {nesting}\n")
+    read = {"plan": Plan.load, "space": load_space, "rules": load_rules, "runtime memory": runtime_overheads,
+            "device": load_device}[reader]
+    kw = {"path": path} if reader == "runtime memory" else {}
+    with pytest.raises(FlintError, match=r"deep\.toml.*nested too deeply"):
+        read(**kw) if kw else read(path)

@@ -52,6 +52,7 @@ from typing import Any, Mapping
 
 from flint.cost.compute import AttentionModel, GemmModel
 from flint.errors import FlintError
+from flint.tomlio import parse_toml
 from flint.limits import MAX_SMS
 from flint.opclasses import COST_CLASSES
 
@@ -296,14 +297,11 @@ def merge_calibration(base: Calibration, data: Mapping[str, Any], where: str) ->
 def read_toml(path: str | Path, what: str) -> dict[str, Any]:
     """A TOML file as a dict; a missing or malformed file is a :class:`FlintError` naming it."""
     try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
+        return parse_toml(Path(path).read_bytes())
     except FileNotFoundError:
         raise FlintError(f"{what} file '{path}' does not exist") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise FlintError(f"{what} file '{path}' is not valid TOML: {e}") from None
-    except RecursionError:
-        raise FlintError(f"{what} file '{path}' nests too deeply to be a {what} TOML") from None
     except OSError as e:
         raise FlintError(f"cannot read {what} file '{path}': {e.strerror}") from None
 

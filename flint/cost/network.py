@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import math
 import tomllib
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -80,6 +80,12 @@ class Network:
     description: str = ""
     # Degraded NICs: (rank, dimension name, bandwidth_gbytes_per_s) below the dimension's link.
     nics: tuple[tuple[int, str, float], ...] = ()
+    source: str = field(default="", compare=False)  # the file it was read from, when the user gave one
+
+    @property
+    def label(self) -> str:
+        """How messages name it: ``network 'NAME'``, and the file it came from when the user gave one."""
+        return f"network '{self.name}'" + (f" ({self.source})" if self.source else "")
 
     def with_link(self, dim: str, *, bandwidth_gbytes_per_s: float | None = None,
                   latency_us: float | None = None) -> "Network":
@@ -131,19 +137,20 @@ class Network:
         """
         sizes = [d.size for d in self.dims]
         if any(s == 0 for s in sizes[:-1]):
-            raise FlintError(f"network '{self.name}': only the outermost dimension may have size 0")
+            raise FlintError(f"{self.label}: only the outermost dimension may have size 0")
         if sizes[-1] == 0:
             inner = math.prod(sizes[:-1])
             if world_size <= inner and len(sizes) == 2:
                 sizes = [world_size, 1]
             elif world_size % inner:
-                raise FlintError(f"network '{self.name}': world size {world_size} is not a multiple of the "
-                                 f"inner dimensions' {inner} ranks")
+                inner_dims = ", ".join(f"{d.name} size {d.size}" for d in self.dims[:-1])
+                raise FlintError(f"{self.label}: world size {world_size} is not a multiple of the inner "
+                                 f"dimensions' {inner} ranks ({inner_dims})")
             else:
                 sizes[-1] = world_size // inner
         if math.prod(sizes) < world_size:
-            raise FlintError(f"network '{self.name}' has {math.prod(sizes)} ranks {sizes}, fewer than the "
-                             f"world size {world_size}")
+            raise FlintError(f"{self.label} has {math.prod(sizes)} ranks {sizes}, fewer than the world size "
+                             f"{world_size}")
         return replace(self, dims=tuple(replace(d, size=s) for d, s in zip(self.dims, sizes)))
 
     @property
@@ -290,6 +297,8 @@ def load_network(name_or_path: str | Path, sizes: Sequence[int] | None = None) -
     from flint.cost.calibration import read_toml
 
     net = network_from_dict(read_toml(p, "network"), where=str(p))
+    if p.parent != NETWORKS_DIR:
+        net = replace(net, source=str(p))
     if sizes is not None:
         if len(sizes) != len(net.dims):
             raise FlintError(f"network '{net.name}' has {len(net.dims)} dimensions, got {len(sizes)} sizes")

@@ -85,6 +85,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from flint.errors import FlintError
+from flint.tomlio import parse_toml
 from flint.plan import Plan, PlanError
 
 STRATEGIES = ("grid", "random", "optuna")
@@ -211,7 +212,7 @@ def load_space(path: str | Path) -> Space:
     except OSError as e:
         raise FlintError(f"{src}: cannot read: {e.strerror}") from None
     try:
-        data = tomllib.loads(raw.decode())
+        data = parse_toml(raw)
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise FlintError(f"{src}: not valid TOML: {e}") from None
     space = space_from_dict(data, src)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Sequence
 
 from flint.errors import FlintError
+from flint.tomlio import parse_toml
 from flint.plan import Plan
 from flint.sharding.spec import Sharding
 
@@ -70,10 +71,10 @@ def load_rules(path: str | None = None) -> Rules:
     """Rules from a TOML file (default: the built-in ``rules.toml``)."""
     p = Path(path) if path else RULES_PATH
     try:
-        data = tomllib.loads(p.read_text())
+        data = parse_toml(p.read_bytes())
     except FileNotFoundError:
         raise RulesError(f"{p}: no such rules file") from None
-    except tomllib.TOMLDecodeError as e:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise RulesError(f"{p}: not valid TOML: {e}") from None
     tp = []
     for i, entry in enumerate(data.get("tp", [])):

@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from flint.errors import FlintError
+from flint.tomlio import parse_toml
 
 #: the tracker's reference types -> Flint's memory categories (flint.sim.memory.CATEGORIES)
 TRACKER_TO_FLINT = {
@@ -303,11 +304,10 @@ def runtime_overheads(device: str = "default", path: Path | str = RUNTIME_MEMORY
     """The named overheads of ``device`` (its own table, else ``[default]``), each key range-checked."""
     where = str(path)
     try:
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
+        data = parse_toml(Path(path).read_bytes())
     except OSError as e:
         raise FlintError(f"{where}: cannot read ({e.strerror})") from None
-    except tomllib.TOMLDecodeError as e:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise FlintError(f"{where}: not valid TOML ({e})") from None
     table = dict(data.get("default", {}))
     table.update(data.get(device, {}))
