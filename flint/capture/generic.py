@@ -445,9 +445,10 @@ def _capture_generic(model: nn.Module, dm, mesh, inputs: Mapping[str, InputSpec]
             if size * repeats < len(run):
                 tail = range(size * repeats, len(run))
                 other = _differs([k for i in tail for k in (made[i % size], made[i])])
+                why = (f"the parallelize function gives them other {other}" if other else
+                       "they do not make a whole repeat of its pattern")
                 notes.append(f"{stack.path}: layer(s) {', '.join(run[i] for i in tail)} captured in the model part, "
-                             f"after the repeated block ({repeats} x {size} layer(s)): they do not continue its "
-                             "pattern" + (f" (the parallelize function changes the {other} there)" if other else ""))
+                             f"after the repeated block ({repeats} x {size} layer(s)): {why}")
                 run = run[:size * repeats]
     period = run[:size]  # the keys of the run's first repeat
     first = [blocks._modules[k] for k in period]  # as parallelize left them (AC-wrapped)
