@@ -19,6 +19,11 @@ from flint.plan import PlanError
 
 _PHASES = ("fwd", "bwd", "optim")
 
+#: How pipeline-split counts layers, for its messages: a captured model's repeating pattern of several layers
+#: (Llama 4's four) is one block, never split across stages.
+WHOLE_BLOCKS = ("a stage holds whole repeated blocks: one layer each, or a repeating pattern of several layers "
+                "captured as one (Llama 4's four), never split")
+
 
 def _phase(name: str) -> str:
     for p in _PHASES:
@@ -176,12 +181,14 @@ class PipelineSplitPass(ModulePass):
         funcs = {f.sym_name.data: f for f in op.ops if isinstance(f, func.FuncOp)}
         n_stages = P * V
         if n_stages > n_layers:
-            raise PlanError("pp", f"{n_stages} pipeline stages (stages * virtual) for a model of {n_layers} layers")
+            raise PlanError("pp", f"{n_stages} pipeline stages (stages * virtual) for {n_layers} repeated blocks "
+                            f"(@{block} runs {n_layers} times); {WHOLE_BLOCKS}")
         if self.layers:
             layers = [int(x) for x in self.layers]
             if len(layers) != n_stages or any(n < 1 for n in layers) or sum(layers) != n_layers:
-                raise PlanError("pp_layers", f"{layers}: need {n_stages} stages of at least one layer summing to "
-                                f"the model's {n_layers}")
+                raise PlanError("pp_layers", f"{layers}: need {n_stages} stages of at least one block summing to "
+                                f"the model's {n_layers} repeated blocks (@{block} runs {n_layers} times); "
+                                f"{WHOLE_BLOCKS}")
         else:
             layers = even_split(n_layers, n_stages)
         actions = rank_actions(self.schedule, P, M, V)

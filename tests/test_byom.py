@@ -808,3 +808,22 @@ def test_torchao_import_noise_is_filtered_from_flint_on():
         pytest.skip("this torchao / torch pair prints neither message: nothing to filter")
     quiet = stderr("import flint.capture; " + load)
     assert not any(n in quiet for n in noise), quiet
+
+
+def test_probing_hugging_face_tp_plan_without_tp_prints_nothing(capfd):
+    """A capture without TP probes the model's declared plan for the planned path (planned_tp_rules): Hugging
+    Face's warning about rules that match nothing went to the user's terminal, though that capture applies no
+    TP (and says in the IR why shard-expand cannot use such a plan). With TP asked for, the warning stays."""
+    import torch
+
+    from captures import _byom_factory
+
+    from flint.capture.byom import hf_tp_plan, planned_tp_rules
+
+    with torch.device("meta"):
+        model = _byom_factory("gpt_neox_misnamed")()
+    capfd.readouterr()
+    planned_tp_rules(model)
+    assert "match nothing" not in capfd.readouterr().err
+    hf_tp_plan(model, 2)
+    assert "match nothing" in capfd.readouterr().err

@@ -245,7 +245,8 @@ def test_model_checks_name_the_field():
         plan.check_model(n_layers=2)
     with pytest.raises(PlanError, match="microbatches"):
         plan.check_model(local_batch=6)
-    with pytest.raises(PlanError) as e:
+    with pytest.raises(PlanError, match=r"4 pipeline stages \(stages \* virtual\) for 2 repeated blocks "
+                                        r"\(@block_fwd runs 2 times\); a stage holds whole repeated blocks") as e:
         _split(4, 2, microbatches=4)
     assert e.value.field == "pp"
 

@@ -698,19 +698,29 @@ HF_TP_STYLES = frozenset({"colwise", "rowwise", "colwise_gather_output", "colwis
 HF_GRAD_ALLREDUCE = "replicated_with_grad_allreduce"
 
 
-def hf_tp_plan(model: nn.Module, tp: int) -> dict[str, str] | None:
+def hf_tp_plan(model: nn.Module, tp: int, quiet: bool = False) -> dict[str, str] | None:
     """Hugging Face's resolved tensor-parallel plan of ``model`` (module and parameter names -> style names):
     what ``from_pretrained(tp_plan="auto")`` applies, from the model's ``base_model_tp_plan`` and its head's
-    ``_tp_plan``. None for a model that is not a Hugging Face model or declares no plan."""
+    ``_tp_plan``. None for a model that is not a Hugging Face model or declares no plan. ``quiet``: without
+    Hugging Face's warning about rules that match nothing (a probe of a capture without TP, where it applies
+    nothing)."""
     if not getattr(model, "supports_tp_plan", False) or not hasattr(model, "_resolve_parallel_plans"):
         return None
+    import logging
+
     from transformers import DistributedConfig
 
+    log = logging.getLogger("transformers.distributed.mixin")
+    level = log.level
+    if quiet:
+        log.setLevel(logging.ERROR)
     try:
         plan, _, _ = model._resolve_parallel_plans(DistributedConfig(tp_size=tp))
     except ValueError as e:  # Hugging Face's own check of the plan against the model's module names
         raise CaptureError("plan", f"Hugging Face's tensor-parallel plan of {type(model).__name__}: {e}",
                            where_defined(model)) from None
+    finally:
+        log.setLevel(level)
     return plan or None
 
 
@@ -783,7 +793,7 @@ def planned_tp_rules(model: nn.Module) -> tuple[tuple[tuple[str, int], ...] | No
     if detect_tp_preset(model) is not None:
         return None, ""
     try:
-        plan = hf_tp_plan(model, 2)  # its module names; the degree only enters Hugging Face's own checks
+        plan = hf_tp_plan(model, 2, quiet=True)  # its module names; the degree only enters Hugging Face's checks
     except CaptureError as e:
         return None, e.message
     if not plan:
