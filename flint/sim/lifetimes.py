@@ -306,10 +306,12 @@ def _profile(fn: func.FuncOp, prefetch: int = 0, nosync: frozenset[int] = frozen
     ops = [op for op in fn.body.block.ops if not isinstance(op, func.ReturnOp)]
     p = _Profile(fn, roles, max(len(ops), 1))
     early = {op for op in ops if dist.prefetch_of(op) > 0} if prefetch else set()
-    index = {op: i for i, op in enumerate(ops)}
     # issued where their issue point runs (flint.prefetch_at), as lower-to-chakra issues them
-    issue_at = {op: index[point] for op, point in dist.prefetch_points(fn.body.block).items()
-                if point in index and index[point] > index[op]} if early else {}
+    issue_at: dict = {}
+    if early:
+        index = {op: i for i, op in enumerate(ops)}
+        issue_at = {op: index[point] for op, point in dist.prefetch_points(fn.body.block).items()
+                    if point in index and index[point] > index[op]}
     args = list(fn.body.block.args)
     p.arg_last_use = [-1] * len(args)
     p.arg_returned = [False] * len(args)
