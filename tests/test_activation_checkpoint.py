@@ -141,10 +141,31 @@ def test_ac_every_beyond_the_layers_is_refused():
         capture_step(factory("llama-tiny"), {"tokens": (2, SEQ), "labels": (2, SEQ)}, plan=plan)
 
 
-def test_selective_layer_with_pipeline_stages_is_refused():
+@functools.cache
+def _pipelined(mode: str, layers: int = 4):
+    plan = Plan(dp_shard=2, pp=2, microbatches=2, activation_checkpoint=mode,
+                ac_every=2 if mode == "selective-layer" else 1).validate()
+    return capture_step(factory("llama-tiny", n_layers=layers), {"tokens": (4, SEQ), "labels": (4, SEQ)}, plan=plan)
+
+
+def test_selective_layer_with_pipeline_stages():
+    """Every 2nd block with pp = 2: the repeated block is the pattern (a plain block, then a checkpointed one),
+    whole patterns per stage, torchtitan's per-rank count; half of full's recompute. Was refused."""
+    none, sel, full = _pipelined("none"), _pipelined("selective-layer"), _pipelined("full")
+    assert [(p.name, p.repeat) for p in sel.parts] == [("embed", 1), ("block", 2), ("head", 1)]
+    assert sel.plan.pp_layers == (1, 1)  # pipeline-split counts patterns: 2 layers per stage
+    assert {p.name for p in sel.part("block").params} == {p.name.replace("layers.0.", f"layers.{i}.")
+                                                         for p in none.part("block").params for i in (0, 1)}
+    extra = full.summary().flops - none.summary().flops
+    assert sel.summary().flops - none.summary().flops == extra // 2 > 0
+
+
+def test_selective_layer_with_stages_of_part_of_a_pattern_is_refused():
     plan = Plan(dp_shard=1, pp=2, microbatches=2, activation_checkpoint="selective-layer", ac_every=2).validate()
-    with pytest.raises(PlanError, match="ac_every.*pipeline-split"):
-        capture_step(factory("llama-tiny", n_layers=4), {"tokens": (2, SEQ), "labels": (2, SEQ)}, plan=plan)
+    with pytest.raises(PlanError, match=r"stages of 3, 3 layers: a stage holds whole repeats of the 2-layer pattern.*"
+                                        r"\(e\.g\. pp_layers = \[4, 2\]\)") as e:
+        capture_step(factory("llama-tiny", n_layers=6), {"tokens": (2, SEQ), "labels": (2, SEQ)}, plan=plan)
+    assert e.value.field == "ac_every"
 
 
 def test_selective_op_under_sequence_parallelism_saves_the_reduce_scatter():
@@ -242,6 +263,19 @@ def test_generic_path_selective_layer_every_second_block(layers):
     # the model part holds the 5th layer's GEMMs: 2 forward (+ inp, out) when it is there
     assert _mm(sel.part("model").fwd) + sum(1 for n in sel.part("model").fwd.nodes()
                                             if n.target == torch.ops.aten.addmm.default) == 2 + 2 * (layers == 5)
+
+
+def test_generic_path_selective_layer_with_pipeline_stages():
+    """With pp = 2 the pattern is the repeated block, split by whole patterns, and the work outside the blocks
+    runs on the first and the last stage (tests/test_pipeline_generic.py). Was refused."""
+    def captured(mode: str):
+        plan = Plan(dp_shard=2, pp=2, microbatches=2, activation_checkpoint=mode,
+                    ac_every=2 if mode == "selective-layer" else 1).validate()
+        return capture_step(functools.partial(_BlockStack, 4), {"x": (8, 16), "target": (8,)}, plan=plan)
+
+    none, sel, full = captured("none"), captured("selective-layer"), captured("full")
+    assert [(p.name, p.repeat) for p in sel.parts] == [("first_stage", 1), ("block", 2), ("last_stage", 1)]
+    assert sel.summary().flops - none.summary().flops == (full.summary().flops - none.summary().flops) // 2 > 0
 
 
 def _every_second_checkpointed(model, mesh):

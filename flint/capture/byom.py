@@ -852,7 +852,8 @@ def _apply_preset(model: nn.Module, mesh, preset: str, plan, hf_plan: Mapping[st
             setattr(holder, name, getattr(holder, name) // plan.tp)
 
 
-def preset_parallelize(plan, model: nn.Module, blocks_path: str | None) -> Callable[[nn.Module, Any], None]:
+def preset_parallelize(plan, model: nn.Module, blocks_path: str | None,
+                       stages: tuple[set[str], set[str]] | None = None) -> Callable[[nn.Module, Any], None]:
     """Flint's named plan as a parallelize function, written as a training script would.
 
     TP (``plan.tp > 1``): the TP preset matching the model's module names
@@ -860,7 +861,10 @@ def preset_parallelize(plan, model: nn.Module, blocks_path: str | None) -> Calla
     Hugging Face's code (:func:`apply_hf_tp`). Data parallelism: ``fully_shard`` (``dp_shard``,
     HSDP with ``dp_replicate``) or ``replicate`` on the input embedding (if
     untied from the output), every block, ``[final norm, output]`` as one
-    group when a preset names them, and the root, as torchtitan does.
+    group when a preset names them, and the root, as torchtitan does. With
+    pipeline stages (``stages``: the parameter names the first and the last
+    stage read outside the blocks), each stage's remaining modules are a group
+    of their own, as torchtitan shards each stage's model part.
     Activation checkpointing (``plan.activation_checkpoint``): the blocks at
     ``blocks_path`` wrapped as :func:`flint.capture.recipes.ac_wrap` does,
     after TP and before data parallelism.
@@ -927,19 +931,34 @@ def preset_parallelize(plan, model: nn.Module, blocks_path: str | None) -> Calla
             wrap = lambda m: replicate(m, device_mesh=mesh["dp_replicate"])  # noqa: E731
         else:
             return
+        grouped: set[int] = set()
+
+        def group(m, **extra) -> None:  # noqa: ANN001
+            grouped.update(id(p) for x in (m if isinstance(m, list) else [m]) for p in x.parameters())
+            wrap(m, **extra)
+
         emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
         out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
         if emb is not None and not (out is not None and out.weight is emb.weight):
-            wrap(emb)
+            group(emb)
         if blocks_path is not None:
             for block in model.get_submodule(blocks_path).children():
-                wrap(block)
+                group(block)
         preset = detect_tp_preset(model)
         if preset is not None:
             # final norm and output as one group, not resharded after forward, as torchtitan does
             table = TP_PRESETS[preset]
             extra = {"reshard_after_forward": False} if plan.dp_shard > 1 else {}
-            wrap([model.get_submodule(table["norm"]), model.get_submodule(table["head"])], **extra)
+            group([model.get_submodule(table["norm"]), model.get_submodule(table["head"])], **extra)
+        for side in stages or ():
+            # the stage's modules not grouped yet: torchtitan's fully_shard on each stage's model part, the root
+            # of its stage, which FSDP2 does not reshard after forward (as the root group without stages)
+            owners = {n.rpartition(".")[0]: None for n, p in model.named_parameters()
+                      if n in side and id(p) not in grouped and "." in n}
+            if owners:
+                mods = [model.get_submodule(o) for o in owners]
+                group(mods if len(mods) > 1 else mods[0],
+                      **({"reshard_after_forward": False} if plan.dp_shard > 1 else {}))
         wrap(model)
 
     parallelize.__name__ = plan.describe()

@@ -19,6 +19,12 @@ without a pattern that repeats at least twice is captured whole as one part
 second input that needs a gradient (an encoder's output into decoder layers)
 or a hidden state that needs none (:func:`_why_capture_whole`). After the
 backward, every parameter must have a gradient.
+
+With pipeline stages (plan ``pp`` > 1) the ``model`` part is two:
+``first_stage`` (the forward up to the run, returning the hidden state it
+sends) and ``last_stage`` (from the hidden state received to the loss), each
+holding the parameters read on its side of the run (:func:`_stage_order`,
+:func:`_capture_stages`), as torch's pipelining places them.
 """
 
 from __future__ import annotations
@@ -121,6 +127,120 @@ class _Skip(nn.Module):
         return tree_unflatten(leaves, self.out_spec)
 
 
+class _Cut(_Skip):
+    """The run's first layer in a pipeline stage's capture (plan ``pp`` > 1): the first stage's part ends at its
+    hidden-state input (kept in ``holder.seen``), the last stage's part starts with ``holder.feed`` in its place
+    (the hidden state the last stage receives); the model's work on the other side of the cut is dead code in the
+    part's graph, which AOTAutograd drops."""
+
+    def __init__(self, out_spec: Any, n_leaves: int, first: int, block: nn.Module, holder: Any) -> None:
+        super().__init__(out_spec, n_leaves, first, block)
+        object.__setattr__(self, "_holder", holder)
+
+    def forward(self, hidden: Any, *args: Any, **kwargs: Any) -> Any:
+        holder = self.__dict__["_holder"]
+        if holder.feed is not None:
+            hidden = holder.feed
+        else:
+            holder.seen = hidden
+        return super().forward(hidden, *args, **kwargs)
+
+
+class _Holder:
+    feed: torch.Tensor | None = None
+    seen: torch.Tensor | None = None
+
+
+class _FirstStage(nn.Module):
+    """The first pipeline stage's work outside the repeated run: the model's forward up to the run, returning
+    the hidden state the stage sends on."""
+
+    def __init__(self, call: nn.Module, holder: _Holder) -> None:
+        super().__init__()
+        self.call = call
+        object.__setattr__(self, "_holder", holder)
+
+    def forward(self, *args: torch.Tensor) -> torch.Tensor:
+        holder = self.__dict__["_holder"]
+        holder.feed = None
+        self.call(*args)
+        return holder.seen
+
+
+class _LastStage(nn.Module):
+    """The last pipeline stage's work outside the repeated run: from the hidden state it receives (in place of
+    the run's output) through the head to the loss."""
+
+    def __init__(self, call: nn.Module, holder: _Holder) -> None:
+        super().__init__()
+        self.call = call
+        object.__setattr__(self, "_holder", holder)
+
+    def forward(self, hidden: torch.Tensor, *args: torch.Tensor) -> torch.Tensor:
+        holder = self.__dict__["_holder"]
+        holder.feed = hidden
+        try:
+            return self.call(*args)
+        finally:
+            holder.feed = None
+
+
+def _stage_order(call: nn.Module, args: Sequence[torch.Tensor], blocks: nn.Module, keys: Sequence[str]):
+    """Where each parameter is read in the model's forward, relative to the layers ``keys`` of the stack: one
+    eager run on fake tensors, before the parallelize function. Returns (per parameter name, the call times of
+    the modules holding it; per layer key, the (start, end) times of its call)."""
+    names = {id(p): n for n, p in call.model.named_parameters()}
+    used: dict[str, list[int]] = {}
+    spans: dict[str, list[int]] = {}
+    clock = [0]
+
+    def tick() -> int:
+        clock[0] += 1
+        return clock[0]
+
+    def on_call(mod, a, kw):  # noqa: ANN001
+        t = tick()
+        for p in mod._parameters.values():
+            if p is not None and id(p) in names:
+                used.setdefault(names[id(p)], []).append(t)
+
+    handles = [m.register_forward_pre_hook(on_call, with_kwargs=True) for m in call.model.modules()
+               if any(p is not None for p in m._parameters.values())]
+
+    def enter(key: str) -> Callable:
+        def hook(mod, a) -> None:  # noqa: ANN001
+            spans.setdefault(key, [tick(), 0])
+        return hook
+
+    def leave(key: str) -> Callable:
+        def hook(mod, a, out) -> None:  # noqa: ANN001
+            spans[key][1] = tick()
+        return hook
+
+    for key in keys:
+        handles.append(blocks._modules[key].register_forward_pre_hook(enter(key)))
+        handles.append(blocks._modules[key].register_forward_hook(leave(key)))
+    _run_on_fake(call, args, handles, grad=False)
+    return used, {k: tuple(v) for k, v in spans.items()}
+
+
+def _stage_params(order, run: Sequence[str], source: Any) -> tuple[set[str], set[str]]:
+    """(the first stage's, the last stage's) parameter names: those read before the run's first layer and after
+    its last (:func:`_stage_order`); refused if one is read on both sides (tied input and output embeddings)."""
+    used, spans = order
+    start, end = spans[run[0]][0], spans[run[-1]][1]
+    first = {n for n, ts in used.items() if any(t < start for t in ts)}
+    last = {n for n, ts in used.items() if any(t > end for t in ts)}
+    if both := sorted(first & last):
+        from flint.plan import PlanError
+
+        raise PlanError("pp", f"parameter(s) {', '.join(both)} are read both before and after the repeated layers "
+                        "(tied input and output embeddings): with pipeline parallelism the first and the last stage "
+                        "would each hold them, which torch's pipelining does not share; untie them "
+                        "(tie_word_embeddings = False) or capture without pp", source)
+    return first, last
+
+
 def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
@@ -197,6 +317,31 @@ def _apply_groups(root: nn.Module, calls: Sequence[GroupCall], infos: dict[int, 
     return root
 
 
+def _run_on_fake(call: nn.Module, args: Sequence[torch.Tensor], handles: Sequence[Any], *, grad: bool) -> None:
+    """``call(*args)`` eagerly on fake tensors, as dynamo will see the model: code that branches on "am I
+    traced?" (Hugging Face's is_tracing checks for FakeTensor) takes the traced branch, and nothing
+    data-dependent runs. A hook may end the run early (:class:`_Stop`); ``handles`` (the hooks) are removed
+    after. A failure is a :class:`CaptureError` naming the user's line."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    try:
+        with mode, torch.set_grad_enabled(grad):
+            call(*[mode.from_tensor(a) for a in args])
+    except _Stop:
+        pass
+    except CaptureError:
+        raise
+    except Exception as e:  # noqa: BLE001
+        from flint.capture.byom import _user_frame
+        raise CaptureError("model", f"running the model on the inputs failed: {type(e).__name__}: "
+                           f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}",
+                           _user_frame(e.__traceback__, "")) from None
+    finally:
+        for h in handles:
+            h.remove()
+
+
 def _record_block_inputs(call: nn.Module, args: Sequence[torch.Tensor], layers: Sequence[nn.Module]):
     """Run the model eagerly (meta tensors) through the first period of repeated layers: per layer, its args,
     kwargs and output structure."""
@@ -211,27 +356,9 @@ def _record_block_inputs(call: nn.Module, args: Sequence[torch.Tensor], layers: 
             raise _Stop
         return None
 
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
     handles = [layer.register_forward_pre_hook(hook, with_kwargs=True) for layer in layers]
-    # on fake tensors, as dynamo will see the model: code that branches on "am I traced?" (Hugging Face's
-    # is_tracing checks for FakeTensor) takes the traced branch, and nothing data-dependent runs
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
-    try:
-        with mode:  # with autograd, as in training: which of the layers' inputs need a gradient
-            call(*[mode.from_tensor(a) for a in args])
-    except _Stop:
-        pass
-    except CaptureError:
-        raise
-    except Exception as e:  # noqa: BLE001
-        from flint.capture.byom import _user_frame
-        raise CaptureError("model", f"running the model on the inputs failed: {type(e).__name__}: "
-                           f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}",
-                           _user_frame(e.__traceback__, "")) from None
-    finally:
-        for h in handles:
-            h.remove()
+    # with autograd, as in training: which of the layers' inputs need a gradient
+    _run_on_fake(call, args, handles, grad=True)
     if len(seen) < len(layers):
         raise CaptureError("model", "the forward never called its repeated block "
                            f"({type(layers[len(seen)]).__name__})",
@@ -338,9 +465,36 @@ def _repeating(kinds: Sequence[tuple], period: int) -> tuple[int, int]:
     return best
 
 
-def _check_gradients(module: nn.Module, infos: dict[int, ParamInfo], part: str) -> None:
+def _capture_stages(call: nn.Module, holder: _Holder, args: Sequence[torch.Tensor], block_out: torch.Tensor,
+                    sides: tuple[set[str], set[str]], in_run: set[int], infos: dict[int, ParamInfo],
+                    capture_part: Callable, kw: dict[str, Any]) -> list[Any]:
+    """Parts ``first_stage`` (the model's forward up to the repeated run, returning the hidden state it sends)
+    and ``last_stage`` (from the hidden state the run returns to the loss), each holding the parameters it reads
+    (``sides``, :func:`_stage_params`; a parameter read on neither side, outside the run, stays with the first
+    stage, whose capture then names it as lacking a gradient)."""
+    name = lambda p: infos[id(p)].name if id(p) in infos else None  # noqa: E731
+    last = lambda p: name(p) in sides[1]  # noqa: E731
+    first = lambda p: id(p) not in in_run and not last(p)  # noqa: E731
+    fpart, hidden = capture_part("first_stage", _FirstStage(call, holder), args, ("input",) * len(args), 1,
+                                 only=first, **kw)
+    _check_gradients(call, infos, "first_stage", first)
+    if tuple(hidden.shape) != tuple(block_out.shape) or hidden.dtype != block_out.dtype:
+        raise CaptureError("model", f"the repeated layers take a {list(hidden.shape)} {hidden.dtype} hidden state "
+                           f"but return {list(block_out.shape)} {block_out.dtype}: pipeline stages exchange one "
+                           "tensor of one shape")
+    for p in call.parameters():
+        p.grad = None
+    h = _fresh(block_out.detach().requires_grad_())
+    lpart, _ = capture_part("last_stage", _LastStage(call, holder), (h, *args),
+                            ("activation",) + ("input",) * len(args), 1, only=last, **kw)
+    _check_gradients(call, infos, "last_stage", last)
+    return [fpart, lpart]
+
+
+def _check_gradients(module: nn.Module, infos: dict[int, ParamInfo], part: str,
+                     only: Callable[[torch.Tensor], bool] | None = None) -> None:
     lacking = [infos[id(p)].name if id(p) in infos else "?" for p in module.parameters()
-               if p.requires_grad and p.grad is None]
+               if p.requires_grad and p.grad is None and (only is None or only(p))]
     if lacking:
         shown = ", ".join(lacking[:8]) + (f" and {len(lacking) - 8} more" if len(lacking) > 8 else "")
         raise CaptureError("model", f"the captured backward of part '{part}' gives no gradient to "
@@ -409,9 +563,21 @@ def _capture_generic(model: nn.Module, dm, mesh, inputs: Mapping[str, InputSpec]
                         "function: apply checkpoint_wrapper to the blocks in that function (after TP, before "
                         "fully_shard, as torchtitan does); Flint applies the plan's mode only with its presets",
                         plan.source)
+    dp = mesh.group_size(data_axes) if data_axes else 1
+    local = local_batch({k: v.shape for k, v in inputs.items()}, dp)
+    if plan is not None and plan.microbatches > 1:  # ONE microbatch is captured; pipeline-split runs it M times
+        plan.check_model(local_batch=next(iter(local.values()))[0])
+        local = {k: (v[0] // plan.microbatches, *v[1:]) for k, v in local.items()}
+    args = tuple(torch.zeros(local[k], dtype=input_dtype(k, spec, param_dtype), device="meta")
+                 for k, spec in inputs.items())
+    # pipeline stages (plan pp > 1): the work outside the repeated layers is split where it runs, before them
+    # (the first stage) and after them (the last), as torchtitan splits a model into stage parts
+    order = _stage_order(CallModel(model, list(inputs), targets, loss), args, blocks, run) \
+        if run and plan is not None and plan.pp > 1 else None
     if parallelize is None and plan is not None:
         # the preset applies the plan's activation checkpointing to the found blocks
-        parallelize = preset_parallelize(plan, model, stack.path if stack else None)
+        parallelize = preset_parallelize(plan, model, stack.path if stack else None,
+                                         _stage_params(order, run, plan.source) if order else None)
     calls: list[GroupCall] = []
     if parallelize is not None:
         globs = getattr(parallelize, "__globals__", None)
@@ -421,10 +587,6 @@ def _capture_generic(model: nn.Module, dm, mesh, inputs: Mapping[str, InputSpec]
         if isinstance(result, nn.Module):
             model = result
     infos = _infos_after_tp(model, before)
-    dp = mesh.group_size(data_axes) if data_axes else 1
-    local = local_batch({k: v.shape for k, v in inputs.items()}, dp)
-    args = tuple(torch.zeros(local[k], dtype=input_dtype(k, spec, param_dtype), device="meta")
-                 for k, spec in inputs.items())
     call = CallModel(model, list(inputs), targets, loss)
     notes: list[str] = []
     size = stack.period if run else 1
@@ -478,19 +640,26 @@ def _capture_generic(model: nn.Module, dm, mesh, inputs: Mapping[str, InputSpec]
         kinds = ("activation",) + ("input",) * (len(tensors) - 1)
         # the period's layers as their data-parallel groups, if any
         block_call = _BlockCall([blocks._modules[k] for k in period], specs, consts)
-        part, _ = capture_part("block", block_call, tuple(tensors), kinds, len(run) // size, **kw)
+        part, block_out = capture_part("block", block_call, tuple(tensors), kinds, len(run) // size, **kw)
         _check_gradients(block_call, infos, "block")
         # the run's layers pass their hidden state through in the model part; the layers outside it run there
         saved = [(key, blocks._modules[key]) for key in run]
+        holder = _Holder() if order else None
         for i, (key, _) in enumerate(saved):
-            blocks._modules[key] = _Skip(*out_specs[i % size], blocks._modules[key])
+            extra = (holder,) if holder is not None and i == 0 else ()
+            blocks._modules[key] = (_Cut if extra else _Skip)(*out_specs[i % size], blocks._modules[key], *extra)
         try:
-            mpart, _ = capture_part("model", call, args, ("input",) * len(args), 1, **kw)
-            _check_gradients(call, infos, "model")
+            if holder is None:
+                mpart, _ = capture_part("model", call, args, ("input",) * len(args), 1, **kw)
+                _check_gradients(call, infos, "model")
+                parts = [mpart, part]
+            else:
+                parts = _capture_stages(call, holder, args, block_out, _stage_params(order, run, plan.source),
+                                        {id(p) for _, m in saved for p in m.parameters()}, infos, capture_part, kw)
+                parts.insert(1, part)
         finally:
             for key, mod in saved:
                 blocks._modules[key] = mod
-        parts = [mpart, part]
     else:
         mpart, _ = capture_part("model", call, args, ("input",) * len(args), 1, **kw)
         _check_gradients(call, infos, "model")

@@ -273,11 +273,34 @@ def check_ac(plan: Plan, model: nn.Module, staged: bool) -> None:
     if plan.activation_checkpoint == "selective-layer" and plan.ac_every > len(layers):
         raise PlanError("ac_every", f"{plan.ac_every} exceeds the model's {len(layers)} layers: no block "
                         "would be checkpointed", plan.source)
-    if plan.activation_checkpoint == "selective-layer" and plan.pp > 1 and 1 < plan.ac_every:
-        raise PlanError("ac_every", f"selective-layer every {plan.ac_every} blocks with pp = {plan.pp}: the "
-                        "checkpointed and plain blocks are two repeated bodies, and pipeline-split splits one "
-                        "block stack over the stages (not yet two); use full or selective-op with pp",
-                        plan.source)
+    if staged and plan.activation_checkpoint == "selective-layer" and 1 < plan.ac_every:
+        stage_layers = pattern_stages(plan, len(layers))
+        if stage_layers is not None and any(n % plan.ac_every for n in stage_layers):
+            every = plan.ac_every
+            hint = ""
+            if len(layers) % every == 0 and len(layers) // every >= len(stage_layers):
+                from flint.passes.pipeline_split import even_split
+
+                hint = f" (e.g. pp_layers = {[n * every for n in even_split(len(layers) // every, len(stage_layers))]})"
+            raise PlanError("ac_every", f"selective-layer every {every} blocks with pipeline stages of "
+                            f"{', '.join(map(str, stage_layers))} layers: a stage holds whole repeats of the "
+                            f"{every}-layer pattern ({every - 1} plain block(s), then a checkpointed one), as "
+                            "torchtitan counts the blocks it checkpoints on each pipeline rank, and Flint captures "
+                            f"the pattern as one repeated block; give every stage a multiple of {every} layers"
+                            f"{hint}, or an ac_every that divides them", plan.source)
+
+
+def pattern_stages(plan: Plan, n_layers: int) -> list[int] | None:
+    """Layers per pipeline stage of a zoo model under selective-layer checkpointing with pipeline parallelism
+    (the plan's ``pp_layers``, else an even split), or None when the plan has no such pattern: then the
+    checkpointed blocks are a part of their own (``block_ac``)."""
+    if plan.pp <= 1 or plan.activation_checkpoint != "selective-layer" or plan.ac_every <= 1:
+        return None
+    if plan.pp_layers is not None:
+        return list(plan.pp_layers)
+    from flint.passes.pipeline_split import even_split
+
+    return even_split(n_layers, plan.pp * plan.pp_virtual_stages)
 
 
 # ------------------------------------------------------------------ DP / FSDP

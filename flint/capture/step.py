@@ -43,7 +43,7 @@ from flint.capture.float8 import apply_float8
 from flint.capture.partition import PARTITIONERS, partition_fn
 from flint.capture.fake_dist import device_mesh, fake_world, group_axes
 from flint.capture.recipes import (CAPTURE_FIELDS, RECIPES, REDUCE_DTYPE, ParamGroup, ParamInfo, ac_layers, apply,
-                                   check_ac, loss_context, pre_backward_unshard)
+                                   check_ac, loss_context, pattern_stages, pre_backward_unshard)
 from flint.mesh import Mesh
 from flint.models.base import is_staged
 from flint.plan import Plan, PlanError, from_recipe
@@ -437,12 +437,12 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
-def _capture_optimizer(module: nn.Module, infos: dict[int, ParamInfo],
+def _capture_optimizer(held: Sequence[torch.Tensor], infos: dict[int, ParamInfo],
                        master: torch.dtype | None = None) -> CapturedGraph | None:
-    """The AdamW step over ``module``'s local parameters. With ``master`` (plan field ``master_dtype``), the
+    """The AdamW step over a part's local parameters ``held``. With ``master`` (plan field ``master_dtype``), the
     optimizer steps master copies of the parameters in that dtype, with its state in it and the gradients cast
     to it, then copies the result into the parameters: Megatron-LM's ``Float16OptimizerWithFloat16Params``."""
-    params = [p for p in module.parameters() if p.requires_grad]
+    params = [p for p in held if p.requires_grad]
     if not params:
         return None
     local = [_local(p).detach() for p in params]
@@ -496,32 +496,82 @@ def _capture_optimizer(module: nn.Module, infos: dict[int, ParamInfo],
 
 def _capture_part(name: str, module: nn.Module, args: Sequence[torch.Tensor], input_kinds: Sequence[str],
                   repeat: int, infos: dict[int, ParamInfo], buffers: dict[int, str], optimizer: str | None,
-                  partitioner: str = "min-cut", master: torch.dtype | None = None) -> tuple[CapturedPart, torch.Tensor]:
-    cap, out = _compile_part(module, args, name, partitioner)
-    missing = _missing_backward_unshards(module, cap.bwd)
-    if missing:
-        # FSDP2 re-gathers every resharded group before its backward; AOTAutograd dropped an unused one.
-        for g in missing:
-            g.backward_unshard = True
-        torch._dynamo.reset()
-        for p in module.parameters():
-            p.grad = None
+                  partitioner: str = "min-cut", master: torch.dtype | None = None,
+                  only: Callable[[torch.Tensor], bool] | None = None) -> tuple[CapturedPart, torch.Tensor]:
+    """``only``: the parameters of ``module`` the part holds (a pipeline stage's, when ``module`` runs the whole
+    model but computes one stage); default all."""
+    mine = [p for p in module.parameters() if only is None or only(p)]
+    groups = [g for g in module.modules() if isinstance(g, ParamGroup)
+              and (only is None or any(only(p) for p in g.local.values()))]
+    # the other stage's groups: no forced backward re-gather (set by that stage's capture)
+    others = [(g, g.backward_unshard) for g in module.modules() if isinstance(g, ParamGroup) and g not in groups]
+    try:
+        for g, _ in others:
+            g.backward_unshard = False
         cap, out = _compile_part(module, args, name, partitioner)
-    fsdp_groups = {g.group_name for g in module.modules() if isinstance(g, ParamGroup) and g.mode == "fsdp"}
+        missing = _missing_backward_unshards(groups, cap.bwd)
+        if missing:
+            # FSDP2 re-gathers every resharded group before its backward; AOTAutograd dropped an unused one.
+            for g in missing:
+                g.backward_unshard = True
+            torch._dynamo.reset()
+            for p in module.parameters():
+                p.grad = None
+            cap, out = _compile_part(module, args, name, partitioner)
+    finally:
+        for g, flag in others:
+            g.backward_unshard = flag
+    fsdp_groups = {g.group_name for g in groups if g.mode == "fsdp"}
     if cap.bwd is not None and fsdp_groups:
         pre_backward_unshard(cap.bwd, fsdp_groups)  # FSDP2 gathers before the unit's backward ops
     fwd_roles = _fwd_roles(cap, infos, buffers, input_kinds)
+    if only is not None:
+        _drop_dead(cap, fwd_roles)
     fwd = CapturedGraph("fwd", cap.fwd, fwd_roles)
     bwd = CapturedGraph("bwd", cap.bwd, _bwd_roles(cap.bwd, fwd_roles)) if cap.bwd is not None else None
-    optim = _capture_optimizer(module, infos, master) if optimizer else None
-    params = [infos[id(p)] for p in module.parameters() if id(p) in infos]
+    optim = _capture_optimizer(mine, infos, master) if optimizer else None
+    params = [infos[id(p)] for p in mine if id(p) in infos]
     return CapturedPart(name, repeat, fwd, bwd, optim, params), out
 
 
-def _missing_backward_unshards(module: nn.Module, bwd: torch.fx.GraphModule | None) -> list[ParamGroup]:
-    """The FSDP groups of ``module`` resharded after forward whose all-gather (of their flat shards' size, on
+def _drop_dead(cap: _Capture, roles: dict[str, Role]) -> None:
+    """Remove from the forward what a part that runs the whole model but computes one stage of it leaves dead:
+    the other stage's ops AOTAutograd keeps (a functional collective's wait counts as impure there: the other
+    stage's FSDP gathers stay) and the parameters only they read. (The backward is left as captured: a forced
+    FSDP re-gather, ``ParamGroup.backward_unshard``, is dead code there on purpose.)"""
+    def impure(node: torch.fx.Node) -> bool:
+        if node.op != "call_function":
+            return node.op in ("placeholder", "output")
+        schema = getattr(node.target, "_schema", None)
+        return schema is not None and schema.is_mutable and getattr(node.target, "namespace", "") != "_c10d_functional"
+
+    graph = cap.fwd.graph
+    out = next(n for n in graph.nodes if n.op == "output")
+    if cap.bwd is not None and isinstance(out.args[0], (tuple, list)):
+        # values saved for the backward that it does not read (the other stage's parameters): AOTAutograd's
+        # forward returns its outputs then the saved values, which lead the backward's arguments, in order
+        saved = [n for n in cap.bwd.graph.nodes if n.op == "placeholder" and not n.name.startswith("tangents")]
+        results = list(out.args[0])
+        first = len(results) - len(saved)
+        unread = {i for i, n in enumerate(saved) if not n.users}
+        if first >= 0 and unread:
+            for i in unread:
+                cap.bwd.graph.erase_node(saved[i])
+            out.args = (type(out.args[0])(r for j, r in enumerate(results) if j - first not in unread),)
+            cap.bwd.recompile()
+    graph.eliminate_dead_code(is_impure_node=impure)
+    for node in [n for n in graph.nodes if n.op == "placeholder" and not n.users]:
+        role = roles.get(node.name)
+        if role is not None and role.kind in ("parameter", "buffer"):
+            graph.erase_node(node)
+            roles.pop(node.name)
+    cap.fwd.recompile()
+
+
+def _missing_backward_unshards(groups: Sequence[ParamGroup], bwd: torch.fx.GraphModule | None) -> list[ParamGroup]:
+    """The FSDP groups among ``groups`` resharded after forward whose all-gather (of their flat shards' size, on
     their process group) the backward lacks: AOTAutograd drops a re-gather nothing in the backward reads."""
-    groups = [g for g in module.modules() if isinstance(g, ParamGroup) and g.mode == "fsdp" and g.reshard_after_forward]
+    groups = [g for g in groups if g.mode == "fsdp" and g.reshard_after_forward]
     if bwd is None or not groups:
         return []
     names = {g.group_name for g in groups}
@@ -754,19 +804,30 @@ def capture_step(
             # one body per block role: plain blocks and checkpointed blocks (selective-layer has
             # both; the role of the last block, whose backward comes first, is scheduled last)
             n_layers = len(model.layers)
-            checkpointed = ac_layers(plan, n_layers)
-            plain = [i for i in range(n_layers) if i not in checkpointed]
-            roles = [(name, idx[0], len(idx)) for name, idx in (("block", plain), ("block_ac", checkpointed)) if idx]
-            if len(roles) == 1:
-                roles = [("block", roles[0][1], n_layers)]
-            elif n_layers - 1 in plain:
-                roles.reverse()
-            x = h.detach()
-            for name, index, count in roles:
-                part, h = capture_part(name, model.layers[index], (x.requires_grad_(),), ("activation",), count,
-                                       **kw)
+            stage_layers = pattern_stages(plan, n_layers)
+            if stage_layers is not None:
+                # with pipeline stages: the pattern (ac_every - 1 plain blocks, then a checkpointed one) is the
+                # repeated block, whole repeats per stage (check_ac), and pp_layers counts patterns
+                every = plan.ac_every
+                part, h = capture_part("block", _Stack(model.layers[:every]), (h.detach().requires_grad_(),),
+                                       ("activation",), n_layers // every, **kw)
                 parts.append(part)
-                x = x.detach()
+                plan = plan.replace(pp_layers=tuple(n // every for n in stage_layers))
+            else:
+                checkpointed = ac_layers(plan, n_layers)
+                plain = [i for i in range(n_layers) if i not in checkpointed]
+                roles = [(name, idx[0], len(idx)) for name, idx in (("block", plain), ("block_ac", checkpointed))
+                         if idx]
+                if len(roles) == 1:
+                    roles = [("block", roles[0][1], n_layers)]
+                elif n_layers - 1 in plain:
+                    roles.reverse()
+                x = h.detach()
+                for name, index, count in roles:
+                    part, h = capture_part(name, model.layers[index], (x.requires_grad_(),), ("activation",), count,
+                                           **kw)
+                    parts.append(part)
+                    x = x.detach()
         else:
             h = h.detach().requires_grad_()
             part, h = capture_part("layers", _Stack(model.layers), (h,), ("activation",), 1, **kw)

@@ -213,7 +213,8 @@ def format_report(rep: dict) -> str:
     if pp is not None:
         lines.append("")
         lines.append(f"pipeline                {pp['schedule']}: {pp['ranks']} ranks, {pp['stages']} stages, "
-                     f"{pp['microbatches']} microbatches, layers per stage {pp['layers']}")
+                     f"{pp['microbatches']} microbatches, repeated blocks per stage {pp['layers']}")
+        lines.append("                        (a block: one layer, or a repeating pattern of layers captured as one)")
         lines.append(f"bubble fraction (%)     {100 * pp['bubble_fraction']:.2f} mean, "
                      f"{100 * pp['bubble_fraction_max']:.2f} max   [ideal (p-1)/(v*m+p-1) = "
                      f"{100 * pp['ideal_bubble_fraction']:.2f}"
