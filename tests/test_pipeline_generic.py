@@ -75,6 +75,8 @@ def test_the_work_outside_the_blocks_is_split_where_it_runs():
     first, last = staged.part("first_stage"), staged.part("last_stage")
     assert {p.name for p in first.params} == {"inp.weight", "inp.bias", "inp_norm.weight", "inp_norm.bias"}
     assert {p.name for p in last.params} == {"norm.weight", "norm.bias", "out.weight", "out.bias"}
+    assert "pipeline stages: the first runs the model up to blocks and holds inp, inp_norm; the last runs what " \
+           "follows the repeated layers and holds norm, out" in staged.notes
     # the same work and communicated elements as the model part, divided between the two stages (in two FSDP
     # groups, where the model part has one root group: below)
     assert _flops(first) + _flops(last) == _flops(whole.part("model")) > 0

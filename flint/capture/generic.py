@@ -491,6 +491,16 @@ def _capture_stages(call: nn.Module, holder: _Holder, args: Sequence[torch.Tenso
     return [fpart, lpart]
 
 
+def _held(part: Any, path: str) -> str:
+    """The modules whose parameters ``part`` holds, for a note: a layer of the stack at ``path`` as a whole."""
+    def owner(name: str) -> str:
+        if name.startswith(f"{path}."):
+            return f"{path}.{name[len(path) + 1:].split('.')[0]}"
+        return name.rpartition(".")[0] or name
+
+    return ", ".join(dict.fromkeys(owner(q.name) for q in part.params)) or "nothing"
+
+
 def _check_gradients(module: nn.Module, infos: dict[int, ParamInfo], part: str,
                      only: Callable[[torch.Tensor], bool] | None = None) -> None:
     lacking = [infos[id(p)].name if id(p) in infos else "?" for p in module.parameters()
@@ -609,7 +619,8 @@ def _capture_generic(model: nn.Module, dm, mesh, inputs: Mapping[str, InputSpec]
                 other = _differs([k for i in tail for k in (made[i % size], made[i])])
                 why = (f"the parallelize function gives them other {other}" if other else
                        "they do not make a whole repeat of its pattern")
-                notes.append(f"{stack.path}: layer(s) {', '.join(run[i] for i in tail)} captured in the model part, "
+                where = "the last pipeline stage's part" if order else "the model part"
+                notes.append(f"{stack.path}: layer(s) {', '.join(run[i] for i in tail)} captured in {where}, "
                              f"after the repeated block ({repeats} x {size} layer(s)): {why}")
                 run = run[:size * repeats]
     period = run[:size]  # the keys of the run's first repeat
@@ -656,6 +667,9 @@ def _capture_generic(model: nn.Module, dm, mesh, inputs: Mapping[str, InputSpec]
             else:
                 parts = _capture_stages(call, holder, args, block_out, _stage_params(order, run, plan.source),
                                         {id(p) for _, m in saved for p in m.parameters()}, infos, capture_part, kw)
+                held = [_held(s, stack.path) for s in parts]
+                notes.append(f"pipeline stages: the first runs the model up to {stack.path} and holds {held[0]}; "
+                             f"the last runs what follows the repeated layers and holds {held[1]}")
                 parts.insert(1, part)
         finally:
             for key, mod in saved:
