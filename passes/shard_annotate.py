@@ -182,6 +182,13 @@ def check_model(module: ModuleOp, plan: Plan, rules: Rules | None = None) -> Non
                         "would leave those weights whole on every TP rank; add your model's parameter names "
                         "there (a copy, passed with --rules / rules=...), or capture the plan instead: "
                         "flint capture --plan ... --tp ...", plan.source)
+    stages = sorted(n for n in ("first_stage", "last_stage") if f"{n}_fwd" in {f.sym_name.data for f in module.ops
+                                                                             if isinstance(f, func.FuncOp)})
+    if plan.sp and plan.tp > 1 and stages:
+        raise PlanError("sp", f"sequence parallelism of a model file's step (@{'_fwd, @'.join(stages)}_fwd: its work "
+                        "before and after the blocks, captured from the one model) is not checked against a "
+                        "captured run in shard-expand; capture the plan instead: flint capture --plan tp+sp ...",
+                        plan.source)
     if plan.sp and plan.tp > 1 and (around := _part_around_blocks(module)) is not None:
         raise PlanError("sp", f"sequence parallelism where @{around}_fwd runs around the blocks (passes them "
                         "through, as a Hugging Face model is captured: embedding, final norm and head in one "

@@ -230,13 +230,15 @@ def test_hugging_face_sequence_parallel_is_refused_not_expanded_wrong():
     blocks passed through) does not say where the sequence is split at the blocks' boundary. Expanded anyway,
     the embedding all-reduced where the real run reduce-scatters and every block's backward all-reduced its
     input gradient (2x a reduce-scatter's time): refused, naming the field and the part; explore then takes the
-    captured path, which runs it (tests/test_byom.py::test_hf_llama_sequence_parallel)."""
+    captured path, which runs it (tests/test_byom.py::test_hf_llama_sequence_parallel). Llama's work outside
+    its blocks is now split where it runs (first_stage, last_stage), which no captured tp+sp run has checked in
+    shard-expand: refused too."""
     from captures import single_device_byom
 
     m = single_device_byom("llama", 2)[1].clone()
     CanonicalizeDistPass().apply(Context(), m)
-    with pytest.raises(PlanError, match=r"plan field 'sp': sequence parallelism where @model_fwd runs around the "
-                                        r"blocks .* flint capture --plan tp\+sp"):
+    with pytest.raises(PlanError, match=r"plan field 'sp': sequence parallelism of a model file's step "
+                                        r"\(@first_stage_fwd, @last_stage_fwd.* flint capture --plan tp\+sp"):
         ShardAnnotatePass(tp=2, sp=True).apply(Context(), m)
     ShardAnnotatePass(tp=2).apply(Context(), m)  # without sp it expands (checked against the capture above)
 

@@ -20,11 +20,13 @@ second input that needs a gradient (an encoder's output into decoder layers)
 or a hidden state that needs none (:func:`_why_capture_whole`). After the
 backward, every parameter must have a gradient.
 
-With pipeline stages (plan ``pp`` > 1) the ``model`` part is two:
+Under a plan, the ``model`` part is two where it can be (:func:`_why_one_part`):
 ``first_stage`` (the forward up to the run, returning the hidden state it
 sends) and ``last_stage`` (from the hidden state received to the loss), each
 holding the parameters read on its side of the run (:func:`_stage_order`,
-:func:`_capture_stages`), as torch's pipelining places them.
+:func:`_capture_stages`): with pipeline stages (plan ``pp`` > 1) as torch's
+pipelining places them; without, so the head's backward runs before the
+blocks' as in the real step.
 """
 
 from __future__ import annotations
@@ -224,14 +226,15 @@ def _stage_order(call: nn.Module, args: Sequence[torch.Tensor], blocks: nn.Modul
     return used, {k: tuple(v) for k, v in spans.items()}
 
 
-def _stage_params(order, run: Sequence[str], source: Any) -> tuple[set[str], set[str]]:
+def _stage_params(order, run: Sequence[str], source: Any, strict: bool = True) -> tuple[set[str], set[str]]:
     """(the first stage's, the last stage's) parameter names: those read before the run's first layer and after
-    its last (:func:`_stage_order`); refused if one is read on both sides (tied input and output embeddings)."""
+    its last (:func:`_stage_order`). One read on both sides (tied input and output embeddings) is refused
+    (``strict``: pipeline stages), else kept on the first side (:func:`_why_one_part` then keeps one part)."""
     used, spans = order
     start, end = spans[run[0]][0], spans[run[-1]][1]
     first = {n for n, ts in used.items() if any(t < start for t in ts)}
     last = {n for n, ts in used.items() if any(t > end for t in ts)}
-    if both := sorted(first & last):
+    if (both := sorted(first & last)) and strict:
         from flint.plan import PlanError
 
         raise PlanError("pp", f"parameter(s) {', '.join(both)} are read both before and after the repeated layers "
@@ -465,6 +468,31 @@ def _repeating(kinds: Sequence[tuple], period: int) -> tuple[int, int]:
     return best
 
 
+def _why_one_part(sides: tuple[set[str], set[str]], root: nn.Module, in_run: set[int], infos: dict[int, ParamInfo],
+                  staged: bool) -> str:
+    """Why the work outside the repeated run stays one part (without pipeline stages), or "": a parameter read
+    on both sides (tied embeddings), or a data-parallel group holding parameters of both (a root ``fully_shard``
+    over the embedding and the head: FSDP2 gathers it once, at the start of the forward, for both sides). With
+    pipeline stages the preset groups each side apart; a group over both is refused."""
+    if both := sorted(sides[0] & sides[1]):
+        return f"{', '.join(both)} is read both before and after the repeated layers (tied embeddings)"
+    for g in root.modules():
+        if not isinstance(g, ParamGroup):
+            continue
+        names = [infos[id(p)].name for p in g.local.values() if id(p) in infos and id(p) not in in_run]
+        after = [n for n in names if n in sides[1]]
+        if after and len(after) < len(names):
+            mode = "fully_shard" if g.mode == "fsdp" else "replicate"
+            before = next(n for n in names if n not in after)
+            why = f"one {mode} group holds parameters read before the repeated layers ({before}) and after them " \
+                  f"({after[0]})"
+            if staged:
+                raise CaptureError("parallelize", f"{why}: with pipeline stages each stage's modules need a group "
+                                   "of their own")
+            return why
+    return ""
+
+
 def _capture_stages(call: nn.Module, holder: _Holder, args: Sequence[torch.Tensor], block_out: torch.Tensor,
                     sides: tuple[set[str], set[str]], in_run: set[int], infos: dict[int, ParamInfo],
                     capture_part: Callable, kw: dict[str, Any]) -> list[Any]:
@@ -580,14 +608,16 @@ def _capture_generic(model: nn.Module, dm, mesh, inputs: Mapping[str, InputSpec]
         local = {k: (v[0] // plan.microbatches, *v[1:]) for k, v in local.items()}
     args = tuple(torch.zeros(local[k], dtype=input_dtype(k, spec, param_dtype), device="meta")
                  for k, spec in inputs.items())
-    # pipeline stages (plan pp > 1): the work outside the repeated layers is split where it runs, before them
-    # (the first stage) and after them (the last), as torchtitan splits a model into stage parts
+    # the work outside the repeated layers, split where it runs: before them (the first pipeline stage) and after
+    # them (the last), as torchtitan splits a model into stage parts; without pipeline stages too, where it can
+    # be (:func:`_why_one_part`), so the head's backward comes before the blocks' as in the real step
     order = _stage_order(CallModel(model, list(inputs), targets, loss), args, blocks, run) \
-        if run and plan is not None and plan.pp > 1 else None
+        if run and plan is not None else None
+    staged = order is not None and plan.pp > 1
     if parallelize is None and plan is not None:
         # the preset applies the plan's activation checkpointing to the found blocks
         parallelize = preset_parallelize(plan, model, stack.path if stack else None,
-                                         _stage_params(order, run, plan.source) if order else None)
+                                         _stage_params(order, run, plan.source) if staged else None)
     calls: list[GroupCall] = []
     if parallelize is not None:
         globs = getattr(parallelize, "__globals__", None)
@@ -595,10 +625,12 @@ def _capture_generic(model: nn.Module, dm, mesh, inputs: Mapping[str, InputSpec]
             result = call_user(parallelize, (model, dm), "parallelize", "the parallelize function")
         calls = rec.groups
         if isinstance(result, nn.Module):
+            order = order if result is model else None  # another module: the parameters' names may differ
             model = result
     infos = _infos_after_tp(model, before)
     call = CallModel(model, list(inputs), targets, loss)
     notes: list[str] = []
+    tail_note = ""  # layers after the pattern's last repeat: where they are captured, once that is known
     size = stack.period if run else 1
     if run:
         # the parallelize function may treat the run's layers differently (every second one checkpointed, the
@@ -619,8 +651,7 @@ def _capture_generic(model: nn.Module, dm, mesh, inputs: Mapping[str, InputSpec]
                 other = _differs([k for i in tail for k in (made[i % size], made[i])])
                 why = (f"the parallelize function gives them other {other}" if other else
                        "they do not make a whole repeat of its pattern")
-                where = "the last pipeline stage's part" if order else "the model part"
-                notes.append(f"{stack.path}: layer(s) {', '.join(run[i] for i in tail)} captured in {where}, "
+                tail_note = (f"{stack.path}: layer(s) {', '.join(run[i] for i in tail)} captured in {{where}}, "
                              f"after the repeated block ({repeats} x {size} layer(s)): {why}")
                 run = run[:size * repeats]
     period = run[:size]  # the keys of the run's first repeat
@@ -655,25 +686,44 @@ def _capture_generic(model: nn.Module, dm, mesh, inputs: Mapping[str, InputSpec]
         _check_gradients(block_call, infos, "block")
         # the run's layers pass their hidden state through in the model part; the layers outside it run there
         saved = [(key, blocks._modules[key]) for key in run]
-        holder = _Holder() if order else None
+        in_run = {id(p) for _, m in saved for p in m.parameters()}
+        sides = _stage_params(order, run, plan.source, strict=staged) if order else None
+        why = _why_one_part(sides, root, in_run, infos, staged) if order else "no plan"
+        holder = _Holder() if not why else None
         for i, (key, _) in enumerate(saved):
             extra = (holder,) if holder is not None and i == 0 else ()
             blocks._modules[key] = (_Cut if extra else _Skip)(*out_specs[i % size], blocks._modules[key], *extra)
         try:
+            if holder is not None:
+                try:
+                    parts = _capture_stages(call, holder, args, block_out, sides, in_run, infos, capture_part, kw)
+                except CaptureError as e:
+                    if staged:
+                        raise
+                    holder = None  # without stages, the one model part as before
+                    why = f"capturing it in two failed ({e.message})"
+                    torch._dynamo.reset()
+                    for p in call.parameters():
+                        p.grad = None
+                    blocks._modules[run[0]] = _Skip(*out_specs[0], saved[0][1])
             if holder is None:
                 mpart, _ = capture_part("model", call, args, ("input",) * len(args), 1, **kw)
                 _check_gradients(call, infos, "model")
                 parts = [mpart, part]
+                if why != "no plan":
+                    notes.append(f"the work outside {stack.path} is one part, 'model', scheduled before the "
+                                 f"repeated layers (its head and loss run after them in the real step): {why}")
             else:
-                parts = _capture_stages(call, holder, args, block_out, _stage_params(order, run, plan.source),
-                                        {id(p) for _, m in saved for p in m.parameters()}, infos, capture_part, kw)
-                held = [_held(s, stack.path) for s in parts]
-                notes.append(f"pipeline stages: the first runs the model up to {stack.path} and holds {held[0]}; "
-                             f"the last runs what follows the repeated layers and holds {held[1]}")
+                if staged:
+                    held = [_held(s, stack.path) for s in parts]
+                    notes.append(f"pipeline stages: the first runs the model up to {stack.path} and holds "
+                                 f"{held[0]}; the last runs what follows the repeated layers and holds {held[1]}")
                 parts.insert(1, part)
         finally:
             for key, mod in saved:
                 blocks._modules[key] = mod
+        if tail_note:
+            notes.append(tail_note.format(where="the 'last_stage' part" if holder is not None else "the model part"))
     else:
         mpart, _ = capture_part("model", call, args, ("input",) * len(args), 1, **kw)
         _check_gradients(call, infos, "model")

@@ -2,11 +2,12 @@
 // RUN: flint-opt %s -p 'pipeline-split{stages=1 microbatches=2}' | filecheck %s
 // flint-opt verifies the module after every pass.
 
-// A model outside the zoo captured without pipeline stages: one part @model holds the work before AND after
-// the repeated blocks (embedding, head, loss), scheduled before them. Split into stages, all of it would run
+// A model outside the zoo whose work outside the blocks stayed one part (tied embeddings, or one data-parallel
+// group over both sides): @model holds the work before AND after the repeated blocks (embedding, head, loss),
+// scheduled before them. Split into stages, all of it would run
 // on the first stage (what the planned path, flint expand, did); refused, naming the way that splits it.
 // STAGES: plan field 'pp': @model_fwd holds a model's work both before and after its repeated blocks
-// STAGES-SAME: capture it with pp in the plan (flint capture --plan-file), which splits that part into first_stage and last_stage
+// STAGES-SAME: capture it with pp in the plan (flint capture --plan-file), which splits that part into first_stage and last_stage, or says why it cannot
 
 // One stage (microbatches only): nothing is split, the model part runs as captured.
 // CHECK: flint.stage_schedules = {{\[\[}}["model_fwd", 1 : i64], ["block_fwd", 2 : i64], ["block_bwd", 2 : i64, {nosync = ["dp_shard"]}], ["model_bwd", 1 : i64, {nosync = ["dp_shard"]}], ["model_fwd", 1 : i64], ["block_fwd", 2 : i64], ["block_bwd", 2 : i64], ["model_bwd", 1 : i64]]]
