@@ -182,9 +182,10 @@ class PipelineSplitPass(ModulePass):
         n_stages = P * V
         if n_stages > 1 and "model" in pre + post:
             raise PlanError("pp", "@model_fwd holds a model's work both before and after its repeated blocks (a "
-                            "model outside the zoo captured without pipeline stages: embedding, head and loss in one "
-                            "part), which would all run on one stage; capture it with pp in the plan (flint capture "
-                            "--plan-file), which splits that part into first_stage and last_stage, or says why it cannot")
+                            "model outside the zoo whose embedding, head and loss stayed one part: tied embeddings, "
+                            "or one data-parallel group over both sides, as flint capture notes), which would all "
+                            "run on one stage; capture it with pp in the plan (flint capture --plan-file), which "
+                            "splits that part into first_stage and last_stage, or says why it cannot")
         if n_stages > n_layers:
             raise PlanError("pp", f"{n_stages} pipeline stages (stages * virtual) for {n_layers} repeated blocks "
                             f"(@{block} runs {n_layers} times); {WHOLE_BLOCKS}")
