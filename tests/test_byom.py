@@ -20,12 +20,13 @@ HERE = os.path.dirname(__file__)
 DATA = os.path.join(HERE, "data", "byom")
 
 
-def _layout(step) -> list[tuple[str, int]]:
-    """The repeated parts of a captured step, after checking the work outside them: one part 'model' scheduled
-    before them, or split where it runs ('first_stage' before, 'last_stage' after; flint/capture/generic.py)."""
+def _layout(step, split: bool) -> list[tuple[str, int]]:
+    """The repeated parts of a captured step, after checking the work outside them: split where it runs
+    ('first_stage' before, 'last_stage' after; flint/capture/generic.py), or one part 'model' scheduled before
+    them (tied embeddings, or a data-parallel group over both sides)."""
     names = [(p.name, p.repeat) for p in step.parts]
-    if names[0] == ("first_stage", 1):
-        assert names[-1] == ("last_stage", 1), names
+    if split:
+        assert names[0] == ("first_stage", 1) and names[-1] == ("last_stage", 1), names
         return names[1:-1]
     assert names[0] == ("model", 1), names
     return names[1:]
@@ -108,7 +109,7 @@ def test_layers_unlike_each_other_keep_their_groups_and_repeat_the_alike_ones(pl
     from captures import _byom_factory
 
     step = captured_byom(name, plan, 2, 1)
-    assert _layout(step) == [("block", repeat)]
+    assert _layout(step, split=False) == [("block", repeat)]
     whole = capture_step(_byom_factory(name), {"input_ids": (4, 32), "labels": (4, 32)}, world_size=2,
                          plan=plan, repeat=False)
     assert [p.name for p in whole.parts] == ["model"]
@@ -134,7 +135,7 @@ def test_llama4_alternating_layers_complex_rotary_embedding():
     from flint.importer import import_step
 
     step = captured_byom("llama4", "fsdp", 2, 1)
-    assert _layout(step) == [("block", 2)]
+    assert _layout(step, split=True) == [("block", 2)]
     # eight layers, the embedding and [final norm, output] (the root holds nothing: no collective)
     assert step.summary().collectives[("reduce_scatter", ("dp_shard",), "bwd")] == 10
     text = str(import_step(step))
@@ -410,7 +411,7 @@ def test_hf_models_capture(name, plan, world, tp):
     from flint.importer import import_step
 
     step = captured_byom(name, plan, world, tp)
-    assert _layout(step) == [("block", 2)]
+    assert _layout(step, split=name != "gpt2") == [("block", 2)]
     bwd = _bwd_ops(step)
     assert bwd["gemm"] + bwd["other"] > 0  # a real backward (every parameter's gradient is checked in capture)
     colls = step.summary().collectives
@@ -531,7 +532,7 @@ def test_more_hf_families_capture_under_fsdp(name, fused):
     softmax Gemma-2 (soft-capping) and BLOOM (ALiBi) use). Falcon indexes with a Python list (a constant); its
     multi-query key / value broadcast over the heads without enable_gqa, which SDPA's fused kernels refuse."""
     step = captured_byom(name, "fsdp", 2)
-    assert _layout(step) == [("block", 2)]
+    assert _layout(step, split=name == "phi3") == [("block", 2)]
     colls = step.summary().collectives
     fwd = colls[("all_gather", ("dp_shard",), "fwd")]
     assert fwd == colls[("reduce_scatter", ("dp_shard",), "bwd")] > 2
@@ -661,7 +662,10 @@ def test_layers_reading_a_second_input_with_a_gradient_are_captured_whole():
     assert bart.summary().op_classes["attention"] == 2 * 3 * 2
     # a stack whose layers take only their hidden state keeps its repeated block and no note
     plain = captured_byom("encoder", "dp", 2, 1, "tokens=4x16:int64,target=4x16:int64")
-    assert [p.name for p in plain.parts] == ["model", "block"] and not any("captured whole" in n for n in plain.notes)
+    assert [p.name for p in plain.parts] == ["model", "block"]
+    (note,) = plain.notes  # one root group over its embedding and head: the one model part, said so
+    assert note.startswith("the work outside enc.layers is one part, 'model'") and "one replicate group holds " \
+        "parameters read before the repeated layers (emb.weight) and after them (head.weight)" in note
     # a float input straight into the layers: passed through, the head's input needed no gradient either
     raw = captured_byom("float_into_layers", "dp", 2, 1, "x=8x16:float32,target=8:int64")
     assert [p.name for p in raw.parts] == ["model"] and "the hidden state Linear receives needs no gradient" in \
@@ -704,7 +708,7 @@ def test_container_reading_its_blocks_attributes(plan):
     from flint.ir.aten import AtenOp
 
     step = captured_byom("encoder", plan, 2, 1, "tokens=4x16:int64,target=4x16:int64")
-    assert _layout(step) == [("block", 2)]
+    assert _layout(step, split=False) == [("block", 2)]
     modules = {op.module.data for op in import_step(step).walk() if isinstance(op, AtenOp) and op.module is not None}
     assert {"block.self_attn", "block.linear1", "model.head"} <= modules
     assert not any("_modules" in m or "__dict__" in m for m in modules)

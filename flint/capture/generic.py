@@ -130,10 +130,10 @@ class _Skip(nn.Module):
 
 
 class _Cut(_Skip):
-    """The run's first layer in a pipeline stage's capture (plan ``pp`` > 1): the first stage's part ends at its
-    hidden-state input (kept in ``holder.seen``), the last stage's part starts with ``holder.feed`` in its place
-    (the hidden state the last stage receives); the model's work on the other side of the cut is dead code in the
-    part's graph, which AOTAutograd drops."""
+    """The run's first layer in the capture of ``first_stage`` / ``last_stage`` (with or without pipeline
+    stages): the first part ends at its hidden-state input (kept in ``holder.seen``), the last part starts with
+    ``holder.feed`` in its place (the hidden state the last stage receives); the model's work on the other side
+    of the cut is dead code in the part's graph (:func:`flint.capture.step._drop_dead`)."""
 
     def __init__(self, out_spec: Any, n_leaves: int, first: int, block: nn.Module, holder: Any) -> None:
         super().__init__(out_spec, n_leaves, first, block)
@@ -154,8 +154,8 @@ class _Holder:
 
 
 class _FirstStage(nn.Module):
-    """The first pipeline stage's work outside the repeated run: the model's forward up to the run, returning
-    the hidden state the stage sends on."""
+    """The work before the repeated run (the first pipeline stage's): the model's forward up to the run,
+    returning the hidden state it hands on."""
 
     def __init__(self, call: nn.Module, holder: _Holder) -> None:
         super().__init__()
@@ -163,15 +163,13 @@ class _FirstStage(nn.Module):
         object.__setattr__(self, "_holder", holder)
 
     def forward(self, *args: torch.Tensor) -> torch.Tensor:
-        holder = self.__dict__["_holder"]
-        holder.feed = None
-        self.call(*args)
-        return holder.seen
+        self.call(*args)  # feed is None outside _LastStage.forward: the cut keeps what it receives
+        return self.__dict__["_holder"].seen
 
 
 class _LastStage(nn.Module):
-    """The last pipeline stage's work outside the repeated run: from the hidden state it receives (in place of
-    the run's output) through the head to the loss."""
+    """The work after the repeated run (the last pipeline stage's): from the hidden state it receives (in place
+    of the run's output) through the head to the loss."""
 
     def __init__(self, call: nn.Module, holder: _Holder) -> None:
         super().__init__()
@@ -651,7 +649,7 @@ def _capture_generic(model: nn.Module, dm, mesh, inputs: Mapping[str, InputSpec]
                 other = _differs([k for i in tail for k in (made[i % size], made[i])])
                 why = (f"the parallelize function gives them other {other}" if other else
                        "they do not make a whole repeat of its pattern")
-                tail_note = (f"{stack.path}: layer(s) {', '.join(run[i] for i in tail)} captured in {{where}}, "
+                tail_note = (f"{stack.path}: layer(s) {', '.join(run[i] for i in tail)} captured in <where>, "
                              f"after the repeated block ({repeats} x {size} layer(s)): {why}")
                 run = run[:size * repeats]
     period = run[:size]  # the keys of the run's first repeat
@@ -723,7 +721,8 @@ def _capture_generic(model: nn.Module, dm, mesh, inputs: Mapping[str, InputSpec]
             for key, mod in saved:
                 blocks._modules[key] = mod
         if tail_note:
-            notes.append(tail_note.format(where="the 'last_stage' part" if holder is not None else "the model part"))
+            where = "the 'last_stage' part" if holder is not None else "the model part"
+            notes.append(tail_note.replace("<where>", where))
     else:
         mpart, _ = capture_part("model", call, args, ("input",) * len(args), 1, **kw)
         _check_gradients(call, infos, "model")
