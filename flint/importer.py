@@ -18,7 +18,10 @@ the grid (``shard.grid @mesh`` with ``flint.axis_names``), the plan it was
 captured under (``flint.plan``, see :func:`flint.plan.attach`), the partitioner
 if not the default (``flint.partitioner = "eager"``, :mod:`flint.capture.partition`) and the schedule
 (``flint.schedule``): all forward parts in order, then the backward parts in
-reverse, then the optimizer parts, each repeated as captured.
+reverse, then the optimizer parts, each repeated as captured. With gradient-norm
+clipping (plan field ``max_norm``) each part's ``<part>_norm`` (its gradients'
+norms) runs before the optimizer parts, in forward order, and ``@grad_clip``
+(the norm's all-reduces and the scaling coefficient) between them.
 """
 
 from __future__ import annotations
@@ -63,7 +66,7 @@ from flint.capture.step import CapturedGraph, CapturedStep
 from flint.chakra.from_ir import AXIS_NAMES_ATTR
 from flint.errors import FlintError
 from flint.ir import dist
-from flint.ir.aten import AtenOp, set_schedule
+from flint.ir.aten import CLIP_FUNCTION, AtenOp, set_schedule
 from flint.plan import attach
 from flint.passes.lower_to_chakra import ROLE_ATTR
 
@@ -328,9 +331,12 @@ def _flatten(x: Any) -> Iterable[Any]:
 
 
 def schedule_of(step: CapturedStep) -> list[tuple[str, int]]:
-    """Forward parts in order, backward parts reversed, then optimizer parts."""
+    """Forward parts in order, backward parts reversed, then (with gradient-norm clipping) the parts' norms in
+    order and ``grad_clip``, then optimizer parts."""
     order = [(f"{p.name}_fwd", p.repeat) for p in step.parts]
     order += [(f"{p.name}_bwd", p.repeat) for p in reversed(step.parts) if p.bwd is not None]
+    order += [(f"{p.name}_norm", p.repeat) for p in step.parts if p.norm is not None]
+    order += [(CLIP_FUNCTION, 1)] if step.clip is not None else []
     order += [(f"{p.name}_optim", p.repeat) for p in step.parts if p.optim is not None]
     return order
 
@@ -340,7 +346,9 @@ def import_step(step: CapturedStep) -> ModuleOp:
     grid = GridOp.create(properties={"sym_name": StringAttr(GRID),
                                      "shape": DenseArrayBase.from_list(i64, list(step.mesh.shape))},
                          attributes={AXIS_NAMES_ATTR: ArrayAttr([StringAttr(a) for a in step.mesh.axis_names])})
-    funcs = [_GraphImporter(step, g, f"{p.name}_{g.phase}").build() for p in step.parts for g in p.graphs()]
+    funcs = [_GraphImporter(step, g, g.function(p.name)).build() for p in step.parts for g in p.graphs()]
+    if step.clip is not None:
+        funcs.append(_GraphImporter(step, step.clip, CLIP_FUNCTION).build())
     module = ModuleOp([grid, *funcs])
     set_schedule(module, schedule_of(step))
     if step.partitioner != "min-cut":  # what the backward saves (flint.capture.partition); min-cut: unmarked

@@ -81,6 +81,15 @@ the result back into the parameters: Megatron-LM's mixed-precision optimizer
 uses, and DeepSpeed's bf16 optimizer. Not with ``param_dtype``, whose fp32
 sharded parameters already are the master copies.
 
+Gradient-norm clipping (``max_norm``, torchtitan's ``training.max_norm``, Megatron-LM's
+``--clip-grad``; 0, the default, clips nothing): after the backward the optimizer's gradients are
+scaled by ``min(1, max_norm / (total 2-norm + 1e-6))``, as ``torch.nn.utils.clip_grad_norm_`` does
+(``foreach=False``): one norm kernel per gradient, one all-reduce of the norm per mesh axis the
+gradients are sharded over (DTensor's ``full_tensor`` of a partial norm), one over ``pp``
+(torchtitan's ``dist_utils.clip_grad_norm_``), and one scaling kernel per gradient. Both
+torchtitan and Megatron-LM clip at 1.0 by default; Flint's default stays off, so a plan says it.
+A capture option (the captured path); ``shard-expand`` refuses it.
+
 ``pp_p2p`` (:func:`flint.pipeline.schedules.check_p2p`): the stage-boundary
 send/recv as the schedule runs them (``schedule``, the default), ``overlap``
 (Megatron's ``overlap_p2p_comm``; multi-stage schedules only, where it is what
@@ -171,6 +180,7 @@ class Plan:
     reduce_dtype: str = "param"  # data-parallel gradient reduction dtype (FSDP2 MixedPrecisionPolicy.reduce_dtype)
     param_dtype: str = "param"  # dtype FSDP gathers and computes parameters in (MixedPrecisionPolicy.param_dtype)
     master_dtype: str = "param"  # fp32 master copies the optimizer steps (Megatron's mixed-precision optimizer)
+    max_norm: float = 0.0  # gradient-norm clipping threshold (torch.nn.utils.clip_grad_norm_); 0: no clipping
     pp_schedule: str = "1f1b"
     pp_virtual_stages: int = 1  # stages per pipeline rank (interleaved schedules: > 1)
     pp_layers: tuple[int, ...] | None = None  # explicit layers per stage; None: even split
@@ -293,6 +303,8 @@ class Plan:
         if self.master_dtype not in MASTER_DTYPES:
             raise PlanError("master_dtype", f"unknown dtype '{self.master_dtype}'; known: {', '.join(MASTER_DTYPES)} "
                             "(param: the optimizer steps the parameters themselves)", src)
+        if not (0.0 <= self.max_norm < math.inf):
+            raise PlanError("max_norm", f"must be a finite number >= 0 (0: no clipping), got {self.max_norm}", src)
         if self.master_dtype != "param" and self.param_dtype != "param":
             raise PlanError("master_dtype", f"FSDP's mixed precision (param_dtype = \"{self.param_dtype}\") keeps "
                             "the sharded parameters in the model's dtype, which the optimizer steps: they already "
@@ -507,6 +519,8 @@ class Plan:
             extra.append(f"{self.master_dtype} master params")
         if self.loss_parallel:
             extra.append("loss parallel")
+        if self.max_norm:
+            extra.append(f"grad clip {self.max_norm:g}")
         if self.activation_checkpoint != "none":
             extra.append(f"AC {self.activation_checkpoint}")
         if self.fp8 != "none":
@@ -518,7 +532,7 @@ _BOOL_FIELDS = {"sp", "loss_parallel"}
 _STR_FIELDS = {"grad_sync", "pp_schedule", "activation_checkpoint", "tp_style", "fp8", "reduce_dtype", "param_dtype",
                "master_dtype", "pp_p2p"}
 _LIST_FIELDS = {"order": str, "pp_layers": int, "fp8_filter_fqns": str}
-_FLOAT_FIELDS = {"capacity_factor"}
+_FLOAT_FIELDS = {"capacity_factor", "max_norm"}
 
 
 def _coerce(key: str, value: Any, source: str | None) -> Any:

@@ -154,11 +154,15 @@ Aten = Dialect("aten", [AtenOp], [])
 #
 # Function arguments carry their role as the arg attribute `flint.role`
 # (the capture's Role.kind: parameter, buffer, input, activation, saved,
-# tangent, gradient, exp_avg, exp_avg_sq, step). lower-to-chakra treats
+# tangent, gradient, master, exp_avg, exp_avg_sq, step, grad_norm, clip_coef). lower-to-chakra treats
 # parameter / buffer / input / optimizer-state arguments as ready when the
 # step starts and every other argument as produced by the previous part.
 
 SCHEDULE_ATTR = "flint.schedule"
+# Gradient-norm clipping (plan field max_norm): after the backward, every part's `<part>_norm` (its gradients'
+# norms, folded into the running total: argument role grad_norm) and then this function (the total's all-reduces
+# and the scaling coefficient, which each `<part>_optim` takes as its clip_coef argument).
+CLIP_FUNCTION = "grad_clip"
 # After `pipeline-split`: one schedule per pipeline rank (the distinct rank roles along
 # the pipeline axis), entries ``[function, count]`` or ``[function, count, {tag, nosync}]``
 # (``tag``: added to the function's send/recv tags; ``nosync``: data-parallel axes whose

@@ -12,12 +12,12 @@ from xdsl.passes import ModulePass
 from xdsl.utils.exceptions import VerifyException
 
 from flint.errors import FlintError
-from flint.ir.aten import SCHEDULE_ATTR, STAGE_SCHEDULES_ATTR, PIPELINE_ATTR, get_schedule
+from flint.ir.aten import CLIP_FUNCTION, SCHEDULE_ATTR, STAGE_SCHEDULES_ATTR, PIPELINE_ATTR, get_schedule
 from flint.passes.lower_to_chakra import ROLE_ATTR
 from flint.pipeline.schedules import COMPUTE, check_p2p, rank_actions, sends_wait_at_step_end, stage_ranks
 from flint.plan import PlanError
 
-_PHASES = ("fwd", "bwd", "optim")
+_PHASES = ("fwd", "bwd", "norm", "clip", "optim")
 
 #: How pipeline-split counts layers, for its messages: a captured model's repeating pattern of several layers
 #: (Llama 4's four) is one block, never split across stages.
@@ -26,11 +26,13 @@ WHOLE_BLOCKS = ("a stage holds whole repeated blocks: one layer each, or a repea
 
 
 def _phase(name: str) -> str:
+    if name == CLIP_FUNCTION:
+        return "clip"
     for p in _PHASES:
         if name.endswith("_" + p):
             return p
-    raise VerifyException(f"pipeline-split: schedule entry @{name} is not a _fwd, _bwd or _optim function "
-                          "(the captured step's part functions)")
+    raise VerifyException(f"pipeline-split: schedule entry @{name} is not a _fwd, _bwd, _norm or _optim function "
+                          f"(the captured step's part functions) or @{CLIP_FUNCTION}")
 
 
 def even_split(n_layers: int, n_stages: int) -> list[int]:
@@ -95,7 +97,9 @@ class PipelineSplitPass(ModulePass):
     ``dist.recv`` of the stage-boundary tensor (the block's activation type)
     to or from the rank at that offset along ``axis``; each schedule entry
     gives the tag (unique per boundary, direction and microbatch). The
-    optimizer functions run once per step for the layers the rank holds.
+    optimizer functions run once per step for the layers the rank holds;
+    with gradient-norm clipping, after the held parts' ``_norm`` functions
+    and ``@grad_clip`` (its all-reduce over ``axis`` joins the stages' norms).
 
     Send/recv waiting (``p2p``, the plan's ``pp_p2p``;
     :func:`flint.pipeline.schedules.check_p2p`): ``schedule`` as above;
@@ -287,15 +291,16 @@ class PipelineSplitPass(ModulePass):
                         consumer[("F" if a.kind == "RECV_F" else "B", s, k)] = tag(boundary, is_bwd, k)
             assert not consumer, f"recvs without a consumer: {consumer}"
             held = [s for s in range(n_stages) if owner[s] == rank]
-            optim = {n: c for n, c in parts["optim"]}
-            for p in pre:
-                if 0 in held and f"{p}_optim" in optim:
-                    emit([(f"{p}_optim", 1, {})])
-            if f"{stem}_optim" in optim:
-                emit([(f"{stem}_optim", sum(layers[s] for s in held), {})])
-            for p in post:
-                if n_stages - 1 in held and f"{p}_optim" in optim:
-                    emit([(f"{p}_optim", 1, {})])
+
+            def held_parts(kind: str) -> list[tuple]:
+                """The ``<part>_<kind>`` entries of the parts this rank's stages hold, once per step."""
+                have = {n for n, _ in parts[kind]}
+                out = [(f"{p}_{kind}", 1, {}) for p in pre if 0 in held and f"{p}_{kind}" in have]
+                out += [(f"{stem}_{kind}", sum(layers[s] for s in held), {})] if f"{stem}_{kind}" in have else []
+                return out + [(f"{p}_{kind}", 1, {}) for p in post if n_stages - 1 in held and f"{p}_{kind}" in have]
+
+            # gradient-norm clipping: the held parts' norms, the step-wide @grad_clip, then the optimizer
+            emit(held_parts("norm") + [(n, 1, {}) for n, _ in parts["clip"]] + held_parts("optim"))
             assert not waits, f"recvs nobody waits for: {waits}"
             schedules.append(ArrayAttr(entries))
         for f in new_funcs.values():

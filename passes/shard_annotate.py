@@ -16,7 +16,7 @@ from xdsl.rewriter import InsertPoint, Rewriter
 from flint.chakra.from_ir import AXIS_NAMES_ATTR
 from flint.errors import FlintError
 from flint.ir import dist
-from flint.ir.aten import AtenOp, get_schedule
+from flint.ir.aten import CLIP_FUNCTION, AtenOp, get_schedule
 from flint.passes.lower_to_chakra import ROLE_ATTR
 from flint.plan import Plan, PlanError, attach, plan_of
 from flint.sharding.rules import (
@@ -104,6 +104,11 @@ def check_single_device(module: ModuleOp) -> None:
         if n != 1:
             raise FlintError(f"shard-annotate: the program was captured on {n} ranks (grid {list(shape)}); "
                              "shard expansion starts from a single-device capture (world size 1)")
+    if any(isinstance(f, func.FuncOp) and f.sym_name.data == CLIP_FUNCTION for f in module.ops):
+        raise PlanError("max_norm", f"the program was captured with gradient-norm clipping (@{CLIP_FUNCTION}), "
+                        "which shard-expand does not expand (its norm would miss the all-reduces over the sharded "
+                        "axes); capture on one device without max_norm, or capture with the whole plan "
+                        "(flint capture --plan-file), which clips")
     for op in module.walk():
         if isinstance(op, (dist.CollectiveOp, dist.PointToPointOp)):
             raise FlintError(f"shard-annotate: '{op.name}' in the input: the program already communicates; "

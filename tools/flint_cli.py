@@ -119,6 +119,8 @@ def cmd_capture(args: argparse.Namespace) -> int:
                             ac_every=plan.ac_every if args.ac_every is None else args.ac_every)
     if args.fp8 is not None:  # float8 linear layers (flint.capture.float8)
         plan = plan.replace(fp8=args.fp8)
+    if args.max_norm is not None:  # gradient-norm clipping (flint.capture.step._capture_clip)
+        plan = plan.replace(max_norm=args.max_norm)
     from flint.capture.byom import model_factory as _model_factory
 
     model_factory, cfg, user_module = _model_factory(args.model, args.layers)
@@ -376,6 +378,10 @@ def build_parser() -> argparse.ArgumentParser:
     cap.add_argument("--fp8", nargs="?", const="tensorwise", default=None, metavar="RECIPE",
                      help="run the linear layers as torchao's Float8Linear (not the output head), as torchtitan's "
                           "float8 converter: tensorwise (the default), rowwise, rowwise_with_gw_hp; or none")
+    cap.add_argument("--max-norm", type=float, default=None, metavar="X",
+                     help="clip the gradients' total 2-norm at X before the optimizer, as torch's clip_grad_norm_ "
+                          "(torchtitan and Megatron-LM clip at 1.0 by default); 0 clips nothing; overrides the "
+                          "plan's max_norm")
     cap.add_argument("--partitioner", default="min-cut", metavar="NAME",
                      help="which forward values the backward saves: min-cut (what torch.compile saves; cheap ops "
                           "recomputed in the backward; the default) or eager (AOTAutograd's default partitioner: "

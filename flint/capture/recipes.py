@@ -84,7 +84,9 @@ CAPTURE_FIELDS = ("dp_replicate", "dp_shard", "tp", "sp", "loss_parallel",
                   # MixedPrecisionPolicy.reduce_dtype, ParamGroup)
                   "zero", "reduce_dtype", "param_dtype",
                   # fp32 master copies of the parameters in the optimizer (Megatron's mixed-precision optimizer)
-                  "master_dtype")
+                  "master_dtype",
+                  # gradient-norm clipping (torch.nn.utils.clip_grad_norm_; flint.capture.step._capture_clip)
+                  "max_norm")
 
 
 @dataclass

@@ -71,11 +71,16 @@ class Role:
 
 @dataclass
 class CapturedGraph:
-    """One FX graph of a part: phase ``fwd``, ``bwd`` or ``optim``."""
+    """One FX graph of a part: phase ``fwd``, ``bwd`` or ``optim``. Its function is ``<part>_<kind>``, where
+    ``kind`` is the phase unless set (``norm``: the gradient-norm step of clipping, phase ``optim``)."""
 
     phase: str
     gm: torch.fx.GraphModule
     roles: dict[str, Role]  # placeholder node name -> role
+    kind: str = ""
+
+    def function(self, part: str) -> str:
+        return f"{part}_{self.kind or self.phase}"
 
     def nodes(self) -> Iterator[torch.fx.Node]:
         return (n for n in self.gm.graph.nodes if n.op == "call_function")
@@ -88,7 +93,10 @@ class CapturedPart:
     For the repeated block, parameter names are those of block 0
     (``layers.0.…``); block ``i`` has the same shapes under ``layers.i.…``.
     Under selective-layer activation checkpointing the checkpointed blocks
-    are a second part, ``block_ac``, named after the first of them.
+    are a second part, ``block_ac``, named after the first of them. ``norm``
+    (plan field ``max_norm``): the part's share of the gradient-norm
+    computation of clipping, run after every backward and before the
+    step-wide ``CapturedStep.clip``.
     """
 
     name: str
@@ -97,9 +105,10 @@ class CapturedPart:
     bwd: CapturedGraph | None
     optim: CapturedGraph | None
     params: list[ParamInfo]
+    norm: CapturedGraph | None = None
 
     def graphs(self) -> list[CapturedGraph]:
-        return [g for g in (self.fwd, self.bwd, self.optim) if g is not None]
+        return [g for g in (self.fwd, self.bwd, self.norm, self.optim) if g is not None]
 
 
 @dataclass
@@ -124,6 +133,9 @@ class CapturedStep:
     tp_rules: tuple[tuple[str, int], ...] | None = None
     tp_refused: str = ""
     notes: tuple[str, ...] = ()  # how the capture departed from its usual structure, and why (shown to the user)
+    # gradient-norm clipping's step-wide part (plan field max_norm): the total norm's all-reduces and the
+    # scaling coefficient, between the parts' norm graphs and their optimizer graphs; function @grad_clip
+    clip: CapturedGraph | None = None
 
     def part(self, name: str) -> CapturedPart:
         return next(p for p in self.parts if p.name == name)
@@ -147,18 +159,18 @@ def summarize(step: CapturedStep) -> StepSummary:
     """Count ops by class, FLOPs and collectives over the whole step."""
     classes, colls, coll_bytes = Counter(), Counter(), Counter()
     flops = graph_ops = 0
-    for part in step.parts:
-        for g in part.graphs():
-            for node in g.nodes():
-                graph_ops += 1
-                cls = opclass.classify_aten(node.target)
-                classes[cls] += part.repeat
-                flops += opclass.node_flops(node) * part.repeat
-                if cls in opclass.COLLECTIVES:
-                    axes = step.group_axes.get(opclass.collective_group(node), ())
-                    key = (cls, tuple(step.mesh.axis_names[a] for a in axes), g.phase)
-                    colls[key] += part.repeat
-                    coll_bytes[key] += opclass.tensor_bytes(node.args[0].meta.get("val")) * part.repeat
+    graphs = [(g, part.repeat) for part in step.parts for g in part.graphs()]
+    for g, repeat in graphs + ([(step.clip, 1)] if step.clip is not None else []):
+        for node in g.nodes():
+            graph_ops += 1
+            cls = opclass.classify_aten(node.target)
+            classes[cls] += repeat
+            flops += opclass.node_flops(node) * repeat
+            if cls in opclass.COLLECTIVES:
+                axes = step.group_axes.get(opclass.collective_group(node), ())
+                key = (cls, tuple(step.mesh.axis_names[a] for a in axes), g.phase)
+                colls[key] += repeat
+                coll_bytes[key] += opclass.tensor_bytes(node.args[0].meta.get("val")) * repeat
     return StepSummary(classes, flops, colls, coll_bytes, graph_ops)
 
 
@@ -437,25 +449,107 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
-def _capture_optimizer(held: Sequence[torch.Tensor], infos: dict[int, ParamInfo],
-                       master: torch.dtype | None = None) -> CapturedGraph | None:
-    """The AdamW step over a part's local parameters ``held``. With ``master`` (plan field ``master_dtype``), the
-    optimizer steps master copies of the parameters in that dtype, with its state in it and the gradients cast
-    to it, then copies the result into the parameters: Megatron-LM's ``Float16OptimizerWithFloat16Params``."""
-    params = [p for p in held if p.requires_grad]
-    if not params:
-        return None
-    local = [_local(p).detach() for p in params]
-    grads = [torch.empty_like(t) for t in local]
-    # DTensor leaves some gradients Partial (e.g. sequence-parallel norm weights); the
-    # real optimizer step on DTensors all-reduces them when it first touches them.
-    pending: list[tuple[int, str, str]] = []
+def _partial_grads(params: Sequence[torch.Tensor]) -> list[tuple[int, str, str]]:
+    """Gradients DTensor leaves Partial where their parameter is not (e.g. sequence-parallel norm weights):
+    (index, reduce op, group) of each. A DTensor op that needs the whole value (the optimizer's step, a norm)
+    all-reduces them when it first touches them, without changing the gradient itself."""
+    pending = []
     for i, p in enumerate(params):
         grad = p.grad
         if isinstance(grad, DTensor):
             for dim, pl in enumerate(grad.placements):
                 if pl.is_partial() and not p.placements[dim].is_partial():
                     pending.append((i, pl.reduce_op, grad.device_mesh.get_group(dim).group_name))
+    return pending
+
+
+def _reduced(gs: list[torch.Tensor], pending: list[tuple[int, str, str]]) -> list[torch.Tensor]:
+    gs = list(gs)
+    for i, op, group in pending:
+        gs[i] = torch.ops._c10d_functional.wait_tensor(torch.ops._c10d_functional.all_reduce(gs[i], op, group))
+    return gs
+
+
+def _grad_role(t: torch.Tensor, param: torch.Tensor, infos: dict[int, ParamInfo]) -> Role:
+    info = infos.get(id(param))
+    return Role("gradient", tuple(t.shape), t.dtype, info.name if info else None,
+                info.global_shape if info else None, dict(info.sharding) if info else {})
+
+
+def _capture_norm(held: Sequence[torch.Tensor], infos: dict[int, ParamInfo]) -> CapturedGraph | None:
+    """A part's share of ``torch.nn.utils.clip_grad_norm_``'s total norm (``foreach=False``): one
+    ``vector_norm`` per local gradient, then the norm of those norms and of the total so far (the ``grad_norm``
+    the part before handed on). torch stacks every gradient's norm once and takes its norm; taken part by part
+    it is the same value, with one small stack and norm per part run."""
+    params = [p for p in held if p.requires_grad]
+    if not params:
+        return None
+    grads = [torch.empty_like(_local(p).detach()) for p in params]
+    pending = _partial_grads(params)
+    total = torch.zeros((), dtype=grads[0].dtype, device=grads[0].device)
+
+    def norm(total: torch.Tensor, *gs: torch.Tensor) -> torch.Tensor:
+        norms = [torch.linalg.vector_norm(g, 2.0) for g in _reduced(list(gs), pending)]
+        return torch.linalg.vector_norm(torch.stack([total, *norms]), 2.0)
+
+    gm = make_fx(norm)(total, *grads)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    roles = {placeholders[0].name: Role("grad_norm", (), total.dtype)}
+    for node, g, p in zip(placeholders[1:], grads, params):
+        roles[node.name] = _grad_role(g, p, infos)
+    return CapturedGraph("optim", gm, roles, kind="norm")
+
+
+def _capture_clip(parts: Sequence[CapturedPart], dm: Any, mesh: Mesh, max_norm: float,
+                  pp: bool) -> CapturedGraph | None:
+    """Gradient-norm clipping's step-wide part: the local total norm made global and turned into the scaling
+    coefficient ``min(1, max_norm / (norm + 1e-6))`` (``torch.nn.utils.clip_grad_norm_``). Over each mesh axis
+    some gradient is sharded over, in mesh order, DTensor's ``full_tensor`` of the partial norm: square,
+    all-reduce (sum), square root, one axis at a time; with pipeline stages, torchtitan's
+    ``dist_utils.clip_grad_norm_`` does the same over ``pp``."""
+    norms = [p.norm for p in parts if p.norm is not None]
+    if not norms:
+        return None
+    axes: set[int] = set()
+    for part in parts:
+        for info in part.params:
+            for name in info.sharding:
+                if name not in mesh.axis_names:
+                    raise CaptureError("max_norm", f"parameter {info.name} is sharded over '{name}', which is no "
+                                       f"axis of the mesh ({', '.join(mesh.axis_names)}): Flint cannot tell "
+                                       "which ranks its gradient norm is reduced over")
+                axes.add(mesh.axis_index(name))
+    if pp:
+        axes.discard(mesh.axis_index("pp"))
+    groups = [dm.get_group(a).group_name for a in sorted(axes)]
+    if pp:
+        groups.append(dm.get_group(mesh.axis_index("pp")).group_name)
+    dtype = next(r.dtype for r in norms[0].roles.values() if r.kind == "grad_norm")
+
+    def clip(total: torch.Tensor) -> torch.Tensor:
+        for group in groups:
+            summed = torch.ops._c10d_functional.all_reduce(total.pow(2.0), "sum", group)
+            total = torch.ops._c10d_functional.wait_tensor(summed).pow(0.5)
+        return torch.clamp(max_norm / (total + 1e-6), max=1.0)
+
+    gm = make_fx(clip)(torch.zeros((), dtype=dtype))
+    placeholder = next(n for n in gm.graph.nodes if n.op == "placeholder")
+    return CapturedGraph("optim", gm, {placeholder.name: Role("grad_norm", (), dtype)}, kind="clip")
+
+
+def _capture_optimizer(held: Sequence[torch.Tensor], infos: dict[int, ParamInfo],
+                       master: torch.dtype | None = None, clip: bool = False) -> CapturedGraph | None:
+    """The AdamW step over a part's local parameters ``held``. With ``master`` (plan field ``master_dtype``), the
+    optimizer steps master copies of the parameters in that dtype, with its state in it and the gradients cast
+    to it, then copies the result into the parameters: Megatron-LM's ``Float16OptimizerWithFloat16Params``.
+    With ``clip`` (plan field ``max_norm``) it first scales the gradients in place by the ``clip_coef`` the
+    step-wide clipping computed, one ``mul_`` per gradient (``clip_grad_norm_``, ``foreach=False``)."""
+    params = [p for p in held if p.requires_grad]
+    if not params:
+        return None
+    local = [_local(p).detach() for p in params]
+    grads = [torch.empty_like(t) for t in local]
+    pending = _partial_grads(params)
     if master is not None and local[0].dtype == master:
         raise CaptureError("master_dtype", f"the parameters already are {str(master).removeprefix('torch.')}: "
                            "master copies are for a model in bf16 or fp16 (capture it with --dtype bfloat16)")
@@ -464,13 +558,16 @@ def _capture_optimizer(held: Sequence[torch.Tensor], infos: dict[int, ParamInfo]
     m = [torch.empty_like(t) for t in stepped]
     v = [torch.empty_like(t) for t in stepped]
     step = torch.zeros((), device=local[0].device)
+    coef = [torch.ones((), dtype=local[0].dtype, device=local[0].device)] if clip else []
     n = len(local)
     kinds = ["parameter", "gradient"] + (["master"] if masters else []) + ["exp_avg", "exp_avg_sq"]
 
     def flat_step(*flat: torch.Tensor) -> None:
-        ps, gs = list(flat[:n]), list(flat[n:2 * n])
-        for i, op, group in pending:
-            gs[i] = torch.ops._c10d_functional.wait_tensor(torch.ops._c10d_functional.all_reduce(gs[i], op, group))
+        if clip:
+            *flat, scale = flat
+            for g in flat[n:2 * n]:
+                g.mul_(scale)
+        ps, gs = list(flat[:n]), _reduced(list(flat[n:2 * n]), pending)
         state = [list(flat[k * n:(k + 1) * n]) for k in range(2, len(kinds))]
         if masters:
             adamw_step(state[0], [g.to(master) for g in gs], state[1], state[2], flat[-1])
@@ -479,13 +576,14 @@ def _capture_optimizer(held: Sequence[torch.Tensor], infos: dict[int, ParamInfo]
         else:
             adamw_step(ps, gs, state[0], state[1], flat[-1])
 
-    gm = make_fx(flat_step)(*local, *grads, *masters, *m, *v, step)
+    gm = make_fx(flat_step)(*local, *grads, *masters, *m, *v, step, *coef)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     values = [*local, *grads, *masters, *m, *v]
     roles: dict[str, Role] = {}
     for i, node in enumerate(placeholders):
-        if i == len(placeholders) - 1:
-            roles[node.name] = Role("step", (), step.dtype)
+        if i >= len(values):
+            roles[node.name] = Role("step", (), step.dtype) if i == len(values) else \
+                Role("clip_coef", (), coef[0].dtype)
             continue
         kind, j = kinds[i // len(params)], i % len(params)
         info = infos.get(id(params[j]))
@@ -497,9 +595,11 @@ def _capture_optimizer(held: Sequence[torch.Tensor], infos: dict[int, ParamInfo]
 def _capture_part(name: str, module: nn.Module, args: Sequence[torch.Tensor], input_kinds: Sequence[str],
                   repeat: int, infos: dict[int, ParamInfo], buffers: dict[int, str], optimizer: str | None,
                   partitioner: str = "min-cut", master: torch.dtype | None = None,
-                  only: Callable[[torch.Tensor], bool] | None = None) -> tuple[CapturedPart, torch.Tensor]:
+                  only: Callable[[torch.Tensor], bool] | None = None,
+                  clip: bool = False) -> tuple[CapturedPart, torch.Tensor]:
     """``only``: the parameters of ``module`` the part holds (a pipeline stage's, when ``module`` runs the whole
-    model but computes one stage); default all."""
+    model but computes one stage); default all. ``clip``: with gradient-norm clipping (the part's norm graph,
+    and an optimizer that scales its gradients)."""
     mine = [p for p in module.parameters() if only is None or only(p)]
     groups = [g for g in module.modules() if isinstance(g, ParamGroup)
               and (only is None or any(only(p) for p in g.local.values()))]
@@ -529,9 +629,10 @@ def _capture_part(name: str, module: nn.Module, args: Sequence[torch.Tensor], in
         _drop_dead(cap, fwd_roles)
     fwd = CapturedGraph("fwd", cap.fwd, fwd_roles)
     bwd = CapturedGraph("bwd", cap.bwd, _bwd_roles(cap.bwd, fwd_roles)) if cap.bwd is not None else None
-    optim = _capture_optimizer(mine, infos, master) if optimizer else None
+    optim = _capture_optimizer(mine, infos, master, clip) if optimizer else None
+    norm = _capture_norm(mine, infos) if optimizer and clip else None
     params = [infos[id(p)] for p in mine if id(p) in infos]
-    return CapturedPart(name, repeat, fwd, bwd, optim, params), out
+    return CapturedPart(name, repeat, fwd, bwd, optim, params, norm), out
 
 
 def _drop_dead(cap: _Capture, roles: dict[str, Role]) -> None:
@@ -702,9 +803,13 @@ def capture_step(
             raise CaptureError("mesh_shape", "the mesh of a plan or recipe comes from the plan "
                                "(flint.plan.Plan.mesh); give mesh_shape only with a parallelisation function")
         mesh = plan.mesh()
-    if not custom:  # the optimizer's master copies (Plan.master_dtype)
-        capture_part = partial(capture_part, master=REDUCE_DTYPE[plan.master_dtype])
+    if not custom:  # the optimizer's master copies (Plan.master_dtype), gradient-norm clipping (Plan.max_norm)
+        capture_part = partial(capture_part, master=REDUCE_DTYPE[plan.master_dtype], clip=plan.max_norm > 0)
     if parallelize is not None and not custom and plan.pp > 1:
+        if plan.max_norm:
+            raise PlanError("max_norm", "gradient-norm clipping is not captured for a pipeline function of the "
+                            "user's (torch.distributed.pipelining stages) yet; capture the model with pp in the "
+                            "plan and no pipeline function, which clips", plan.source)
         # the user's own torch.distributed.pipelining stages and schedule (flint/capture/pipeline.py)
         from flint.capture.pipeline import capture_pipeline
 
@@ -779,9 +884,10 @@ def capture_step(
             torch._dynamo.reset()
             if parallelize is not None and not custom:
                 plan_name = getattr(parallelize, "__name__", plan_name)
+            clip = None if custom or not plan.max_norm else _capture_clip(parts, dm, mesh, plan.max_norm, plan.pp > 1)
             return CapturedStep(parts, mesh, plan_name, axes, param_dtype, local, global_params,
                                 None if custom or parallelize is not None else plan, partitioner, tp_rules, tp_refused,
-                                tuple(notes))
+                                tuple(notes), clip)
         if repeat:
             _check_layers(model.layers)
         _check_batch(batch_shapes, ("tokens", "labels"))
@@ -839,8 +945,9 @@ def capture_step(
         parts.append(part)
         axes = group_axes(dm)
         _check_groups(parts, axes)
+        clip = _capture_clip(parts, dm, mesh, plan.max_norm, plan.pp > 1) if plan.max_norm else None
         torch._dynamo.reset()
-    return CapturedStep(parts, mesh, plan_name, axes, param_dtype, local, global_params, plan, partitioner)
+    return CapturedStep(parts, mesh, plan_name, axes, param_dtype, local, global_params, plan, partitioner, clip=clip)
 
 
 class _Stack(nn.Module):
