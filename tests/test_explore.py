@@ -77,6 +77,21 @@ def test_space_axes_and_ranges(tmp_path):
     assert [sp.point_at(i) for i in (0, 7, sp.size - 1)] == [pts[0], pts[7], pts[-1]]
 
 
+def test_plan_axes_take_each_fields_type(tmp_path):
+    """A plan axis takes its field's type (flint.plan.Plan's annotation): floats, booleans and strings, not
+    integers only (gradient-norm clipping and loss parallelism were refused as 'must be an integer')."""
+    text = BASE.replace("[workload.plan]\ndp_shard = -1", "[workload.plan]\ndp_shard = -1\nmax_norm = [0, 1.0]\n"
+                        'loss_parallel = [false, true]\npp_p2p = "overlap"')
+    sp = load_space(_write(tmp_path, text))
+    assert sp.axis("workload.plan.max_norm").values == (0.0, 1.0)
+    assert sp.axis("workload.plan.loss_parallel").values == (False, True)
+    assert sp.axis("workload.plan.pp_p2p").values == ("overlap",)
+    with pytest.raises(SpaceError, match=r"workload\.plan\.max_norm: must be a float"):
+        load_space(_write(tmp_path, text.replace("max_norm = [0, 1.0]", 'max_norm = "1"')))
+    with pytest.raises(SpaceError, match=r"workload\.plan\.dp_shard: must be an integer"):
+        load_space(_write(tmp_path, text.replace("dp_shard = -1", "dp_shard = 1.5")))
+
+
 @pytest.mark.parametrize("edit, where", [
     (("model = ", "modle = "), "workload.modle"),
     (("[workload.plan]\ndp_shard = -1", "[workload.plan]\ndp_shards = -1"), "workload.plan.dp_shards"),

@@ -140,6 +140,12 @@ class CapturedStep:
     def part(self, name: str) -> CapturedPart:
         return next(p for p in self.parts if p.name == name)
 
+    def graphs(self) -> list[tuple[CapturedGraph, int]]:
+        """Every graph of the step with how many times it runs: the parts' (``repeat`` times each), then
+        ``clip`` (once)."""
+        out = [(g, part.repeat) for part in self.parts for g in part.graphs()]
+        return out + ([(self.clip, 1)] if self.clip is not None else [])
+
     def summary(self) -> "StepSummary":
         return summarize(self)
 
@@ -159,8 +165,7 @@ def summarize(step: CapturedStep) -> StepSummary:
     """Count ops by class, FLOPs and collectives over the whole step."""
     classes, colls, coll_bytes = Counter(), Counter(), Counter()
     flops = graph_ops = 0
-    graphs = [(g, part.repeat) for part in step.parts for g in part.graphs()]
-    for g, repeat in graphs + ([(step.clip, 1)] if step.clip is not None else []):
+    for g, repeat in step.graphs():
         for node in g.nodes():
             graph_ops += 1
             cls = opclass.classify_aten(node.target)

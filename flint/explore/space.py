@@ -287,12 +287,9 @@ def _check_type(src: str, name: str, v: Any, typ: type, list_valued: bool) -> An
 
 
 def _plan_type(f: dataclasses.Field) -> type:
-    if f.name in ("sp",):
-        return bool
-    if f.name in ("grad_sync", "pp_schedule", "activation_checkpoint", "reduce_dtype", "param_dtype",
-                  "master_dtype"):
-        return str
-    return int
+    """A plan field's value type, from its annotation (``flint.plan.Plan``): bool, str, float, else int."""
+    base = str(f.type).split("|")[0].strip()
+    return {"bool": bool, "str": str, "float": float}.get(base, int)
 
 
 def space_from_dict(data: Mapping[str, Any], src: str = "<space>") -> Space:

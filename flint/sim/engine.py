@@ -71,8 +71,10 @@ Ranks sharing one table object start as one *class*; a class is split
 send/recv, all its members' transfers go to ranks of one class at the same
 latency and bandwidth on the same network dimension (a ring whose hops leave
 a node at some positions only becomes one class per position). Then, when
-every group a class's collectives use (per symbolic slot) lies among ranks of
-its table, every such rank resolves the slot to that group, all those groups
+every rank of the class's table that a group of the class's collectives (per
+symbolic slot) holds resolves the slot to that group (a group may also hold
+ranks of other tables, as many of each class it spans, each calling it:
+gradient clipping's all-reduce over the pipeline stages), all those groups
 cost the same and span the same classes, the representative's group holds the
 representative of each class it spans, and the send/recv of every class pair
 uniformly (for each send/recv row of the class's table there is one row of
@@ -571,6 +573,15 @@ def _symmetric_classes(trace: Trace, groups: _Groups) -> tuple[list[list[int]], 
             resolved[(t_id, slot)] = g
         return g
 
+    def calls(r: int, gid: int) -> bool:
+        """Whether rank ``r``'s table has a collective slot that ``r`` resolves to group ``gid``."""
+        t = trace.ranks[r].table
+        for slot in np.unique(t.comm_group[t.kind == NodeKind.COLL]).tolist():
+            g = resolve(id(t), slot)
+            if g is not None and int(g[r]) == gid:
+                return True
+        return False
+
     for c, cls in enumerate(classes):
         t = trace.ranks[cls[0]].table
         coll = t.kind == NodeKind.COLL
@@ -587,10 +598,17 @@ def _symmetric_classes(trace: Trace, groups: _Groups) -> tuple[list[list[int]], 
             sig = None
             for gid in np.unique(gs).tolist():
                 mem = np.asarray(groups.members(gid), dtype=np.int64)
-                # every member (of this table) resolves the slot to this group; the group spans the same
-                # classes and costs the same as every other group of the slot
-                if not np.all(g[mem] == gid):
+                # every member of this table resolves the slot to this group (members of other tables, e.g. the
+                # other pipeline stages in gradient clipping's all-reduce over pp, are checked with their own
+                # table); the group spans the same classes and costs the same as every other group of the slot
+                own = g[mem] != -2
+                if not np.all(g[mem[own]] == gid):
                     return None
+                if not own.all():  # a group over several tables: as many members of each class it spans, and
+                    # each member of another table calls it too (else: a straggler's table, a missing call)
+                    _, counts = np.unique(label[mem], return_counts=True)
+                    if len(set(counts.tolist())) != 1 or not all(calls(int(r), gid) for r in mem[~own]):
+                        return None
                 comp = np.unique(label[mem])
                 s = (len(mem), tuple((id(lk), n) for lk, n in groups.levels(gid)), tuple(comp.tolist()))
                 if sig is None:

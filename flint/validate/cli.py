@@ -33,6 +33,10 @@ HF_CASES = (("hf-llama-tiny", "fsdp", 2), ("hf-llama-tiny", "tp+sp", 2), ("hf-gp
 AC_CASES = (("llama-tiny", "fsdp", 2, "full"), ("llama-tiny", "fsdp", 2, "selective-op"))
 # The plan's loss_parallel (torch's loss_parallel in the real run): model, recipe, world.
 LOSS_PARALLEL_CASES = (("llama-tiny", "tp", 2),)
+# Gradient-norm clipping (the plan's max_norm; torchtitan's clip_grad_norm_ in the real run): model, recipe, world.
+# fsdp: the norm's all-reduce over dp_shard; tp+sp: sequence parallelism's Partial norm-weight gradients,
+# all-reduced for the norm as for the optimizer.
+CLIP_CASES = (("llama-tiny", "fsdp", 2), ("llama-tiny", "tp+sp", 2))
 DEFAULT_OUT = "docs/validation.md"
 DEFAULT_CHART = "docs/validation_ratios.png"
 COMMAND = "flint validate"
@@ -81,6 +85,14 @@ def loss_parallel_cases(models, plans, world_sizes):
 
     return [Case(m, p, w, loss_parallel=True) for m, p, w in LOSS_PARALLEL_CASES
             if m in models and p in plans and w in world_sizes]
+
+
+def clip_cases(models, plans, world_sizes):
+    """The cases of CLIP_CASES whose model, plan and world size are selected, clipping at 1.0 (torchtitan's
+    default max_norm)."""
+    from flint.validate.compare import Case
+
+    return [Case(m, p, w, max_norm=1.0) for m, p, w in CLIP_CASES if m in models and p in plans and w in world_sizes]
 
 
 def _no_case(plans, world_sizes) -> str:
@@ -200,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     todo = cases([m for m in models if not is_hf(m)], plans, world_sizes) + hf_cases(models, plans, world_sizes)
     if tuple(models) == DEFAULT_MODELS or any(m in models for m, *_ in AC_CASES):
         todo += ac_cases(models, plans, world_sizes)
-    todo += loss_parallel_cases(models, plans, world_sizes)
+    todo += loss_parallel_cases(models, plans, world_sizes) + clip_cases(models, plans, world_sizes)
     if not todo:
         print(_no_case(plans, world_sizes), file=sys.stderr)
         return 2

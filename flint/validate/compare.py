@@ -38,6 +38,7 @@ class Case:
     batch: tuple[int, int] = (GLOBAL_BATCH, SEQ_LEN)
     ac: str = "none"  # activation checkpointing mode (selective-layer: every second block)
     loss_parallel: bool = False  # the plan's loss_parallel (torch's loss_parallel; needs TP)
+    max_norm: float = 0.0  # the plan's gradient-norm clipping (torchtitan's clip_grad_norm_ in the real run)
 
     @property
     def tp(self) -> int:
@@ -55,7 +56,8 @@ class Case:
 
     def label(self) -> str:
         return (f"{self.model} {self.plan} w{self.world_size}" + (f" ac={self.ac}" if self.ac != "none" else "")
-                + (" loss_parallel" if self.loss_parallel else ""))
+                + (" loss_parallel" if self.loss_parallel else "")
+                + (f" clip={self.max_norm:g}" if self.max_norm else ""))
 
 
 @dataclass
@@ -82,7 +84,7 @@ def flint_counts(case: Case) -> FlintCounts:
         batch = {"tokens": case.batch, "labels": case.batch}
         model_factory = factory(case.model)
     with pytorch_warnings():  # as flint capture: PyTorch's notes on the capture shown only if it fails
-        if case.ac == "none" and not case.loss_parallel:
+        if case.ac == "none" and not case.loss_parallel and not case.max_norm:
             step = capture_step(model_factory, batch, world_size=case.world_size, plan=case.plan, tp=case.tp,
                                 repeat=False)
         else:
@@ -91,7 +93,7 @@ def flint_counts(case: Case) -> FlintCounts:
             # one graph per block, as Flint estimates it: in one graph of the whole stack AOTAutograd's
             # partitioner recomputes a checkpointed block's output (the next block's input), which eager
             # checkpoint_wrapper saves (one more GEMM per block boundary than the real run)
-            plan = case_plan(case.plan, case.world_size, case.tp, case.ac, case.loss_parallel)
+            plan = case_plan(case.plan, case.world_size, case.tp, case.ac, case.loss_parallel, case.max_norm)
             step = capture_step(model_factory, batch, plan=plan, repeat=True)
     summary = step.summary()
     colls, coll_bytes = Counter(), Counter()
@@ -99,12 +101,11 @@ def flint_counts(case: Case) -> FlintCounts:
         colls[(kind, phase)] += n
         coll_bytes[(kind, phase)] += summary.collective_bytes[(kind, _axes, phase)]
     ops = Counter()
-    for part in step.parts:
-        for g in part.graphs():
-            for node in g.nodes():
-                cls = opclass.classify_aten(node.target)
-                ns, name = opclass._op_name(node.target)
-                ops[(cls, g.phase, f"{ns}::{name}" if ns else name)] += part.repeat
+    for g, repeat in step.graphs():
+        for node in g.nodes():
+            cls = opclass.classify_aten(node.target)
+            ns, name = opclass._op_name(node.target)
+            ops[(cls, g.phase, f"{ns}::{name}" if ns else name)] += repeat
     return FlintCounts(Counter(summary.op_classes), colls, coll_bytes, ops)
 
 

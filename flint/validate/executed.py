@@ -21,7 +21,8 @@ exclusive host duration (:func:`exclusive_durations_us`).
 Phases follow execution order (ET ids increase with start time; a CPU step
 runs forward, backward and the optimizer on one thread): ``fwd`` until the
 first node the autograd engine records, ``bwd`` until
-``Optimizer.step#...``, ``optim`` from there on.
+``Optimizer.step#...`` or the worker's gradient-norm clipping
+(``CLIP_LABEL``), ``optim`` from there on.
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ from flint.capture import opclass
 from flint.validate.classify import collective_input_bytes, executed_class, innermost_of_class
 
 _DP_LABELS = ("FSDP::", "Replicate::", "replicate::")
+#: The record_function around the real run's gradient-norm clipping (flint.validate.worker.clip_grad_norm): its
+#: ops count in the optimizer phase, where Flint's clipping functions run.
+CLIP_LABEL = "clip_grad_norm_"
 
 
 @dataclass
@@ -98,7 +102,7 @@ def count_host_trace(path: str | Path, rank: int, kineto: str | Path | None = No
         name = n["name"]
         if phase == "fwd" and name.startswith("autograd::engine"):
             phase = "bwd"
-        elif phase != "optim" and name.startswith("Optimizer.step"):
+        elif phase != "optim" and (name.startswith("Optimizer.step") or name == CLIP_LABEL):
             phase = "optim"
         phases.append(phase)
 

@@ -21,7 +21,8 @@ class Expected:
     ``cls`` and ``phase`` (None: any) must equal the difference's; ``op`` is a
     regex on the base operator name; ``plans`` (None: any) a regex on the recipe;
     ``models`` (None: any) a regex on the model preset; a ``loss_parallel`` rule
-    explains only cases that run the plan's ``loss_parallel``.
+    explains only cases that run the plan's ``loss_parallel``, a ``clip`` rule only cases that clip the
+    gradients' norm (the plan's ``max_norm``).
     """
 
     key: str
@@ -32,11 +33,12 @@ class Expected:
     plans: str | None = None
     models: str | None = None
     loss_parallel: bool = False
+    clip: bool = False
 
     def matches(self, cls: str, phase: str, op: str, plan: str = "", model: str = "",
-                loss_parallel: bool = False) -> bool:
+                loss_parallel: bool = False, clip: bool = False) -> bool:
         return (cls == self.cls and (self.phase is None or phase == self.phase)
-                and (loss_parallel or not self.loss_parallel)
+                and (loss_parallel or not self.loss_parallel) and (clip or not self.clip)
                 and re.fullmatch(self.op, op) is not None
                 and (self.plans is None or re.fullmatch(self.plans, plan) is not None)
                 and (self.models is None or re.fullmatch(self.models, model) is not None))
@@ -95,6 +97,11 @@ EXPECTED: tuple[Expected, ...] = (
              _LOSS_PARALLEL, loss_parallel=True),
     Expected("loss-parallel-handlers", "reduction", r"aten::(_log_softmax_backward_data|nll_loss_backward)", "bwd",
              _LOSS_PARALLEL, loss_parallel=True),
+    Expected("grad-clip-norms", "reduction", r"aten::linalg_vector_norm", "optim",
+             "torch's clip_grad_norm_ takes one vector_norm per gradient, stacks them and takes one more norm of "
+             "the stack; Flint folds them part by part (flint.capture.step._capture_norm): one more norm per part "
+             "run (embedding, each block, head) instead of one in all. The elementwise ops of clipping (pow, add, "
+             "reciprocal, clamp, one mul_ per gradient) fall under the optimizer's rule.", clip=True),
     Expected("hf-recomputed-rope", "elementwise", r"aten::(cos|sin)", "bwd",
              "Hugging Face's rotary embedding computes cos and sin of the positions in forward; AOTAutograd's "
              "min-cut partitioner recomputes them in the backward (cheap, no gradient) instead of saving them.",
@@ -108,10 +115,11 @@ def base_op(name: str) -> str:
 
 
 def explain(cls: str, phase: str, op: str, plan: str = "", model: str = "",
-            loss_parallel: bool = False) -> Expected | None:
+            loss_parallel: bool = False, clip: bool = False) -> Expected | None:
     """The first rule explaining an op-level difference of ``model`` under recipe ``plan`` (with the plan's
-    ``loss_parallel`` or not), or ``None``."""
-    return next((e for e in EXPECTED if e.matches(cls, phase, base_op(op), plan, model, loss_parallel)), None)
+    ``loss_parallel`` or not, clipping the gradients' norm or not), or ``None``."""
+    return next((e for e in EXPECTED if e.matches(cls, phase, base_op(op), plan, model, loss_parallel, clip)),
+                None)
 
 
 @dataclass(frozen=True)
@@ -144,3 +152,18 @@ COLLECTIVE_NOTES: tuple[CollectiveNote, ...] = (
 def explain_collective(kind: str, phase: str, plan: str) -> CollectiveNote | None:
     """The note explaining a collective difference, or ``None`` (unexplained)."""
     return next((n for n in COLLECTIVE_NOTES if n.matches(kind, phase, plan)), None)
+
+
+#: The one explained difference in collective bytes at equal counts: clipping's norm all-reduces.
+CLIP_NORM_BYTES = CollectiveNote(
+    "grad-clip-norm-vector", "all_reduce", "optim", r".*",
+    "torch's clip_grad_norm_ on DTensor gradients all-reduces the stacked vector of every gradient's norm "
+    "(DTensor redistributes the partial stack before its norm: 4 bytes per gradient tensor, per sharded mesh "
+    "axis); Flint folds the norms part by part and all-reduces their norm, one fp32 value (4 bytes). The same "
+    "collectives, over the same axes, in the same order; both transfers are latency-bound.")
+
+
+def explain_collective_bytes(kind: str, phase: str, clip: bool) -> CollectiveNote | None:
+    """The note explaining a difference in a collective's bytes where the counts agree, or ``None``."""
+    n = CLIP_NORM_BYTES
+    return n if clip and kind == n.kind and phase == n.phase else None

@@ -10,7 +10,7 @@ from typing import Sequence
 from flint.capture import opclass
 from flint.validate.classify import C10D_TO_FUNCTIONAL, COMPARED_CLASSES, COMPARED_COLLECTIVES
 from flint.validate.compare import op_deltas
-from flint.validate.expected import explain, explain_collective
+from flint.validate.expected import explain, explain_collective, explain_collective_bytes
 from flint.validate.run import CaseResult
 
 EXACT_CLASSES = (opclass.GEMM, opclass.ATTENTION, *COMPARED_COLLECTIVES)
@@ -131,6 +131,13 @@ def markdown(results: Sequence[CaseResult], *, command: str, chart: str | None,
                         note = explain_collective(r.cls, phase, res.case.plan)
                         out.append(f"  - {phase}: Flint {a} vs executed {b}: "
                                    + (f"**{note.key}**: {note.reason}" if note else "**unexplained**"))
+                        continue
+                    a, b = (res.flint.collective_bytes.get((r.cls, phase), 0),
+                            rc.collective_bytes.get((r.cls, phase), 0))
+                    if a != b:
+                        note = explain_collective_bytes(r.cls, phase, res.case.max_norm > 0)
+                        out.append(f"  - {phase}: the same count, bytes Flint {a} vs executed {b}: "
+                                   + (f"**{note.key}**: {note.reason}" if note else "**unexplained**"))
     out += ["", "## Differences, operator by operator (rank 0), with their reasons", "",
             "Every operator whose count differs, in the compute classes (collectives are compared by count "
             "and bytes above), with the rule of `flint/validate/expected.py` that explains it. In-place and "
@@ -142,7 +149,8 @@ def markdown(results: Sequence[CaseResult], *, command: str, chart: str | None,
             if cls in COMPARED_COLLECTIVES:
                 continue  # compared by count and bytes above; the two sides name them differently
             for phase, op, a, b in op_deltas(res.flint, res.ranks[0], cls):
-                rule = explain(cls, phase, op, res.case.plan, res.case.model, res.case.loss_parallel)
+                rule = explain(cls, phase, op, res.case.plan, res.case.model, res.case.loss_parallel,
+                               res.case.max_norm > 0)
                 if rule:
                     reasons[rule.key] = rule.reason
                 rows.append(f"| {_SHORT[cls]} | {phase} | `{op}` | {a} | {b} | {rule.key if rule else '**unexplained**'} |")

@@ -32,6 +32,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from flint.capture.recipes import ac_layers, ac_wrap, apply_tp, data_parallel_mode, loss_context
 from flint.plan import Plan
+from flint.validate.executed import CLIP_LABEL
 
 LR, BETAS, EPS, WEIGHT_DECAY = 3e-4, (0.9, 0.95), 1e-8, 0.1  # flint.capture.step.adamw_step defaults
 
@@ -71,15 +72,31 @@ def parallelize(model: nn.Module, plan: Plan, mesh: DeviceMesh) -> None:
             wrap(module, mesh=dp_mesh, **kw)
 
 
-def case_plan(recipe: str, world_size: int, tp: int, ac: str = "none", loss_parallel: bool = False) -> Plan:
+def case_plan(recipe: str, world_size: int, tp: int, ac: str = "none", loss_parallel: bool = False,
+              max_norm: float = 0.0) -> Plan:
     """The plan of a validated case: the recipe's, with activation checkpointing ``ac`` (selective-layer: every
-    second block) and ``loss_parallel``."""
+    second block), ``loss_parallel`` and gradient-norm clipping at ``max_norm``."""
     import dataclasses
 
     from flint.plan import from_recipe
 
     return dataclasses.replace(from_recipe(recipe, world_size, tp), activation_checkpoint=ac,
-                               ac_every=2 if ac == "selective-layer" else 1, loss_parallel=loss_parallel)
+                               ac_every=2 if ac == "selective-layer" else 1, loss_parallel=loss_parallel,
+                               max_norm=max_norm)
+
+
+def clip_grad_norm(model: nn.Module, max_norm: float) -> None:
+    """torchtitan's ``dist_utils.clip_grad_norm_`` without pipeline stages: ``get_total_norm`` of the gradients
+    (``foreach=False``, as the optimizer here), the DTensor norm made whole with ``full_tensor``, then
+    ``clip_grads_with_norm_``."""
+    from torch.distributed.tensor import DTensor
+
+    params = [p for p in model.parameters() if p.grad is not None]
+    with torch.profiler.record_function(CLIP_LABEL):
+        total = torch.nn.utils.get_total_norm([p.grad for p in params], 2.0, foreach=False)
+        if isinstance(total, DTensor):
+            total = total.full_tensor()
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total, foreach=False)
 
 
 def run(spec: dict, rank: int) -> None:
@@ -94,7 +111,7 @@ def run(spec: dict, rank: int) -> None:
                             world_size=spec["world_size"], timeout=timedelta(seconds=spec["timeout_s"]))
     try:
         plan = case_plan(spec["plan"], spec["world_size"], spec.get("tp", 1), spec.get("ac", "none"),
-                         spec.get("loss_parallel", False))
+                         spec.get("loss_parallel", False), spec.get("max_norm", 0.0))
         fmesh = plan.mesh()
         mesh = init_device_mesh("cpu", fmesh.shape, mesh_dim_names=fmesh.axis_names)
         torch.manual_seed(0)
@@ -129,6 +146,8 @@ def run(spec: dict, rank: int) -> None:
             with loss_context(plan):
                 loss = model(input_ids=tokens, labels=labels).loss if hf else model(tokens, labels)
                 loss.backward()
+            if plan.max_norm:
+                clip_grad_norm(model, plan.max_norm)
             opt.step()
             opt.zero_grad(set_to_none=True)
 
