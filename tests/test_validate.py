@@ -246,7 +246,7 @@ def test_collective_notes_are_specific():
     assert explain_collective("all_gather", "fwd", "tp+sp") is None
 
 
-def _fake_result(case, executed_ar=4):
+def _fake_result(case, executed_ar=4, bytes_per_ar=100):
     from flint.validate.compare import FlintCounts, compare
     from flint.validate.executed import RankCounts
     from flint.validate.run import CaseResult
@@ -255,7 +255,8 @@ def _fake_result(case, executed_ar=4):
                         Counter({("all_reduce", "bwd"): 400}),
                         Counter({("gemm", "fwd", "aten::mm"): 6, ("elementwise", "optim", "aten::mul"): 10}))
     ranks = [RankCounts(r, Counter({"gemm": 6, "elementwise": 8, "all_reduce": executed_ar}),
-                        Counter({("all_reduce", "bwd"): executed_ar}), Counter({("all_reduce", "bwd"): 100 * executed_ar}),
+                        Counter({("all_reduce", "bwd"): executed_ar}),
+                        Counter({("all_reduce", "bwd"): bytes_per_ar * executed_ar}),
                         Counter({("gemm", "fwd", "aten::mm"): 6, ("elementwise", "optim", "aten::mul"): 8}))
              for r in range(case.world_size)]
     return CaseResult(case, flint, ranks, compare(flint, ranks), simulated_us=10.0, measured_step_us=20.0)
@@ -267,13 +268,18 @@ def test_cli_writes_report_and_chart_and_lists_failed_cases(tmp_path, monkeypatc
     def fake_validate(case, **kw):
         if case.plan == "fsdp":
             raise RealRunError("real run fsdp at world size 2: rank 1 failed: RuntimeError: boom", {1: "boom"})
-        return _fake_result(case, executed_ar=3 if case.plan == "tp" else 4)
+        return _fake_result(case, executed_ar=3 if case.plan == "tp" else 4,
+                            bytes_per_ar=125 if case.plan == "tp+sp" else 100)
 
     monkeypatch.setattr(run_mod, "validate_case", fake_validate)
     out, chart = tmp_path / "docs" / "v.md", tmp_path / "docs" / "v.png"
-    code = main(["--models", "gpt2-tiny", "--plans", "dp,fsdp,tp", "--world-sizes", "2", "--out", str(out),
+    code = main(["--models", "gpt2-tiny", "--plans", "dp,fsdp,tp,tp+sp", "--world-sizes", "2", "--out", str(out),
                  "--chart", str(chart)])
-    assert code == 1 and "rank 1 failed: RuntimeError: boom" in capsys.readouterr().err
+    printed = capsys.readouterr()
+    assert code == 1 and "rank 1 failed: RuntimeError: boom" in printed.err
+    assert "gpt2-tiny dp w2: collectives match (" in printed.out
+    assert "gpt2-tiny tp w2: collectives DIFFER (" in printed.out
+    assert "gpt2-tiny tp+sp w2: collectives counts match, bytes DIFFER (" in printed.out
     text = out.read_text()
     assert "Regenerate this page and its chart with one command: `flint validate`" in text
     assert "| gpt2-tiny dp w2 | 6/6 (1.00) |" in text and "![" in text and chart.stat().st_size > 0
