@@ -475,9 +475,10 @@ def _reduced(gs: list[torch.Tensor], pending: list[tuple[int, str, str]]) -> lis
     return gs
 
 
-def _grad_role(t: torch.Tensor, param: torch.Tensor, infos: dict[int, ParamInfo]) -> Role:
+def _param_role(kind: str, t: torch.Tensor, param: torch.Tensor, infos: dict[int, ParamInfo]) -> Role:
+    """The role of an optimizer-side value ``t`` of ``param`` (its gradient, master copy or Adam state)."""
     info = infos.get(id(param))
-    return Role("gradient", tuple(t.shape), t.dtype, info.name if info else None,
+    return Role(kind, tuple(t.shape), t.dtype, info.name if info else None,
                 info.global_shape if info else None, dict(info.sharding) if info else {})
 
 
@@ -501,7 +502,7 @@ def _capture_norm(held: Sequence[torch.Tensor], infos: dict[int, ParamInfo]) -> 
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     roles = {placeholders[0].name: Role("grad_norm", (), total.dtype)}
     for node, g, p in zip(placeholders[1:], grads, params):
-        roles[node.name] = _grad_role(g, p, infos)
+        roles[node.name] = _param_role("gradient", g, p, infos)
     return CapturedGraph("optim", gm, roles, kind="norm")
 
 
@@ -524,8 +525,6 @@ def _capture_clip(parts: Sequence[CapturedPart], dm: Any, mesh: Mesh, max_norm: 
                                        f"axis of the mesh ({', '.join(mesh.axis_names)}): Flint cannot tell "
                                        "which ranks its gradient norm is reduced over")
                 axes.add(mesh.axis_index(name))
-    if pp:
-        axes.discard(mesh.axis_index("pp"))
     groups = [dm.get_group(a).group_name for a in sorted(axes)]
     if pp:
         groups.append(dm.get_group(mesh.axis_index("pp")).group_name)
@@ -590,10 +589,7 @@ def _capture_optimizer(held: Sequence[torch.Tensor], infos: dict[int, ParamInfo]
             roles[node.name] = Role("step", (), step.dtype) if i == len(values) else \
                 Role("clip_coef", (), coef[0].dtype)
             continue
-        kind, j = kinds[i // len(params)], i % len(params)
-        info = infos.get(id(params[j]))
-        roles[node.name] = Role(kind, tuple(values[i].shape), values[i].dtype, info.name if info else None,
-                                info.global_shape if info else None, dict(info.sharding) if info else {})
+        roles[node.name] = _param_role(kinds[i // len(params)], values[i], params[i % len(params)], infos)
     return CapturedGraph("optim", gm, roles)
 
 
@@ -889,7 +885,7 @@ def capture_step(
             torch._dynamo.reset()
             if parallelize is not None and not custom:
                 plan_name = getattr(parallelize, "__name__", plan_name)
-            clip = None if custom or not plan.max_norm else _capture_clip(parts, dm, mesh, plan.max_norm, plan.pp > 1)
+            clip = None if custom else _capture_clip(parts, dm, mesh, plan.max_norm, plan.pp > 1)
             return CapturedStep(parts, mesh, plan_name, axes, param_dtype, local, global_params,
                                 None if custom or parallelize is not None else plan, partitioner, tp_rules, tp_refused,
                                 tuple(notes), clip)
@@ -950,7 +946,7 @@ def capture_step(
         parts.append(part)
         axes = group_axes(dm)
         _check_groups(parts, axes)
-        clip = _capture_clip(parts, dm, mesh, plan.max_norm, plan.pp > 1) if plan.max_norm else None
+        clip = _capture_clip(parts, dm, mesh, plan.max_norm, plan.pp > 1)  # None unless the parts have norms
         torch._dynamo.reset()
     return CapturedStep(parts, mesh, plan_name, axes, param_dtype, local, global_params, plan, partitioner, clip=clip)
 

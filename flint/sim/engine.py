@@ -573,10 +573,17 @@ def _symmetric_classes(trace: Trace, groups: _Groups) -> tuple[list[list[int]], 
             resolved[(t_id, slot)] = g
         return g
 
+    coll_slots: dict[int, list[int]] = {}  # table -> its collectives' symbolic slots
+
+    def slots_of(t) -> list[int]:
+        if id(t) not in coll_slots:
+            coll_slots[id(t)] = np.unique(t.comm_group[t.kind == NodeKind.COLL]).tolist()
+        return coll_slots[id(t)]
+
     def calls(r: int, gid: int) -> bool:
         """Whether rank ``r``'s table has a collective slot that ``r`` resolves to group ``gid``."""
         t = trace.ranks[r].table
-        for slot in np.unique(t.comm_group[t.kind == NodeKind.COLL]).tolist():
+        for slot in slots_of(t):
             g = resolve(id(t), slot)
             if g is not None and int(g[r]) == gid:
                 return True
@@ -584,12 +591,11 @@ def _symmetric_classes(trace: Trace, groups: _Groups) -> tuple[list[list[int]], 
 
     for c, cls in enumerate(classes):
         t = trace.ranks[cls[0]].table
-        coll = t.kind == NodeKind.COLL
-        if not coll.any():
+        if not slots_of(t):
             continue
         cls_arr = np.asarray(cls, dtype=np.int64)
         cols = []
-        for slot in np.unique(t.comm_group[coll]).tolist():
+        for slot in slots_of(t):
             g = resolve(id(t), slot)
             if g is None:
                 return None
