@@ -73,15 +73,21 @@ states wins), and what Flint does not model:
   optimizer is Megatron's mixed-precision one (``Float16OptimizerWithFloat16Params``, which every
   Megatron bf16 / fp16 run uses): the bf16 model's fp32 main parameters and fp32 Adam state, the
   gradients cast to fp32, the result copied back into the model (plan ``master_dtype = "float32"``).
+  The optimizer step is multi-tensor, as Megatron's: its Adam is a fused multi-tensor kernel
+  (apex's ``FusedAdam``, or Transformer Engine's in Megatron-Core when installed; the 2022 runs had
+  apex), and it copies main parameters into the model with one multi-tensor copy. Plan
+  ``optimizer_impl = "fused"``: torch's ``_fused_adamw_`` per part, one ``_foreach_copy_`` (README,
+  "The optimizer's form").
   Gradient-norm clipping at Megatron-LM's default ``--clip-grad 1.0`` (plan ``max_norm = 1.0``;
   neither source states another): the captured ``clip_grad_norm_`` (README, "Gradient-norm
-  clipping"), one norm and one scaling kernel per gradient and the norm's all-reduces. Megatron's
-  own clipping differs in form: apex's multi-tensor L2 norm and scaling (a few kernels where Flint
-  prices one per gradient, each at the kernel floor), the norm over its fp32 main gradients (Flint:
-  the gradients in the model's dtype) and one all-reduce of the squared norm over its model-parallel
-  group (with the distributed optimizer, over every rank) where torch reduces per mesh axis. Megatron
-  also accumulates the gradients in an fp32 buffer, which Flint does not (about 2 bytes per parameter
-  more read by the step).
+  clipping") in its multi-tensor form (``_foreach_norm``, ``_foreach_mul_``; Megatron runs apex's
+  ``multi_tensor_l2norm`` and ``multi_tensor_scale``) and the norm's all-reduces. Megatron's own
+  clipping differs in the norm over its fp32 main gradients (Flint: the gradients in the model's
+  dtype) and one all-reduce of the squared norm over its model-parallel group (with the distributed
+  optimizer, over every rank) where torch reduces per mesh axis. Megatron also accumulates the
+  gradients in an fp32 buffer, which Flint does not (about 2 bytes per parameter more read by the
+  step), and its main gradients need no cast, where Flint's master form casts each gradient to fp32
+  (one kernel per gradient).
   Micro-batch: the row's (S rows); the M rows leave it unstated, so Megatron-LM's own
   example (``examples/gpt3/train_gpt3_175b_distributed.sh``: ``--micro-batch-size 1``): the local
   batch runs as micro-batches of one sequence with gradient accumulation, gradients reduced once
@@ -362,6 +368,9 @@ def plan_of(row: dict):
         if "pp_p2p" in row:
             fields["pp_p2p"] = row["pp_p2p"]
     fields["max_norm"] = 1.0  # Megatron-LM's default --clip-grad (megatron/training/arguments.py)
+    # Megatron's Adam is a multi-tensor fused kernel (apex / Transformer Engine FusedAdam), as are its clipping
+    # (apex multi_tensor_l2norm / multi_tensor_scale) and its main-to-model parameter copy
+    fields["optimizer_impl"] = "fused"
     recompute = row.get("recompute")
     if recompute == "full":  # selective: the model checkpoints its core attention (megatron_gpt)
         fields["activation_checkpoint"] = "full"

@@ -4,9 +4,11 @@ Every ``call_function`` of a captured FX graph becomes one op:
 
 - an ATen call (``torch.ops.aten.*`` and other operator namespaces) becomes an
   ``aten.op`` with the overload name, tensor operands (tensor lists
-  flattened), full result types, non-tensor arguments as ``args`` keyed by
-  their schema name, the phase, the module path, and the user's source line
-  as the op's location;
+  flattened; a multi-tensor op, ``_foreach_*`` or ``_fused_adamw_``, keeps
+  its lists' lengths in ``args`` ``list_sizes``), full result types (none for
+  an in-place multi-tensor op, which returns nothing), non-tensor arguments as
+  ``args`` keyed by their schema name, the phase, the module path, and the
+  user's source line as the op's location;
 - a functional collective (``torch.ops._c10d_functional.*``) becomes the
   asynchronous `dist` collective whose grid axes are recovered from its
   process-group name and the mesh; ``wait_tensor`` becomes ``dist.wait``;
@@ -66,6 +68,7 @@ from flint.capture.step import CapturedGraph, CapturedStep
 from flint.chakra.from_ir import AXIS_NAMES_ATTR
 from flint.errors import FlintError
 from flint.ir import dist
+from flint.cost.flops import LIST_SIZES, is_multi_tensor
 from flint.ir.aten import CLIP_FUNCTION, AtenOp, set_schedule
 from flint.plan import attach
 from flint.passes.lower_to_chakra import ROLE_ATTR
@@ -252,8 +255,12 @@ class _GraphImporter:
         args: dict[str, Attribute] = {}
         bound = list(zip(schema.arguments, n.args)) + [
             (next(a for a in schema.arguments if a.name == k), v) for k, v in n.kwargs.items()]
+        lists: list[int] = []  # a multi-tensor op's tensor-list lengths, for its launches (flint.cost.flops)
         for sarg, value in bound:
             nodes = [v for v in _flatten(value) if isinstance(v, torch.fx.Node)]
+            if isinstance(value, (list, tuple)) and is_multi_tensor(target._opname) and \
+                    isinstance(sarg.type, torch.ListType) and isinstance(sarg.type.getElementType(), torch.TensorType):
+                lists.append(len(nodes))
             if nodes and all(isinstance(self.values.get(v), SSAValue) for v in nodes):
                 operands += [self.values[v] for v in nodes]
                 continue
@@ -261,11 +268,15 @@ class _GraphImporter:
             attr = _attr(value, where)
             if attr is not None:
                 args[sarg.name] = attr
+        if lists:
+            args[LIST_SIZES] = ArrayAttr([IntegerAttr(k, i64) for k in lists])
         val = self._val(n)
         outs = [v for v in _flatten(val)] if isinstance(val, (list, tuple)) else [val]
         # An op may skip some results (convolution_backward's grad_input when the input needs
         # no gradient: None); the op keeps only the tensor results, and getitem maps to them.
-        if not any(isinstance(t, torch.Tensor) for t in outs):
+        # An in-place op over tensor lists (``_foreach_mul_``, ``_fused_adamw_``) returns nothing: it writes its
+        # operands, and the op has no results.
+        if not any(isinstance(t, torch.Tensor) for t in outs) and (val is not None or schema.returns):
             raise ImportError_(f"{where}: result {val!r} has no tensor")
         bad = [t for t in outs if t is not None and not isinstance(t, torch.Tensor)]
         if bad:
@@ -275,7 +286,9 @@ class _GraphImporter:
                     args=args, phase=self.graph.phase, module=_module_path(n))
         op.location = _location(n)
         self.ops.append(op)
-        if isinstance(val, (list, tuple)):
+        if val is None:
+            self.values[n] = None
+        elif isinstance(val, (list, tuple)):
             it = iter(op.outputs)
             self.values[n] = [next(it) if t is not None else None for t in outs]
         else:

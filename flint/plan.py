@@ -90,6 +90,14 @@ gradients are sharded over (DTensor's ``full_tensor`` of a partial norm), one ov
 torchtitan and Megatron-LM clip at 1.0 by default; Flint's default stays off, so a plan says it.
 A capture option (the captured path); ``shard-expand`` refuses it.
 
+``optimizer_impl`` (torchtitan's ``optimizer.implementation``): the form of torch's AdamW the step runs.
+``for-loop`` (the default; ``foreach=False``, torch's CPU default, the form ``flint validate`` checks):
+kernels per parameter. ``foreach`` (torch's default on a GPU): one multi-tensor op over all of a part's
+tensors per step of the update, the step counts on the host. ``fused`` (torchtitan's default): one
+``_fused_adamw_`` kernel per part. With ``foreach`` or ``fused``, clipping takes torch's GPU default too
+(``_foreach_norm``, ``_foreach_mul_``), and master copies are copied back with one ``_foreach_copy_``. A
+capture option (the captured path); ``shard-expand`` refuses it.
+
 ``pp_p2p`` (:func:`flint.pipeline.schedules.check_p2p`): the stage-boundary
 send/recv as the schedule runs them (``schedule``, the default), ``overlap``
 (Megatron's ``overlap_p2p_comm``; multi-stage schedules only, where it is what
@@ -139,6 +147,8 @@ GRAD_SYNC = ("step", "microbatch")
 REDUCE_DTYPES = ("param", "float32", "bfloat16", "float16")
 # dtype of the optimizer's master copies of the parameters ("param": none, the optimizer steps the parameters)
 MASTER_DTYPES = ("param", "float32")
+# forms of torch's AdamW (torchtitan's optimizer.implementation): per-parameter kernels, multi-tensor, fused
+OPTIMIZER_IMPLS = ("for-loop", "foreach", "fused")
 # Where expanded TP reduces partial sums: "dtensor" as PyTorch's DTensor runs it (one backward all-reduce
 # per column-parallel linear: five per Llama block; sequence-parallel norm gradients reduced by the
 # optimizer), "megatron" as Megatron-LM (one per attention and MLP input; norm gradients in backward).
@@ -181,6 +191,7 @@ class Plan:
     param_dtype: str = "param"  # dtype FSDP gathers and computes parameters in (MixedPrecisionPolicy.param_dtype)
     master_dtype: str = "param"  # fp32 master copies the optimizer steps (Megatron's mixed-precision optimizer)
     max_norm: float = 0.0  # gradient-norm clipping threshold (torch.nn.utils.clip_grad_norm_); 0: no clipping
+    optimizer_impl: str = "for-loop"  # torch's AdamW form: for-loop (foreach=False), foreach, fused
     pp_schedule: str = "1f1b"
     pp_virtual_stages: int = 1  # stages per pipeline rank (interleaved schedules: > 1)
     pp_layers: tuple[int, ...] | None = None  # explicit layers per stage; None: even split
@@ -305,6 +316,9 @@ class Plan:
                             "(param: the optimizer steps the parameters themselves)", src)
         if not (0.0 <= self.max_norm < math.inf):
             raise PlanError("max_norm", f"must be a finite number >= 0 (0: no clipping), got {self.max_norm}", src)
+        if self.optimizer_impl not in OPTIMIZER_IMPLS:
+            raise PlanError("optimizer_impl", f"unknown form '{self.optimizer_impl}'; known: "
+                            f"{', '.join(OPTIMIZER_IMPLS)} (torchtitan's optimizer.implementation)", src)
         if self.master_dtype != "param" and self.param_dtype != "param":
             raise PlanError("master_dtype", f"FSDP's mixed precision (param_dtype = \"{self.param_dtype}\") keeps "
                             "the sharded parameters in the model's dtype, which the optimizer steps: they already "
@@ -521,6 +535,8 @@ class Plan:
             extra.append("loss parallel")
         if self.max_norm:
             extra.append(f"grad clip {self.max_norm:g}")
+        if self.optimizer_impl != "for-loop":
+            extra.append(f"{self.optimizer_impl} AdamW")
         if self.activation_checkpoint != "none":
             extra.append(f"AC {self.activation_checkpoint}")
         if self.fp8 != "none":
@@ -530,7 +546,7 @@ class Plan:
 
 _BOOL_FIELDS = {"sp", "loss_parallel"}
 _STR_FIELDS = {"grad_sync", "pp_schedule", "activation_checkpoint", "tp_style", "fp8", "reduce_dtype", "param_dtype",
-               "master_dtype", "pp_p2p"}
+               "master_dtype", "pp_p2p", "optimizer_impl"}
 _LIST_FIELDS = {"order": str, "pp_layers": int, "fp8_filter_fqns": str}
 _FLOAT_FIELDS = {"capacity_factor", "max_norm"}
 

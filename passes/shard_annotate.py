@@ -16,6 +16,8 @@ from xdsl.rewriter import InsertPoint, Rewriter
 from flint.chakra.from_ir import AXIS_NAMES_ATTR
 from flint.errors import FlintError
 from flint.ir import dist
+from flint.cost.flops import is_multi_tensor
+from flint.cost.opclass import split_target
 from flint.ir.aten import CLIP_FUNCTION, AtenOp, get_schedule
 from flint.passes.lower_to_chakra import ROLE_ATTR
 from flint.plan import Plan, PlanError, attach, plan_of
@@ -110,6 +112,11 @@ def check_single_device(module: ModuleOp) -> None:
                         "axes); capture on one device without max_norm, or capture with the whole plan "
                         "(flint capture --plan-file), which clips")
     for op in module.walk():
+        if isinstance(op, AtenOp) and is_multi_tensor(split_target(op.overload)[1]):
+            raise PlanError("optimizer_impl", f"the program's optimizer runs multi-tensor ops ('{op.overload}': "
+                            "captured with optimizer_impl foreach or fused), which shard-expand does not expand; "
+                            "capture on one device with the default for-loop form, or capture with the whole "
+                            "plan (flint capture --plan-file), which takes it")
         if isinstance(op, (dist.CollectiveOp, dist.PointToPointOp)):
             raise FlintError(f"shard-annotate: '{op.name}' in the input: the program already communicates; "
                              "expand a single-device capture (run canonicalize-dist on a world-size-1 capture)")

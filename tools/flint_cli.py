@@ -28,6 +28,7 @@ from flint.errors import FlintError, run_cli
 from flint.fileio import check_writable, write_text_atomic
 from flint.grad_wait import GRAD_WAIT, add_grad_wait_flag
 from flint.limits import MAX_WORLD_SIZE
+from flint.plan import OPTIMIZER_IMPLS
 from flint.units import fmt_bytes
 
 
@@ -121,6 +122,8 @@ def cmd_capture(args: argparse.Namespace) -> int:
         plan = plan.replace(fp8=args.fp8)
     if args.max_norm is not None:  # gradient-norm clipping (flint.capture.step._capture_clip)
         plan = plan.replace(max_norm=args.max_norm)
+    if args.optimizer_impl is not None:  # torch's AdamW form (flint.capture.step._capture_optimizer)
+        plan = plan.replace(optimizer_impl=args.optimizer_impl)
     from flint.capture.byom import model_factory as _model_factory
 
     model_factory, cfg, user_module = _model_factory(args.model, args.layers)
@@ -382,6 +385,12 @@ def build_parser() -> argparse.ArgumentParser:
                      help="clip the gradients' total 2-norm at X before the optimizer, as torch's clip_grad_norm_ "
                           "(torchtitan and Megatron-LM clip at 1.0 by default); 0 clips nothing; overrides the "
                           "plan's max_norm")
+    cap.add_argument("--optimizer-impl", choices=OPTIMIZER_IMPLS, default=None,
+                     help="the form of torch's AdamW (torchtitan's optimizer.implementation): for-loop (kernels per "
+                          "parameter; torch's CPU default and the plan default), foreach (torch's GPU default: "
+                          "multi-tensor kernels) or fused (one fused AdamW kernel per part; torchtitan's default); "
+                          "foreach and fused also clip with torch's multi-tensor norm; overrides the plan's "
+                          "optimizer_impl")
     cap.add_argument("--partitioner", default="min-cut", metavar="NAME",
                      help="which forward values the backward saves: min-cut (what torch.compile saves; cheap ops "
                           "recomputed in the backward; the default) or eager (AOTAutograd's default partitioner: "

@@ -86,7 +86,9 @@ CAPTURE_FIELDS = ("dp_replicate", "dp_shard", "tp", "sp", "loss_parallel",
                   # fp32 master copies of the parameters in the optimizer (Megatron's mixed-precision optimizer)
                   "master_dtype",
                   # gradient-norm clipping (torch.nn.utils.clip_grad_norm_; flint.capture.step._capture_clip)
-                  "max_norm")
+                  "max_norm",
+                  # torch's AdamW form (torchtitan's optimizer.implementation; flint.capture.step._capture_optimizer)
+                  "optimizer_impl")
 
 
 @dataclass

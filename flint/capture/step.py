@@ -35,6 +35,7 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 from torch.distributed.tensor import DTensor
 from torch.fx.experimental.proxy_tensor import make_fx
+from torch.optim.adamw import adamw
 
 from flint.capture import opclass
 from flint.capture.composite import composite_autograd, no_rng_state_on_meta
@@ -434,9 +435,14 @@ def _bwd_roles(bwd: torch.fx.GraphModule, fwd_roles: dict[str, Role]) -> dict[st
     return roles
 
 
+# AdamW's hyperparameters in every captured form (torchtitan's defaults; they change no op's cost)
+ADAMW_HYPER = dict(lr=3e-4, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1, amsgrad=False, maximize=False)
+
+
 def adamw_step(params: list[torch.Tensor], grads: list[torch.Tensor], exp_avgs: list[torch.Tensor],
-               exp_avg_sqs: list[torch.Tensor], step: torch.Tensor, lr: float = 3e-4,
-               beta1: float = 0.9, beta2: float = 0.95, eps: float = 1e-8, weight_decay: float = 0.1) -> None:
+               exp_avg_sqs: list[torch.Tensor], step: torch.Tensor, lr: float = ADAMW_HYPER["lr"],
+               beta1: float = ADAMW_HYPER["beta1"], beta2: float = ADAMW_HYPER["beta2"],
+               eps: float = ADAMW_HYPER["eps"], weight_decay: float = ADAMW_HYPER["weight_decay"]) -> None:
     """torch.optim.AdamW's update (for-loop form, tensor step as with ``capturable=True``)."""
     step.add_(1)
     bias_correction1 = 1 - torch.pow(beta1, step)
@@ -482,9 +488,11 @@ def _param_role(kind: str, t: torch.Tensor, param: torch.Tensor, infos: dict[int
                 info.global_shape if info else None, dict(info.sharding) if info else {})
 
 
-def _capture_norm(held: Sequence[torch.Tensor], infos: dict[int, ParamInfo]) -> CapturedGraph | None:
-    """A part's share of ``torch.nn.utils.clip_grad_norm_``'s total norm (``foreach=False``): one
-    ``vector_norm`` per local gradient, then the norm of those norms and of the total so far (the ``grad_norm``
+def _capture_norm(held: Sequence[torch.Tensor], infos: dict[int, ParamInfo],
+                  impl: str = "for-loop") -> CapturedGraph | None:
+    """A part's share of ``torch.nn.utils.clip_grad_norm_``'s total norm: one ``vector_norm`` per local gradient
+    (``foreach=False``; with ``impl`` ``foreach`` or ``fused``, torch's GPU default ``foreach=True``: one
+    ``_foreach_norm`` over them all), then the norm of those norms and of the total so far (the ``grad_norm``
     the part before handed on). torch stacks every gradient's norm once and takes its norm; taken part by part
     it is the same value, with one small stack and norm per part run."""
     params = [p for p in held if p.requires_grad]
@@ -495,7 +503,9 @@ def _capture_norm(held: Sequence[torch.Tensor], infos: dict[int, ParamInfo]) -> 
     total = torch.zeros((), dtype=grads[0].dtype, device=grads[0].device)
 
     def norm(total: torch.Tensor, *gs: torch.Tensor) -> torch.Tensor:
-        norms = [torch.linalg.vector_norm(g, 2.0) for g in _reduced(list(gs), pending)]
+        reduced = _reduced(list(gs), pending)
+        norms = list(torch._foreach_norm(reduced, 2.0)) if impl != "for-loop" else \
+            [torch.linalg.vector_norm(g, 2.0) for g in reduced]
         return torch.linalg.vector_norm(torch.stack([total, *norms]), 2.0)
 
     gm = make_fx(norm)(total, *grads)
@@ -542,12 +552,21 @@ def _capture_clip(parts: Sequence[CapturedPart], dm: Any, mesh: Mesh, max_norm: 
 
 
 def _capture_optimizer(held: Sequence[torch.Tensor], infos: dict[int, ParamInfo],
-                       master: torch.dtype | None = None, clip: bool = False) -> CapturedGraph | None:
+                       master: torch.dtype | None = None, clip: bool = False,
+                       impl: str = "for-loop") -> CapturedGraph | None:
     """The AdamW step over a part's local parameters ``held``. With ``master`` (plan field ``master_dtype``), the
     optimizer steps master copies of the parameters in that dtype, with its state in it and the gradients cast
     to it, then copies the result into the parameters: Megatron-LM's ``Float16OptimizerWithFloat16Params``.
     With ``clip`` (plan field ``max_norm``) it first scales the gradients in place by the ``clip_coef`` the
-    step-wide clipping computed, one ``mul_`` per gradient (``clip_grad_norm_``, ``foreach=False``)."""
+    step-wide clipping computed (``clip_grads_with_norm_``).
+
+    ``impl`` (plan field ``optimizer_impl``, torchtitan's ``optimizer.implementation``) is the form torch runs:
+    ``for-loop`` (``foreach=False``: kernels per parameter; the scaling one ``mul_`` per gradient), ``foreach``
+    (torch's own ``adamw(foreach=True)``, its GPU default: one multi-tensor op per step of the update over all
+    the part's tensors, the step counts on the host as eager torch keeps them, so the bias corrections are
+    Python numbers; the scaling one ``_foreach_mul_``) or ``fused`` (``adamw(fused=True)``: one
+    ``_fused_adamw_``, the step counts on the device). With masters, ``foreach`` and ``fused`` copy them back
+    with one ``_foreach_copy_``."""
     params = [p for p in held if p.requires_grad]
     if not params:
         return None
@@ -561,46 +580,95 @@ def _capture_optimizer(held: Sequence[torch.Tensor], infos: dict[int, ParamInfo]
     stepped = masters or local
     m = [torch.empty_like(t) for t in stepped]
     v = [torch.empty_like(t) for t in stepped]
-    step = torch.zeros((), device=local[0].device)
-    coef = [torch.ones((), dtype=local[0].dtype, device=local[0].device)] if clip else []
     n = len(local)
+    if impl == "for-loop":
+        steps = [torch.zeros((), device=local[0].device)]
+    elif impl == "fused":  # torch keeps a fused optimizer's step counts on the device, one per parameter
+        steps = [torch.zeros((), device=local[0].device) for _ in range(n)]
+    else:  # foreach (capturable=False): on the host, closed over, so the trace holds no device op for them
+        steps = []
+        host_steps = [torch.zeros(()) for _ in range(n)]
+    coef = [torch.ones((), dtype=local[0].dtype, device=local[0].device)] if clip else []
     kinds = ["parameter", "gradient"] + (["master"] if masters else []) + ["exp_avg", "exp_avg_sq"]
 
     def flat_step(*flat: torch.Tensor) -> None:
         if clip:
             *flat, scale = flat
-            for g in flat[n:2 * n]:
-                g.mul_(scale)
+            if impl == "for-loop":
+                for g in flat[n:2 * n]:
+                    g.mul_(scale)
+            else:
+                torch._foreach_mul_(list(flat[n:2 * n]), scale)
         ps, gs = list(flat[:n]), _reduced(list(flat[n:2 * n]), pending)
         state = [list(flat[k * n:(k + 1) * n]) for k in range(2, len(kinds))]
-        if masters:
-            adamw_step(state[0], [g.to(master) for g in gs], state[1], state[2], flat[-1])
-            for p, w in zip(ps, state[0]):
-                p.copy_(w)
+        stepped_now, grads_now = (state.pop(0), [g.to(master) for g in gs]) if masters else (ps, gs)
+        if impl == "for-loop":
+            adamw_step(stepped_now, grads_now, state[0], state[1], flat[len(kinds) * n])
         else:
-            adamw_step(ps, gs, state[0], state[1], flat[-1])
+            adamw(stepped_now, grads_now, state[0], state[1], [], list(flat[len(kinds) * n:]) or host_steps,
+                  foreach=impl == "foreach", fused=impl == "fused", **ADAMW_HYPER)
+        if masters:
+            if impl == "for-loop":
+                for p, w in zip(ps, stepped_now):
+                    p.copy_(w)
+            else:
+                torch._foreach_copy_(ps, stepped_now)
 
-    gm = make_fx(flat_step)(*local, *grads, *masters, *m, *v, step, *coef)
+    gm = make_fx(flat_step)(*local, *grads, *masters, *m, *v, *steps, *coef)
+    if impl == "foreach":
+        _drop_host_ops(gm)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     values = [*local, *grads, *masters, *m, *v]
     roles: dict[str, Role] = {}
     for i, node in enumerate(placeholders):
         if i >= len(values):
-            roles[node.name] = Role("step", (), step.dtype) if i == len(values) else \
+            roles[node.name] = Role("step", (), steps[0].dtype) if i < len(values) + len(steps) else \
                 Role("clip_coef", (), coef[0].dtype)
             continue
         roles[node.name] = _param_role(kinds[i // len(params)], values[i], params[i % len(params)], infos)
     return CapturedGraph("optim", gm, roles)
 
 
+def _drop_host_ops(gm: torch.fx.GraphModule) -> None:
+    """Remove what eager torch runs on the host, not the device: ops on constant tensors of the trace (a foreach
+    AdamW's step counts, which torch keeps on the CPU and increments there)."""
+    graph = gm.graph
+    for node in reversed(list(graph.nodes)):
+        if node.op != "call_function" or node.users:
+            continue
+        tensors = _flat_nodes((node.args, node.kwargs))
+        if tensors and all(_is_constant(a) for a in tensors):
+            graph.erase_node(node)
+    for node in reversed(list(graph.nodes)):
+        if not node.users and (node.op == "get_attr" or (node.op == "call_function" and node.target is
+                                                         torch.ops.aten.lift_fresh_copy.default)):
+            graph.erase_node(node)
+    graph.lint()
+    gm.recompile()
+
+
+def _flat_nodes(args: Any) -> list[torch.fx.Node]:
+    out: list[torch.fx.Node] = []
+    torch.fx.node.map_arg(args, out.append)
+    return out
+
+
+def _is_constant(node: torch.fx.Node) -> bool:
+    """A value of the trace computed from its constants alone (no placeholder upstream)."""
+    if node.op == "get_attr":
+        return True
+    return node.op == "call_function" and all(_is_constant(a) for a in _flat_nodes((node.args, node.kwargs)))
+
+
 def _capture_part(name: str, module: nn.Module, args: Sequence[torch.Tensor], input_kinds: Sequence[str],
                   repeat: int, infos: dict[int, ParamInfo], buffers: dict[int, str], optimizer: str | None,
                   partitioner: str = "min-cut", master: torch.dtype | None = None,
                   only: Callable[[torch.Tensor], bool] | None = None,
-                  clip: bool = False) -> tuple[CapturedPart, torch.Tensor]:
+                  clip: bool = False, impl: str = "for-loop") -> tuple[CapturedPart, torch.Tensor]:
     """``only``: the parameters of ``module`` the part holds (a pipeline stage's, when ``module`` runs the whole
     model but computes one stage); default all. ``clip``: with gradient-norm clipping (the part's norm graph,
-    and an optimizer that scales its gradients)."""
+    and an optimizer that scales its gradients). ``impl``: the optimizer's form (plan field ``optimizer_impl``,
+    :func:`_capture_optimizer`)."""
     mine = [p for p in module.parameters() if only is None or only(p)]
     groups = [g for g in module.modules() if isinstance(g, ParamGroup)
               and (only is None or any(only(p) for p in g.local.values()))]
@@ -630,8 +698,8 @@ def _capture_part(name: str, module: nn.Module, args: Sequence[torch.Tensor], in
         _drop_dead(cap, fwd_roles)
     fwd = CapturedGraph("fwd", cap.fwd, fwd_roles)
     bwd = CapturedGraph("bwd", cap.bwd, _bwd_roles(cap.bwd, fwd_roles)) if cap.bwd is not None else None
-    optim = _capture_optimizer(mine, infos, master, clip) if optimizer else None
-    norm = _capture_norm(mine, infos) if optimizer and clip else None
+    optim = _capture_optimizer(mine, infos, master, clip, impl) if optimizer else None
+    norm = _capture_norm(mine, infos, impl) if optimizer and clip else None
     params = [infos[id(p)] for p in mine if id(p) in infos]
     return CapturedPart(name, repeat, fwd, bwd, optim, params, norm), out
 
@@ -805,7 +873,8 @@ def capture_step(
                                "(flint.plan.Plan.mesh); give mesh_shape only with a parallelisation function")
         mesh = plan.mesh()
     if not custom:  # the optimizer's master copies (Plan.master_dtype), gradient-norm clipping (Plan.max_norm)
-        capture_part = partial(capture_part, master=REDUCE_DTYPE[plan.master_dtype], clip=plan.max_norm > 0)
+        capture_part = partial(capture_part, master=REDUCE_DTYPE[plan.master_dtype], clip=plan.max_norm > 0,
+                               impl=plan.optimizer_impl)
     if parallelize is not None and not custom and plan.pp > 1:
         if plan.max_norm:
             raise PlanError("max_norm", "gradient-norm clipping is not captured for a pipeline function of the "

@@ -60,7 +60,7 @@ import numpy as np
 from flint.cost.calibration import (Calibration, list_overrides, load_calibration, merge_calibration,
                                     parse_calibration, read_toml, shipped_override)
 from flint.cost.dtypes import canonical_dtype
-from flint.cost.opclass import ATTENTION, GEMM, VIEW
+from flint.cost.opclass import ATTENTION, ELEMENTWISE, GEMM, VIEW
 from flint.errors import FlintError
 
 if TYPE_CHECKING:
@@ -176,6 +176,10 @@ class Device:
         if cls == VIEW:
             return 0.0
         cal = self.calibration
+        if cost.kernel_shares:  # a multi-tensor op: its launches stream their share of the bytes, as pointwise ops
+            t_bytes = cost.bytes / (self.hbm_bandwidth_gbytes_per_s * 1e3 * self.memory_eff(ELEMENTWISE))
+            return sum(max(share * t_bytes, self.kernel_floor_us) for share in cost.kernel_shares) \
+                / cal.sustained_fraction
         flops = cost.flops * cost.work_fraction
         key = _PEAK_KEY.get(canonical_dtype(dtype))
         if cls == GEMM and cost.gemm_dims is not None and cal.gemm is not None and self.sm_count \

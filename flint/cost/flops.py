@@ -15,6 +15,11 @@ A few composite or newer ops PyTorch's registry lacks (``linear``,
 Bytes are the sum of the op's input and output tensor bytes (each tensor read
 or written once); metadata-only ops (class ``view``) move 0 bytes.
 
+Multi-tensor ops (torch's ``_foreach_*`` ops and fused optimizers, ``_fused_adamw_``) work on tensor
+lists, in place or not: their bytes are every tensor read, plus every tensor of the lists they write
+and their results; their kernels are the launches of ATen's ``multi_tensor_apply``
+(:func:`multi_tensor_launches`), which :class:`OpCost` carries as each launch's share of the elements.
+
 Arguments
 ---------
 ``target``      ATen overload name: ``"aten.mm.default"``, ``"aten::mm"`` or ``"mm"``.
@@ -260,6 +265,92 @@ def gathered_bytes(src_bytes: int, src_dtype: Any, out_numel: int) -> int:
     return min(src_bytes, out_numel * dtype_bytes(src_dtype))
 
 
+# Multi-tensor ops. The importer records each Tensor[] argument's length in the op's args under LIST_SIZES (the
+# IR flattens the lists into its operands).
+LIST_SIZES = "list_sizes"
+_MULTI_TENSOR_PREFIXES = ("_foreach_", "_fused_adam")
+# ATen's multi_tensor_apply (native/cuda/MultiTensorApply.cuh, the 32 KB kernel-argument configuration every
+# CUDA >= 12.1 build on Volta or newer takes): each block handles one chunk of 65,536 elements of one tensor;
+# a launch ends when its blocks (2,240) or its tensors (by the number of lists it touches, the "depth") are full.
+MTA_CHUNK = 65536
+MTA_MAX_BLOCKS = 2240
+MTA_MAX_TENSORS = (770, 448, 336, 252, 210)
+MTA_MAX_TENSORS_SCALARLIST = (672, 448, 336, 252, 210)  # ops taking a list of scalars keep them in the launch
+# Tensor[] arguments a fused optimizer writes (its schema marks the gradients mutable too; the kernel stores
+# them only to unscale them, with a grad_scale, which Flint's captures never pass)
+_FUSED_WRITES = frozenset({"self", "exp_avgs", "exp_avg_sqs", "max_exp_avg_sqs"})
+
+
+def is_multi_tensor(name: str) -> bool:
+    """Whether ATen op ``name`` (``_foreach_mul_``, ``_fused_adamw_``) is a multi-tensor op."""
+    return name.startswith(_MULTI_TENSOR_PREFIXES)
+
+
+def multi_tensor_launches(numels: Sequence[int], depth: int, scalar_list: bool = False) -> list[int]:
+    """The elements each kernel launch of ``multi_tensor_apply`` covers, over tensors of ``numels`` elements
+    (the first list's) and ``depth`` lists (MultiTensorApply.cuh's loop: a launch when the blocks fill, or the
+    tensors do at a tensor's last chunk; an empty tensor is skipped)."""
+    max_tensors = (MTA_MAX_TENSORS_SCALARLIST if scalar_list else MTA_MAX_TENSORS)[min(max(depth, 1), 5) - 1]
+    launches: list[int] = []
+    blocks = tensors = elems = 0
+    for numel in numels:
+        if numel <= 0:
+            continue
+        tensors += 1
+        chunks = -(-numel // MTA_CHUNK)
+        done = 0
+        while done < chunks:
+            take = min(chunks - done, MTA_MAX_BLOCKS - blocks)
+            last = done + take == chunks
+            elems += min(numel, (done + take) * MTA_CHUNK) - done * MTA_CHUNK
+            blocks += take
+            done += take
+            if blocks == MTA_MAX_BLOCKS or (tensors == max_tensors and last):
+                launches.append(elems)
+                blocks = elems = 0
+                tensors = 0 if last else 1
+    if blocks:
+        launches.append(elems)
+    return launches
+
+
+def _multi_tensor_cost(target: str, in_shapes: Sequence[Any], in_dtypes: Sequence[Any] | Any,
+                       out_shapes: Sequence[Shape], out_dtypes: Sequence[Any] | Any,
+                       args: Mapping[str, Any] | None) -> "OpCost":
+    """Bytes and launches of a multi-tensor op (module docstring). ``args[LIST_SIZES]``: the lengths of its
+    Tensor[] arguments in schema order; their tensors lead the operands, single tensors follow."""
+    ns, name, overload = split_target(target)
+    _, schema = _schema(ns, name, overload)
+    sizes = list((args or {}).get(LIST_SIZES) or [])
+    list_args = [a for a in schema.arguments if _is_tensor_type(a.type)[1]] if schema is not None else []
+    if len(sizes) != len(list_args):
+        raise FlintError(f"{target}: a multi-tensor op needs the lengths of its {len(list_args)} tensor lists "
+                         f"(args '{LIST_SIZES}'), got {sizes}")
+    pairs = _flatten(in_shapes, in_dtypes)
+    outs = _flatten(out_shapes, out_dtypes)
+    nbytes = sum(tensor_bytes(sh, d) for sh, d in pairs + outs)
+    first: list[int] = []
+    pos = depth = 0
+    for a, k in zip(list_args, sizes):
+        members = pairs[pos:pos + k]
+        pos += k
+        if not k:
+            continue
+        depth += 1
+        if not first:
+            first = [math.prod(sh) for sh, _ in members]
+        fused_write = name.startswith("_fused_adam") and a.name in _FUSED_WRITES
+        if fused_write or (not name.startswith("_fused_adam") and a.alias_info is not None and a.alias_info.is_write):
+            nbytes += sum(tensor_bytes(sh, d) for sh, d in members)
+    if outs and name != "_foreach_norm":
+        depth += 1  # an out-of-place op writes a list of results
+    launches = multi_tensor_launches(first, depth, overload.endswith("ScalarList")) or [0]
+    if name == "_foreach_norm":  # its per-tensor partial sums are finished by one more kernel (lpnorm_cleanup)
+        launches.append(0)
+    total = sum(launches) or 1
+    return OpCost(classify_target(target), 0, nbytes, kernel_shares=tuple(e / total for e in launches))
+
+
 @dataclass(frozen=True)
 class OpCost:
     """The cost inputs of one op call.
@@ -276,6 +367,8 @@ class OpCost:
     ``attention_kernel`` which fused attention kernel runs: ``flash`` (PyTorch's default
                        ``scaled_dot_product_attention`` backend) or ``cudnn``.
     ``attention_dropout`` whether that kernel applies dropout (``dropout_p > 0``).
+    ``kernel_shares``  a multi-tensor op's launches (:func:`multi_tensor_launches`), each one's share of
+                       its bytes; empty for an op of one kernel.
     """
 
     op_class: str
@@ -286,6 +379,8 @@ class OpCost:
     attention_seq: tuple[int, bool] | None = None        # (key length, backward) of fused attention
     attention_kernel: str = "flash"                      # the attention-kernel pass's choice
     attention_dropout: bool = False                      # the fused attention kernel applies dropout
+    # a multi-tensor op's kernel launches, each one's share of its elements (and bytes); () for one kernel
+    kernel_shares: tuple[float, ...] = ()
 
 
 def op_cost(target: str, in_shapes: Sequence[Any], in_dtypes: Sequence[Any] | Any, out_shapes: Sequence[Shape],
@@ -294,6 +389,9 @@ def op_cost(target: str, in_shapes: Sequence[Any], in_dtypes: Sequence[Any] | An
     cls = classify_target(target)
     if cls == VIEW:
         return OpCost(cls, 0, 0)
+    if is_multi_tensor(split_target(target)[1]):
+        return _multi_tensor_cost(target, in_shapes, in_dtypes, out_shapes, out_dtypes,
+                                  args if isinstance(args, Mapping) else None)
     flops = op_flops(target, in_shapes, out_shapes, args)
     nbytes = op_bytes(in_shapes, in_dtypes, out_shapes, out_dtypes)
     if target in GATHERS and in_shapes and out_shapes:

@@ -22,17 +22,20 @@ from dataclasses import dataclass
 
 from xdsl.dialects.builtin import ArrayAttr, DenseArrayBase, DictionaryAttr, FloatAttr, ModuleOp, f64, i64
 
-from flint.cost.opclass import classify_target
+from flint.cost.flops import is_multi_tensor
+from flint.cost.opclass import classify_target, split_target
 from flint.chakra.from_ir import mesh_of
 from flint.errors import FlintError
 from flint.ir import chakra
 from flint.ir.dist import where_of
+from flint.passes.annotate_cost import aten_op_work
 from flint.passes.fuse_pointwise import GROUP_ATTR
 
 FUSED = "fused pointwise"
 COLL_REDUCTION = "collective reductions"
+MULTI_TENSOR = "multi-tensor"  # torch's foreach ops and fused optimizers (plan field optimizer_impl)
 #: report order (classes absent from a step are left out)
-ORDER = ("gemm", "attention", FUSED, "elementwise", "reduction", "memory", "other", COLL_REDUCTION)
+ORDER = ("gemm", "attention", FUSED, "elementwise", "reduction", "memory", MULTI_TENSOR, "other", COLL_REDUCTION)
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,8 @@ def _class_of(op, side: str = "") -> str:
         return COLL_REDUCTION
     if GROUP_ATTR in op.attributes:
         return FUSED
+    if is_multi_tensor(split_target(op.overload)[1]):
+        return MULTI_TENSOR
     try:
         cls = classify_target(op.overload)
     except (FlintError, ValueError, KeyError):
@@ -75,13 +80,15 @@ def add_class_times(node: chakra.CompOp, op, duration_us: float, flops: int, nby
     """Add one kernel (ATen ``op``, priced ``duration_us`` / ``flops`` / ``nbytes``; ``side``: the
     communication stream of a decomposed collective's reduction) to ``node``'s ``flint.class_times``."""
     cls = _class_of(op, side)
+    # a multi-tensor op's kernels are its launches (flint.cost.flops.multi_tensor_launches)
+    launches = (len(aten_op_work(op).kernel_shares) or 1) if cls == MULTI_TENSOR else 1
     old = node.attributes.get(CLASS_TIMES_ATTR)
     per = dict(old.data) if isinstance(old, DictionaryAttr) else {}
     t, (f, b, k) = _unpack(per[cls]) if cls in per else (0.0, (0, 0, 0))
     # [time_us : f64, array<i64: flops, bytes, kernels>] (an f64 dense array would not parse back when
     # xDSL prints one of its values in hex)
     per[cls] = ArrayAttr([FloatAttr(round(t + duration_us, 6), f64),
-                          DenseArrayBase.from_list(i64, [f + int(flops), b + int(nbytes), k + 1])])
+                          DenseArrayBase.from_list(i64, [f + int(flops), b + int(nbytes), k + launches])])
     node.attributes[CLASS_TIMES_ATTR] = DictionaryAttr(per)
 
 

@@ -155,6 +155,7 @@ from xdsl.dialects.builtin import ModuleOp, StringAttr, TensorType
 from xdsl.ir import SSAValue
 
 from flint.cost import tensor_bytes
+from flint.cost.flops import is_multi_tensor
 from flint.cost.opclass import VIEW, classify_target, split_target
 from flint.errors import FlintError
 from flint.ir import dist
@@ -180,8 +181,8 @@ def _value_bytes(v: SSAValue) -> int:
 
 def _is_view(op: AtenOp) -> bool:
     name = split_target(op.overload)[1]
-    if name.endswith("_") and not name.startswith("_foreach"):
-        return True  # in-place: the result is its first operand
+    if name.endswith("_") and not is_multi_tensor(name):
+        return True  # in-place: the result is its first operand (an in-place multi-tensor op has no result)
     return classify_target(op.overload) == VIEW
 
 
