@@ -270,3 +270,28 @@ def test_refused_on_the_planned_path():
     with pytest.raises(PlanError, match="multi-tensor") as e:
         check_single_device(import_step(one))
     assert e.value.field == "optimizer_impl"
+
+
+@pytest.mark.slow
+def test_estimate_names_the_optimizers_form(tmp_path, capsys):
+    """flint estimate's header says which AdamW form the IR runs (the default's line points at the plan field);
+    IR without an optimizer gets no line."""
+    import json
+
+    from test_sim_lifetimes import fwd_bwd
+
+    from flint.sim.cli import estimate_main
+
+    def report(module_text: str, *extra: str) -> tuple[dict, str]:
+        ir = tmp_path / "step.mlir"
+        ir.write_text(module_text)
+        assert estimate_main([str(ir), "--json", *extra]) == 0
+        data = json.loads(capsys.readouterr().out)
+        assert estimate_main([str(ir), *extra]) == 0
+        return data, capsys.readouterr().out
+
+    for impl, start in (("for-loop", "AdamW for-loop"), ("foreach", "AdamW foreach"), ("fused", "AdamW fused")):
+        data, text = report(str(captured(impl)[1]))
+        assert data["optimizer"].startswith(start) and f"  optimizer: {start}" in text
+    assert "optimizer_impl" in report(str(captured("for-loop")[1]))[0]["optimizer"]
+    assert "optimizer" not in report(fwd_bwd(2), "--network", "ring")[0]

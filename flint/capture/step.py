@@ -636,8 +636,8 @@ def _drop_host_ops(gm: torch.fx.GraphModule) -> None:
     for node in reversed(list(graph.nodes)):
         if node.op != "call_function" or node.users:
             continue
-        tensors = _flat_nodes((node.args, node.kwargs))
-        if tensors and all(_is_constant(a) for a in tensors):
+        inputs = node.all_input_nodes
+        if inputs and all(_is_constant(a) for a in inputs):
             graph.erase_node(node)
     for node in reversed(list(graph.nodes)):
         if not node.users and (node.op == "get_attr" or (node.op == "call_function" and node.target is
@@ -647,17 +647,11 @@ def _drop_host_ops(gm: torch.fx.GraphModule) -> None:
     gm.recompile()
 
 
-def _flat_nodes(args: Any) -> list[torch.fx.Node]:
-    out: list[torch.fx.Node] = []
-    torch.fx.node.map_arg(args, out.append)
-    return out
-
-
 def _is_constant(node: torch.fx.Node) -> bool:
     """A value of the trace computed from its constants alone (no placeholder upstream)."""
     if node.op == "get_attr":
         return True
-    return node.op == "call_function" and all(_is_constant(a) for a in _flat_nodes((node.args, node.kwargs)))
+    return node.op == "call_function" and all(_is_constant(a) for a in node.all_input_nodes)
 
 
 def _capture_part(name: str, module: nn.Module, args: Sequence[torch.Tensor], input_kinds: Sequence[str],

@@ -57,6 +57,7 @@ class Loaded:
     passes: str | None = None  # the pass pipeline run on step IR ("" none; None: not IR)
     scheduled_by: str | None = None  # step IR flint-opt scheduled: its pipeline (no default pipeline ran on it)
     attention: str | None = None  # which attention rates priced the IR's fused attention ops (None: none)
+    optimizer: str | None = None  # the form of the IR's AdamW (plan field optimizer_impl; None: no optimizer)
     breakdown: object | None = None  # step IR: the compute kernels by op class (flint.sim.breakdown)
 
 
@@ -129,7 +130,7 @@ def _load_ir_input(path: str, device_name: str, calibration: str | None, want_me
         return Loaded(trace, None, None,
                       "the IR holds imported per-rank Chakra graphs, no tensors",
                       "from the imported graphs (device roofline where missing)", "ir")
-    memory, note, stage_peaks, attention, breakdown = None, None, None, None, None
+    memory, note, stage_peaks, attention, breakdown, optimizer = None, None, None, None, None, None
     lowered = any(op.name == "chakra.graph" for op in module.ops)
     spec, by = "", None
     if lowered:
@@ -148,6 +149,7 @@ def _load_ir_input(path: str, device_name: str, calibration: str | None, want_me
         by = scheduled_by(module)
         run_pipeline(module, spec, path)
         attention = _attention_summary(module)
+        optimizer = _optimizer_summary(module)
         device = load_device(device_name, calibration)
         if want_memory:
             from flint.sim.lifetimes import step_memory
@@ -175,7 +177,30 @@ def _load_ir_input(path: str, device_name: str, calibration: str | None, want_me
     trace = trace_from_ir(module)
     require_sound(trace, path, "emit the step and run `flint inspect` for the full list")
     return Loaded(trace, mesh, memory, note, durations, "ir", pipeline=_pipeline_info(module, stage_peaks),
-                  passes=spec, attention=attention, breakdown=breakdown, scheduled_by=by)
+                  passes=spec, attention=attention, breakdown=breakdown, scheduled_by=by, optimizer=optimizer)
+
+
+# What each form of AdamW in the IR is (flint.capture.step._capture_optimizer)
+_OPTIMIZER_FORMS = {
+    "for-loop": "AdamW for-loop (foreach=False: kernels per parameter, torch's CPU form; on a GPU torch runs "
+                "foreach and torchtitan fused: plan field optimizer_impl)",
+    "foreach": "AdamW foreach (multi-tensor ops over each part's tensors, torch's GPU default)",
+    "fused": "AdamW fused (one _fused_adamw_ per part, torchtitan's default)",
+}
+
+
+def _optimizer_summary(module) -> str | None:
+    """The form of the AdamW the IR's optimizer functions run, from their ops (None: no optimizer)."""
+    from flint.cost.flops import is_multi_tensor
+    from flint.ir.aten import AtenOp
+
+    names = [op.overload.split(".")[1] for op in module.walk() if isinstance(op, AtenOp) and op.phase is not None
+             and op.phase.data == "optim"]
+    if not names:
+        return None
+    if any(n.startswith("_fused_adam") for n in names):
+        return _OPTIMIZER_FORMS["fused"]
+    return _OPTIMIZER_FORMS["foreach" if any(is_multi_tensor(n) for n in names) else "for-loop"]
 
 
 def _attention_summary(module) -> str | None:
@@ -289,6 +314,8 @@ def _native(args, want_memory: bool) -> tuple[dict, object]:
                          "the rest" if sms else "off")
     if loaded.attention is not None:
         rep["attention"] = loaded.attention
+    if loaded.optimizer is not None:
+        rep["optimizer"] = loaded.optimizer
     if loaded.breakdown is not None:
         rep["compute_by_class"] = loaded.breakdown.to_json()
     if getattr(args, "timeline", None):

@@ -170,6 +170,8 @@ def format_report(rep: dict) -> str:
                      f"later, summed per rank (mean over ranks; max {ns['max'] / 1e3:.3f} ms)")
     if "attention" in rep:
         lines.append(f"  attention: {rep['attention']}")
+    if "optimizer" in rep:
+        lines.append(f"  optimizer: {rep['optimizer']}")
     lines.append("")
     unit, scale = _time_unit(rep["iteration_time_us"])
 
