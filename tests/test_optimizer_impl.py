@@ -290,7 +290,8 @@ def test_estimate_names_the_optimizers_form(tmp_path, capsys):
         assert estimate_main([str(ir), *extra]) == 0
         return data, capsys.readouterr().out
 
-    for impl, start in (("for-loop", "AdamW for-loop"), ("foreach", "AdamW foreach"), ("fused", "AdamW fused")):
+    for impl, start in (("for-loop", "kernels per parameter (AdamW's for-loop form"), ("foreach", "AdamW foreach"),
+                        ("fused", "AdamW fused")):
         data, text = report(str(captured(impl)[1]))
         assert data["optimizer"].startswith(start) and f"  optimizer: {start}" in text
     assert "optimizer_impl" in report(str(captured("for-loop")[1]))[0]["optimizer"]

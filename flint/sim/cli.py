@@ -182,8 +182,8 @@ def _load_ir_input(path: str, device_name: str, calibration: str | None, want_me
 
 # What each form of AdamW in the IR is (flint.capture.step._capture_optimizer)
 _OPTIMIZER_FORMS = {
-    "for-loop": "AdamW for-loop (foreach=False: kernels per parameter, torch's CPU form; on a GPU torch runs "
-                "foreach and torchtitan fused: plan field optimizer_impl)",
+    "for-loop": "kernels per parameter (AdamW's for-loop form, foreach=False: torch's CPU form; on a GPU torch "
+                "runs foreach and torchtitan fused: plan field optimizer_impl)",
     "foreach": "AdamW foreach (multi-tensor ops over each part's tensors, torch's GPU default)",
     "fused": "AdamW fused (one _fused_adamw_ per part, torchtitan's default)",
 }
