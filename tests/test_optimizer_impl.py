@@ -50,7 +50,7 @@ def test_fused_adamw_bytes_and_time():
     gradients, which its schema marks mutable); one launch here, priced as streaming pointwise kernels."""
     shapes = [(1024, 1024), (4096,)]
     params = shapes * 4 + [(), ()]
-    cost = op_cost("aten._fused_adamw_.default", params, "bf16", [], [], {**_sizes(2, 2, 2, 2, 0, 2)})
+    cost = op_cost("aten._fused_adamw_.default", params, "bf16", [], [], _sizes(2, 2, 2, 2, 0, 2))
     n = 1024 * 1024 + 4096
     assert cost.bytes == 2 * n * 4 + 2 * 2 + 2 * n * 3  # bf16 steps here: the dtype given for every operand
     assert cost.flops == 0 and cost.kernel_shares == (1.0,)

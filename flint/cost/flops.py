@@ -331,6 +331,7 @@ def _multi_tensor_cost(target: str, in_shapes: Sequence[Any], in_dtypes: Sequenc
     nbytes = sum(tensor_bytes(sh, d) for sh, d in pairs + outs)
     first: list[int] = []
     pos = depth = 0
+    fused = name.startswith("_fused_adam")
     for a, k in zip(list_args, sizes):
         members = pairs[pos:pos + k]
         pos += k
@@ -339,8 +340,8 @@ def _multi_tensor_cost(target: str, in_shapes: Sequence[Any], in_dtypes: Sequenc
         depth += 1
         if not first:
             first = [math.prod(sh) for sh, _ in members]
-        fused_write = name.startswith("_fused_adam") and a.name in _FUSED_WRITES
-        if fused_write or (not name.startswith("_fused_adam") and a.alias_info is not None and a.alias_info.is_write):
+        writes = a.name in _FUSED_WRITES if fused else a.alias_info is not None and a.alias_info.is_write
+        if writes:
             nbytes += sum(tensor_bytes(sh, d) for sh, d in members)
     if outs and name != "_foreach_norm":
         depth += 1  # an out-of-place op writes a list of results
