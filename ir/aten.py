@@ -172,6 +172,27 @@ STAGE_SCHEDULES_ATTR = "flint.stage_schedules"
 PIPELINE_ATTR = "flint.pipeline"
 
 
+def op_tensor_lists(op: "AtenOp") -> list:
+    """The tensor lists of multi-tensor ``op`` (:func:`flint.cost.flops.tensor_lists`: each list's schema name,
+    first operand, length and whether the op writes it), from its ``list_sizes`` argument."""
+    from xdsl.dialects.builtin import ArrayAttr, IntegerAttr
+
+    from flint.cost.flops import LIST_SIZES, tensor_lists
+
+    attr = op.args.data.get(LIST_SIZES) if op.args is not None else None
+    sizes = [a.value.data for a in attr.data if isinstance(a, IntegerAttr)] if isinstance(attr, ArrayAttr) else None
+    return tensor_lists(op.overload, {LIST_SIZES: sizes})
+
+
+def optimizer_form_of(module) -> str | None:
+    """The form of torch's AdamW (plan field ``optimizer_impl``) the program's optimizer-phase ops run
+    (:func:`flint.cost.flops.optimizer_form`); None without an optimizer."""
+    from flint.cost.flops import optimizer_form
+
+    return optimizer_form(op.overload.split(".")[1] for op in module.walk()
+                          if isinstance(op, AtenOp) and op.phase is not None and op.phase.data == "optim")
+
+
 def set_schedule(module, parts: Sequence[tuple[str, int]]) -> None:
     """Record the run order ``[(function name, repeat count), ...]`` on ``module``."""
     from xdsl.dialects.builtin import ArrayAttr, IntegerAttr, i64

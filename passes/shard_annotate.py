@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from xdsl.context import Context
 from xdsl.dialects import func
@@ -16,9 +16,7 @@ from xdsl.rewriter import InsertPoint, Rewriter
 from flint.chakra.from_ir import AXIS_NAMES_ATTR
 from flint.errors import FlintError
 from flint.ir import dist
-from flint.cost.flops import is_multi_tensor
-from flint.cost.opclass import split_target
-from flint.ir.aten import CLIP_FUNCTION, AtenOp, get_schedule
+from flint.ir.aten import CLIP_FUNCTION, AtenOp, get_schedule, optimizer_form_of
 from flint.passes.lower_to_chakra import ROLE_ATTR
 from flint.plan import Plan, PlanError, attach, plan_of
 from flint.sharding.rules import (
@@ -44,6 +42,9 @@ EXPAND_FIELDS += ("etp",)  # expert tensor parallelism (flint/sharding/moe.py)
 # fp32 master parameters: the single-device program's optimizer has them (captured with the field), shard-expand
 # shards them as the Adam state (check_model refuses a plan asking for masters the program does not have)
 EXPAND_FIELDS += ("master_dtype",)
+# the optimizer's form: the single-device program's optimizer has it (captured with the field); shard-expand
+# expands its multi-tensor ops index by index (check_model refuses a plan whose form the program does not run)
+EXPAND_FIELDS += ("optimizer_impl",)
 
 
 def sharding_op(s: Sharding, axis_index: dict[str, int], grid: str = GRID) -> ShardingOp:
@@ -112,11 +113,6 @@ def check_single_device(module: ModuleOp) -> None:
                         "axes); capture on one device without max_norm, or capture with the whole plan "
                         "(flint capture --plan-file), which clips")
     for op in module.walk():
-        if isinstance(op, AtenOp) and is_multi_tensor(split_target(op.overload)[1]):
-            raise PlanError("optimizer_impl", f"the program's optimizer runs multi-tensor ops ('{op.overload}': "
-                            "captured with optimizer_impl foreach or fused), which shard-expand does not expand; "
-                            "capture on one device with the default for-loop form, or capture with the whole "
-                            "plan (flint capture --plan-file), which takes it")
         if isinstance(op, (dist.CollectiveOp, dist.PointToPointOp)):
             raise FlintError(f"shard-annotate: '{op.name}' in the input: the program already communicates; "
                              "expand a single-device capture (run canonicalize-dist on a world-size-1 capture)")
@@ -182,6 +178,12 @@ def check_model(module: ModuleOp, plan: Plan, rules: Rules | None = None) -> Non
                         "the parameters themselves, and shard-expand cannot add masters; capture the "
                         f"single-device program with master_dtype = \"{plan.master_dtype}\" (a plan file with "
                         "it, --world-size 1)", plan.source)
+    form = optimizer_form_of(module)
+    if form is not None and plan.optimizer_impl not in (form, Plan().optimizer_impl):
+        raise PlanError("optimizer_impl", f"'{plan.optimizer_impl}': the program's optimizer runs the {form} "
+                        "form, and shard-expand expands the program's own ops; capture the single-device "
+                        f"program with optimizer_impl = \"{plan.optimizer_impl}\" (a plan file with it, "
+                        "--world-size 1)", plan.source)
     if plan.zero != 3 and not fsdp_axes(plan):
         raise PlanError("zero", f"ZeRO-{plan.zero} shards over dp_shard (and cp); this plan has dp_shard = 1 and "
                         "cp = 1, so there is nothing to shard", plan.source)
@@ -279,7 +281,9 @@ class ShardAnnotatePass(ModulePass):
 
 def annotate(module: ModuleOp, plan: Plan, rules: Rules) -> None:
     axis_index = set_grid(module, plan)
-    attach(module, plan)
+    form = optimizer_form_of(module)
+    # a plan leaving the optimizer's form unset records the program's (check_model refused another one named)
+    attach(module, replace(plan, optimizer_impl=form) if form else plan)
     funcs = {f.sym_name.data: f for f in module.ops if isinstance(f, func.FuncOp)}
     # the parameters of each part (from its forward function)
     part_params: dict[str, list[tuple[str, TensorType]]] = {}

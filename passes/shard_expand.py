@@ -12,9 +12,10 @@ from xdsl.ir import Block, BlockArgument, Operation, Region, SSAValue
 from xdsl.passes import ModulePass
 
 from flint.chakra.from_ir import AXIS_NAMES_ATTR
+from flint.cost.flops import is_multi_tensor
 from flint.errors import FlintError
 from flint.ir import dist
-from flint.ir.aten import AtenOp, get_schedule
+from flint.ir.aten import AtenOp, get_schedule, op_tensor_lists
 from flint.passes.shard_annotate import PARAM_ATTR, _role, embedding_units, read_sharding
 from flint.plan import Plan, plan_of
 from flint.sharding.engine import FILL_OPS, ExpandError, FunctionExpander, demand_pass, shape_of
@@ -309,6 +310,8 @@ class _State:
             v, updated = a, False
             while True:  # through the annotations, then the optimizer's in-place updates of the parameter
                 nxt = next((u.operation.results[0] for u in v.uses if isinstance(u.operation, ShardOp)), None)
+                # a multi-tensor op updates it in place with no result (the value stays this one)
+                updated = updated or nxt is None and any(_writes_in_list(u.operation, u.index) for u in v.uses)
                 if nxt is None:
                     nxt = next((u.operation.outputs[0] for u in v.uses if isinstance(u.operation, AtenOp)
                                 and u.index == 0 and u.operation.overload.split(".")[1].endswith("_")
@@ -450,6 +453,14 @@ class _State:
             final = Sharding(target.dims, keep_tp)
             shardings[i] = final
             self.grad_sharding[param] = final
+
+
+def _writes_in_list(op, index: int) -> bool:
+    """Whether ``op`` is a multi-tensor op writing its operand ``index`` (a tensor of a list it updates)."""
+    if not isinstance(op, AtenOp) or not is_multi_tensor(op.overload.split(".")[1]):
+        return False
+    return any(lst.written and lst.start <= index < lst.start + lst.size
+               for lst in op_tensor_lists(op))
 
 
 def shape_of_storage(target: Sharding, results, i, staged, sizes) -> list[int]:

@@ -255,22 +255,114 @@ def test_pipeline_ranks_step_their_parts_and_traces_are_deterministic():
         assert files[0] == files[1] and len(files[0]) > 2
 
 
-@pytest.mark.slow
-def test_refused_on_the_planned_path():
-    """shard-expand has no rule for multi-tensor ops: the plan field is refused on the planned path, and so is a
-    single-device program captured with it."""
-    from flint.passes.shard_annotate import EXPAND_FIELDS, check_single_device
-
-    with pytest.raises(PlanError) as e:
-        Plan.from_dict({"dp_shard": 2, "optimizer_impl": "foreach"}).require(EXPAND_FIELDS, "shard-expand")
-    assert e.value.field == "optimizer_impl"
+@cache
+def single_device(impl: str):
+    """llama-tiny on one device (the planned path's input) under ``optimizer_impl = impl``, the global batch of
+    ``captured`` at dp_shard 2."""
     from flint.importer import import_step
 
-    one = capture_step(factory("llama-tiny"), {"tokens": (1, SEQ), "labels": (1, SEQ)},
-                       plan=Plan.from_dict({"optimizer_impl": "fused"}))
-    with pytest.raises(PlanError, match="multi-tensor") as e:
-        check_single_device(import_step(one))
+    batch = (4, SEQ)
+    return import_step(capture_step(factory("llama-tiny"), {"tokens": batch, "labels": batch},
+                                    plan=Plan.from_dict({"optimizer_impl": impl})))
+
+
+def _optimizer_ops(module) -> dict[str, list[tuple[str, list]]]:
+    """Per optimizer function: its multi-tensor ops with their operand and result types, in order."""
+    from xdsl.dialects import func
+
+    from flint.ir.aten import AtenOp
+
+    return {fn.sym_name.data: [(op.overload, [str(v.type) for v in (*op.operands, *op.results)])
+                               for op in fn.walk() if isinstance(op, AtenOp) and op.overload.startswith(
+                                   tuple(f"aten.{m}" for m in MULTI))]
+            for fn in module.ops if isinstance(fn, func.FuncOp) and fn.sym_name.data.endswith("_optim")}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("impl", ["foreach", "fused"])
+def test_planned_path_expands_the_form_as_the_capture_has_it(impl):
+    """A single-device capture in a multi-tensor form, expanded by shard-expand (flint explore's planned path) to
+    FSDP 2 x TP 2, runs the direct capture's multi-tensor ops on the same local shapes, with the same optimizer
+    memory, multi-tensor time and launches; the plan it records names the form."""
+    from flint.explore.stages import expand_stage
+    from flint.plan import plan_of
+
+    plan = Plan.from_dict({"dp_shard": 2, "tp": 2, "optimizer_impl": impl})
+    expanded = expand_stage(single_device(impl), plan)
+    direct = captured(impl, max_norm=0.0, tp=2)[1]
+    ops = _optimizer_ops(expanded)
+    assert ops == _optimizer_ops(direct) and all(ops.values())
+    assert plan_of(expanded).optimizer_impl == impl
+    (t_planned, m_planned, b_planned), (t_direct, m_direct, b_direct) = (_estimate(m) for m in (expanded, direct))
+    assert m_planned.category_peak_bytes["optimizer"] == m_direct.category_peak_bytes["optimizer"]
+    assert b_planned.kernels["multi-tensor"] == b_direct.kernels["multi-tensor"] > 0
+    assert b_planned.time_us["multi-tensor"] == pytest.approx(b_direct.time_us["multi-tensor"])
+
+
+@pytest.mark.slow
+def test_planned_path_zero1_gathers_the_stepped_shards():
+    """ZeRO-1 (DDP + ZeroRedundancyOptimizer): each rank steps its shard with the multi-tensor ops, which update
+    it in place (no result), and the updated shards are all-gathered back into the whole parameters: the same
+    collectives as the for-loop form's."""
+    from xdsl.dialects import func
+
+    from flint.explore.stages import expand_stage
+    from flint.ir import dist
+
+    def gathers(impl):
+        module = expand_stage(single_device(impl), Plan.from_dict({"dp_shard": 2, "zero": 1, "optimizer_impl": impl}))
+        return {fn.sym_name.data: [str(op.results[0].type) for op in fn.walk() if isinstance(op, dist.AllGatherOp)]
+                for fn in module.ops if isinstance(fn, func.FuncOp) and fn.sym_name.data.endswith("_optim")}
+
+    loop = gathers("for-loop")
+    assert all(loop.values()) and gathers("foreach") == gathers("fused") == loop
+
+
+def test_planned_path_refuses_an_in_place_write_into_a_resharded_copy():
+    """Under ZeRO-1 the gradients are whole and the Adam state sharded: a multi-tensor op writing the gradients
+    in place, with the state at the same indices, would need them sliced, and the write would land on the slice.
+    shard-expand refuses it, naming the op, the list and the layouts."""
+    from pathlib import Path
+
+    from xdsl.context import Context
+    from xdsl.parser import Parser
+
+    from flint.ir import flint_context
+    from flint.passes.shard_annotate import ShardAnnotatePass
+    from flint.passes.shard_expand import ShardExpandPass
+    from flint.sharding.engine import ExpandError
+
+    text = (Path(__file__).parents[1] / "lit_tests/passes/shard-expand-multi-tensor.mlir").read_text()
+    scale = 'aten.op "aten._foreach_mul_.Scalar"(%p1, %p2)'
+    assert scale in text
+    text = text.replace(scale, 'aten.op "aten._foreach_mul_.List"(%g1, %g2, %m1, %m2)').replace(
+        ': (tensor<32x16xf32>, tensor<16x32xf32>) -> ()\n    aten.op "aten._foreach_lerp_',
+        ': (tensor<32x16xbf16>, tensor<16x32xbf16>, tensor<32x16xf32>, tensor<16x32xf32>) -> ()\n    aten.op '
+        '"aten._foreach_lerp_', 1).replace("args = {scalar = 9.999700e-01 : f64, list_sizes = [2 : i64]}",
+                                            "args = {list_sizes = [2 : i64, 2 : i64]}", 1)
+    module = Parser(flint_context(), text).parse_module()
+    ShardAnnotatePass(dp_shard=2, zero=1).apply(Context(), module)
+    with pytest.raises(ExpandError, match=r"_foreach_mul_.List.*writes tensor 0 of list 'self' in place"):
+        ShardExpandPass().apply(Context(), module)
+
+
+@pytest.mark.slow
+def test_planned_path_refuses_a_form_the_program_does_not_run():
+    """A plan naming another form than the single-device program's is refused with the field named; a plan
+    leaving it unset takes the program's. flint explore captures a planned point's single-device program in the
+    point's form (a cache key of its own)."""
+    from flint.explore.stages import Workload, expand_stage
+    from flint.plan import plan_of
+
+    with pytest.raises(PlanError, match="'foreach': the program's optimizer runs the fused form") as e:
+        expand_stage(single_device("fused"), Plan.from_dict({"dp_shard": 2, "optimizer_impl": "foreach"}))
     assert e.value.field == "optimizer_impl"
+    assert plan_of(expand_stage(single_device("fused"), Plan.from_dict({"dp_shard": 2}))).optimizer_impl == "fused"
+    base = {"workload.model": "llama-tiny", "workload.world_size": 2, "workload.seq_len": SEQ,
+            "workload.global_batch": 4, "workload.plan.dp_shard": -1}
+    plain, fused = Workload.of(base), Workload.of({**base, "workload.plan.optimizer_impl": "fused"})
+    assert fused.planned_refusal() is None and fused.single_key != plain.single_key
+    assert fused.single_inputs()["plan"] == {"world_size": 1, "optimizer_impl": "fused"}
 
 
 @pytest.mark.slow

@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import sys
 
@@ -314,11 +314,34 @@ def multi_tensor_launches(numels: Sequence[int], depth: int, scalar_list: bool =
     return launches
 
 
-def _multi_tensor_cost(target: str, in_shapes: Sequence[Any], in_dtypes: Sequence[Any] | Any,
-                       out_shapes: Sequence[Shape], out_dtypes: Sequence[Any] | Any,
-                       args: Mapping[str, Any] | None) -> "OpCost":
-    """Bytes and launches of a multi-tensor op (module docstring). ``args[LIST_SIZES]``: the lengths of its
-    Tensor[] arguments in schema order; their tensors lead the operands, single tensors follow."""
+def optimizer_form(names: Iterable[str]) -> str | None:
+    """The form of torch's AdamW (plan field ``optimizer_impl``) a program's optimizer-phase ops run, from their
+    ATen op names: ``fused`` (a ``_fused_adamw_``), ``foreach`` (multi-tensor ops), else ``for-loop``; None
+    without optimizer ops."""
+    names = list(names)
+    if not names:
+        return None
+    if any(n.startswith("_fused_adam") for n in names):
+        return "fused"
+    return "foreach" if any(is_multi_tensor(n) for n in names) else "for-loop"
+
+
+@dataclass(frozen=True)
+class TensorList:
+    """One ``Tensor[]`` argument of a multi-tensor op: its schema name, its first operand and length (the IR
+    flattens lists into the operands, in schema order, single tensors after them), whether the op writes it."""
+
+    name: str
+    start: int
+    size: int
+    written: bool
+
+
+def tensor_lists(target: str, args: Mapping[str, Any] | None) -> list[TensorList]:
+    """The tensor lists of multi-tensor op ``target`` from ``args[LIST_SIZES]`` (the importer's record of their
+    lengths). Written: by the schema's alias info, except a fused optimizer's gradients, which its schema marks
+    mutable but its kernel only writes to unscale them (with a ``grad_scale``, which Flint's captures never
+    pass)."""
     ns, name, overload = split_target(target)
     _, schema = _schema(ns, name, overload)
     sizes = list((args or {}).get(LIST_SIZES) or [])
@@ -326,22 +349,34 @@ def _multi_tensor_cost(target: str, in_shapes: Sequence[Any], in_dtypes: Sequenc
     if len(sizes) != len(list_args):
         raise FlintError(f"{target}: a multi-tensor op needs the lengths of its {len(list_args)} tensor lists "
                          f"(args '{LIST_SIZES}'), got {sizes}")
+    fused = name.startswith("_fused_adam")
+    out, pos = [], 0
+    for a, k in zip(list_args, sizes):
+        written = a.name in _FUSED_WRITES if fused else a.alias_info is not None and a.alias_info.is_write
+        out.append(TensorList(a.name, pos, k, written))
+        pos += k
+    return out
+
+
+def _multi_tensor_cost(target: str, in_shapes: Sequence[Any], in_dtypes: Sequence[Any] | Any,
+                       out_shapes: Sequence[Shape], out_dtypes: Sequence[Any] | Any,
+                       args: Mapping[str, Any] | None) -> "OpCost":
+    """Bytes and launches of a multi-tensor op (module docstring): every tensor read, the lists it writes
+    (:func:`tensor_lists`) and its results."""
+    _, name, overload = split_target(target)
     pairs = _flatten(in_shapes, in_dtypes)
     outs = _flatten(out_shapes, out_dtypes)
     nbytes = sum(tensor_bytes(sh, d) for sh, d in pairs + outs)
     first: list[int] = []
-    pos = depth = 0
-    fused = name.startswith("_fused_adam")
-    for a, k in zip(list_args, sizes):
-        members = pairs[pos:pos + k]
-        pos += k
-        if not k:
+    depth = 0
+    for lst in tensor_lists(target, args):
+        members = pairs[lst.start:lst.start + lst.size]
+        if not lst.size:
             continue
         depth += 1
         if not first:
             first = [math.prod(sh) for sh, _ in members]
-        writes = a.name in _FUSED_WRITES if fused else a.alias_info is not None and a.alias_info.is_write
-        if writes:
+        if lst.written:
             nbytes += sum(tensor_bytes(sh, d) for sh, d in members)
     if outs and name != "_foreach_norm":
         depth += 1  # an out-of-place op writes a list of results

@@ -135,8 +135,8 @@ class Workload:
         return None
 
 
-# Plan fields the single-device program itself is captured with (what its optimizer steps)
-SINGLE_DEVICE_FIELDS = ("master_dtype",)
+# Plan fields the single-device program itself is captured with (what its optimizer steps, and in which form)
+SINGLE_DEVICE_FIELDS = ("master_dtype", "optimizer_impl")
 
 
 def single_device_plan(plan: Plan) -> Plan:

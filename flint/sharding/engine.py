@@ -32,9 +32,10 @@ from typing import Callable, Sequence
 from xdsl.dialects.builtin import ArrayAttr, IntegerAttr, IntegerType, StringAttr, TensorType, i64
 from xdsl.ir import Attribute, Operation, SSAValue
 
+from flint.cost.flops import is_multi_tensor
 from flint.errors import FlintError
 from flint.ir import dist
-from flint.ir.aten import AtenOp
+from flint.ir.aten import AtenOp, op_tensor_lists
 from flint.sharding.rules import Rules
 from flint.sharding.spec import Sharding
 
@@ -449,6 +450,10 @@ class FunctionExpander:
             raise ExpandError(f"'{op.overload}'{where(op)}: a float8 program (plan field 'fp8') is not expanded "
                               "by shard-expand yet (torchao's per-rank amax scaling has no global-program rule); "
                               "capture it under the plan instead: flint capture --plan ... --fp8")
+        if handler is None and is_multi_tensor(op.overload.split(".")[1]):
+            raise ExpandError(f"no sharding rule for multi-tensor op '{op.overload}'{where(op)}: kind "
+                              f"multi_tensor in {self.rules.source} is for ops elementwise on each tensor (a "
+                              "per-tensor norm of a sharded tensor is a partial value no rule reduces)")
         if handler is None:
             raise ExpandError(f"no sharding rule for '{op.overload}'{where(op)}; add it to a kind in "
                               f"{self.rules.source}")
@@ -801,6 +806,34 @@ class FunctionExpander:
                Sharding.replicated(len(shape_of(v))) for v in ins]
         res = [self._align(r, dims, partial) if len(shape_of(r)) == len(dims) else
                Sharding.replicated(len(shape_of(r))) for r in op.outputs]
+        return Rule(req, res)
+
+    def rule_multi_tensor(self, op: AtenOp) -> Rule:
+        """A multi-tensor op (``_foreach_*``, a fused optimizer): one elementwise op per index of its tensor
+        lists. The tensors at one index (a parameter, its gradient, its Adam state, its step count) take the
+        sharding they agree on, as ``pointwise`` merges its operands; the index's result of an out-of-place op
+        follows it. Single tensors (a scale) stay whole. Nothing partial: a pending sum is reduced first. A list
+        the op writes in place must already be laid out so (a resharded copy would take the write)."""
+        ins, outs = list(op.inputs), list(op.outputs)
+        lists = [lst for lst in op_tensor_lists(op) if lst.size]
+        n = lists[0].size if lists else 0
+        if any(lst.size != n for lst in lists) or outs and len(outs) != n:
+            raise ExpandError(f"'{op.overload}'{where(op)}: tensor lists of lengths "
+                              f"{[lst.size for lst in lists]} and {len(outs)} results: expected one length")
+        req = [Sharding.replicated(len(shape_of(v))) for v in ins]
+        res = []
+        for j in range(n):
+            members = [ins[lst.start + j] for lst in lists]
+            dims, _ = self._merge(op, shape_of(members[0]), members)
+            for lst in lists:
+                v = ins[lst.start + j]
+                req[lst.start + j] = self._align(v, dims)
+                if lst.written and self.sharding(v) != req[lst.start + j]:
+                    raise ExpandError(f"'{op.overload}'{where(op)}: writes tensor {j} of list '{lst.name}' in "
+                                      f"place, laid out as {self.sharding(v)}, where the other tensors of index {j} "
+                                      f"need {req[lst.start + j]}")
+            if outs:
+                res.append(self._align(outs[j], dims))
         return Rule(req, res)
 
     def rule_stack(self, op: AtenOp) -> Rule:

@@ -191,16 +191,10 @@ _OPTIMIZER_FORMS = {
 
 def _optimizer_summary(module) -> str | None:
     """The form of the AdamW the IR's optimizer functions run, from their ops (None: no optimizer)."""
-    from flint.cost.flops import is_multi_tensor
-    from flint.ir.aten import AtenOp
+    from flint.ir.aten import optimizer_form_of
 
-    names = [op.overload.split(".")[1] for op in module.walk() if isinstance(op, AtenOp) and op.phase is not None
-             and op.phase.data == "optim"]
-    if not names:
-        return None
-    if any(n.startswith("_fused_adam") for n in names):
-        return _OPTIMIZER_FORMS["fused"]
-    return _OPTIMIZER_FORMS["foreach" if any(is_multi_tensor(n) for n in names) else "for-loop"]
+    form = optimizer_form_of(module)
+    return _OPTIMIZER_FORMS[form] if form else None
 
 
 def _attention_summary(module) -> str | None:
