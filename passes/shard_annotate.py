@@ -45,6 +45,9 @@ EXPAND_FIELDS += ("master_dtype",)
 # the optimizer's form: the single-device program's optimizer has it (captured with the field); shard-expand
 # expands its multi-tensor ops index by index (check_model refuses a plan whose form the program does not run)
 EXPAND_FIELDS += ("optimizer_impl",)
+# gradient-norm clipping: the single-device program clips (captured with the field); shard-expand keeps each
+# part's norms local and makes @grad_clip's total global over the axes the gradients are split on
+EXPAND_FIELDS += ("max_norm",)
 
 
 def sharding_op(s: Sharding, axis_index: dict[str, int], grid: str = GRID) -> ShardingOp:
@@ -107,11 +110,6 @@ def check_single_device(module: ModuleOp) -> None:
         if n != 1:
             raise FlintError(f"shard-annotate: the program was captured on {n} ranks (grid {list(shape)}); "
                              "shard expansion starts from a single-device capture (world size 1)")
-    if any(isinstance(f, func.FuncOp) and f.sym_name.data == CLIP_FUNCTION for f in module.ops):
-        raise PlanError("max_norm", f"the program was captured with gradient-norm clipping (@{CLIP_FUNCTION}), "
-                        "which shard-expand does not expand (its norm would miss the all-reduces over the sharded "
-                        "axes); capture on one device without max_norm, or capture with the whole plan "
-                        "(flint capture --plan-file), which clips")
     for op in module.walk():
         if isinstance(op, (dist.CollectiveOp, dist.PointToPointOp)):
             raise FlintError(f"shard-annotate: '{op.name}' in the input: the program already communicates; "
@@ -184,6 +182,14 @@ def check_model(module: ModuleOp, plan: Plan, rules: Rules | None = None) -> Non
                         "form, and shard-expand expands the program's own ops; capture the single-device "
                         f"program with optimizer_impl = \"{plan.optimizer_impl}\" (a plan file with it, "
                         "--world-size 1)", plan.source)
+    clips = program_max_norm(module)
+    if plan.max_norm and clips is None:
+        raise PlanError("max_norm", f"{plan.max_norm:g}: the program does not clip its gradients, and shard-expand "
+                        "cannot add clipping; capture the single-device program with max_norm = "
+                        f"{plan.max_norm:g} (a plan file with it, --world-size 1)", plan.source)
+    if plan.max_norm and clips and plan.max_norm != clips:
+        raise PlanError("max_norm", f"{plan.max_norm:g}: the program clips at {clips:g}; capture the single-device "
+                        f"program with max_norm = {plan.max_norm:g}", plan.source)
     if plan.zero != 3 and not fsdp_axes(plan):
         raise PlanError("zero", f"ZeRO-{plan.zero} shards over dp_shard (and cp); this plan has dp_shard = 1 and "
                         "cp = 1, so there is nothing to shard", plan.source)
@@ -212,6 +218,15 @@ def check_model(module: ModuleOp, plan: Plan, rules: Rules | None = None) -> Non
     for param, size in split_dims:
         if plan.tp > 1 and size % plan.tp:
             raise FlintError(f"plan field 'tp': {plan.tp} does not divide dim of size {size} of parameter '{param}'")
+
+
+def program_max_norm(module: ModuleOp) -> float | None:
+    """The program's gradient-norm clipping threshold: None when it does not clip (no @grad_clip), else the
+    threshold its capture recorded (``flint.plan``'s ``max_norm``; 0.0 where no plan records one)."""
+    if not any(isinstance(f, func.FuncOp) and f.sym_name.data == CLIP_FUNCTION for f in module.ops):
+        return None
+    plan = plan_of(module)
+    return plan.max_norm if plan is not None else 0.0
 
 
 def _part_around_blocks(module: ModuleOp) -> str | None:
@@ -281,9 +296,10 @@ class ShardAnnotatePass(ModulePass):
 
 def annotate(module: ModuleOp, plan: Plan, rules: Rules) -> None:
     axis_index = set_grid(module, plan)
-    form = optimizer_form_of(module)
-    # a plan leaving the optimizer's form unset records the program's (check_model refused another one named)
-    attach(module, replace(plan, optimizer_impl=form) if form else plan)
+    # a plan leaving the optimizer's form or the clipping threshold unset records the program's (check_model
+    # refused others named)
+    form, clips = optimizer_form_of(module), program_max_norm(module)
+    attach(module, replace(plan, optimizer_impl=form or plan.optimizer_impl, max_norm=plan.max_norm or clips or 0.0))
     funcs = {f.sym_name.data: f for f in module.ops if isinstance(f, func.FuncOp)}
     # the parameters of each part (from its forward function)
     part_params: dict[str, list[tuple[str, TensorType]]] = {}
@@ -351,7 +367,7 @@ def _annotate_function(fn: func.FuncOp, phase: str, plan: Plan, rules: Rules, ax
             storage = Sharding(tuple(() if n == 1 else ax for n, ax in zip(arg.type.get_shape(), storage.dims)))
         elif role in ("activation", "tangent"):
             storage = activation_sharding(plan, rank) if rank >= 2 else Sharding.replicated(rank)
-        elif role in ("buffer", "step"):
+        elif role in ("buffer", "step", "grad_norm", "clip_coef"):
             storage = Sharding.replicated(rank)
         if storage is None:
             continue  # saved values: shard-expand takes them from the forward

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from xdsl.context import Context
 from xdsl.dialects import func
-from xdsl.dialects.builtin import ArrayAttr, IntegerAttr, ModuleOp, StringAttr, TensorType, i64
+from xdsl.dialects.builtin import ArrayAttr, FloatAttr, IntegerAttr, ModuleOp, StringAttr, TensorType, f64, i64
 from xdsl.dialects.shard import GridOp, ShardingOp, ShardOp
 from xdsl.ir import Block, BlockArgument, Operation, Region, SSAValue
 from xdsl.passes import ModulePass
@@ -15,7 +15,7 @@ from flint.chakra.from_ir import AXIS_NAMES_ATTR
 from flint.cost.flops import is_multi_tensor
 from flint.errors import FlintError
 from flint.ir import dist
-from flint.ir.aten import AtenOp, get_schedule, op_tensor_lists
+from flint.ir.aten import CLIP_FUNCTION, AtenOp, get_schedule, op_tensor_lists
 from flint.passes.shard_annotate import PARAM_ATTR, _role, embedding_units, read_sharding
 from flint.plan import Plan, plan_of
 from flint.sharding.engine import FILL_OPS, ExpandError, FunctionExpander, demand_pass, shape_of
@@ -116,6 +116,7 @@ class _State:
         self.n_experts: int | None = None  # MoE: experts per layer, tokens * top_k (flint.sharding.moe)
         self.assignments: int | None = None
         self.own_units: frozenset[str] = frozenset()  # parameters that are an FSDP / DDP unit of their own
+        self.clip_axes: set[str] = set()  # axes the gradients of the parts' norm functions are split on
 
     # ------------------------------------------------------------------ one function
 
@@ -126,10 +127,12 @@ class _State:
         ops = list(old.ops)
         sharding_ops = {o.result: read_sharding(o, self.names) for o in ops if isinstance(o, ShardingOp)}
         new_block = Block()
+        # a part's gradient-norm function (clipping): its norms are of local shards, reduced by @grad_clip
+        norms = name != CLIP_FUNCTION and any(_role(fn, i)[0] == "grad_norm" for i in range(len(old.args)))
         ex = make_expander(self.plan, self.rules, self.n_experts, self.assignments, sizes=self.sizes, axis_index=self.axis_index,
                            grid="mesh", emit=new_block.add_op,
                            tp_style=self.plan.tp_style, eager_axes=self.tp, sequence_parallel=self.plan.sp,
-                           cp_axes=self.cp)
+                           cp_axes=self.cp, local_norms=norms)
         # argument shardings: annotations, else what the forward returned / backward produced
         storage: dict[int, Sharding] = {}
         compute: dict[SSAValue, tuple[int, Sharding]] = {}
@@ -163,6 +166,8 @@ class _State:
             role, param = _role(fn, i)
             if role == "gradient" and param in self.grad_sharding:
                 storage[i] = self.grad_sharding[param]
+        if norms:
+            self.clip_axes |= {a for i in storage if _role(fn, i)[0] == "gradient" for a in storage[i].axes()}
         new_args = []
         for i, a in enumerate(old.args):
             t = a.type
@@ -179,6 +184,8 @@ class _State:
         for o in ops:
             if isinstance(o, ShardOp) and o.src in arg_of:
                 ex.bind(o.result, new_args[arg_of[o.src]], storage[arg_of[o.src]])
+        if name == CLIP_FUNCTION:
+            self._global_norm(ex, fn, ops)
         for o in ops:
             if isinstance(o, ShardOp) and o.result in compute:
                 i, s = compute[o.result]
@@ -296,6 +303,34 @@ class _State:
             if rows[0] != local[0]:
                 v = self._aten(ex, "aten.slice.Tensor", [v], TensorType(et, local), dim=0, start=0, end=local[0])
             ex.bind(val, v, s)
+
+    def _global_norm(self, ex, fn: func.FuncOp, ops) -> None:
+        """``@grad_clip``'s total norm made global: the parts' norms are of local shards (``rule_local_norm``), so
+        over each axis the gradients are split on, in mesh order, then over ``pp``, the squared total is
+        all-reduced and its square root taken (torchtitan's ``clip_grad_norm_``: DTensor's ``full_tensor`` of a
+        p-norm partial, one mesh dim at a time, then the pipeline stages' norms joined)."""
+        axes = sorted(self.clip_axes, key=self.axis_index.__getitem__)
+        if self.sizes.get("pp", 1) > 1:
+            axes.append("pp")
+        if not axes:
+            return
+        arg = next(a for i, a in enumerate(fn.body.block.args) if _role(fn, i)[0] == "grad_norm")
+        total, s = ex.env[arg]
+
+        def power(v: SSAValue, exponent: float) -> SSAValue:
+            op = AtenOp("aten.pow.Tensor_Scalar", [v], [v.type], args={"exponent": FloatAttr(exponent, f64)},
+                        phase="optim")
+            ex.emit(op)
+            return op.outputs[0]
+
+        for a in axes:
+            sq = power(total, 2.0)
+            total = power(ex._coll(dist.AllReduceOp(sq, ex.grid, ex._ids([a]), dist.FutureType(sq.type),
+                                                    reduction="sum")), 0.5)
+        ex.bind(arg, total, s)
+        for o in ops:  # the annotations of the argument the clipping's ops read
+            if isinstance(o, ShardOp) and o.src is arg:
+                ex.bind(o.result, total, s)
 
     def _zero1_sync(self, ex, fn: func.FuncOp, old: Block, new_args) -> None:
         """ZeRO-1 after the optimizer step: the updated shards of the unit's parameters gathered back into

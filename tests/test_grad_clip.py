@@ -188,20 +188,117 @@ def test_model_outside_the_zoo_clips_too():
     assert any(n.args[1] == 0.5 for n in step.clip.nodes() if n.target == torch.ops.aten.mul.Tensor)
 
 
-def test_refused_where_not_built():
-    """The planned path (shard-expand) and a pipeline function of the user's do not clip: refused, named."""
-    from flint.passes.shard_annotate import EXPAND_FIELDS, check_single_device
-
-    one = capture_step(factory("llama-tiny"), {"tokens": (2, SEQ), "labels": (2, SEQ)},
-                       plan=Plan(max_norm=1.0).validate())
+@cache
+def single_device(batch: int):
+    """llama-tiny on one device with clipping at 1.0 (the planned path's input), ``batch`` sequences."""
     from flint.importer import import_step
 
-    with pytest.raises(PlanError, match="captured with gradient-norm clipping") as e:
-        check_single_device(import_step(one))
+    return import_step(capture_step(factory("llama-tiny"), {"tokens": (batch, SEQ), "labels": (batch, SEQ)},
+                                    plan=Plan(max_norm=1.0).validate()))
+
+
+def _clipping_ops(module) -> dict[str, list[tuple[str, list[str]]]]:
+    """The clipping functions' ops (the parts' norms and @grad_clip) with their types and, for collectives,
+    their mesh axes."""
+    from xdsl.dialects import func
+
+    from flint.ir import dist
+
+    out = {}
+    for fn in module.ops:
+        if isinstance(fn, func.FuncOp) and fn.sym_name.data.endswith(("_norm", "grad_clip")):
+            out[fn.sym_name.data] = [(getattr(op, "overload", op.name), [str(v.type) for v in op.operands] +
+                                      ([str(op.axes())] if isinstance(op, dist.CollectiveOp) else []))
+                                     for op in fn.walk() if op is not fn and op.name != "func.return"]
+    return out
+
+
+@pytest.mark.parametrize("fields,reduces", [({"dp_shard": 2, "tp": 2}, 2), ({"dp_replicate": 2}, 0),
+                                            ({"dp_shard": 2, "zero": 2}, 1)], ids=["fsdp-tp", "ddp", "zero2"])
+def test_planned_path_clips_as_the_capture_does(fields, reduces):
+    """A single-device capture with clipping, expanded by shard-expand: each part's norms are of its local
+    gradient shards and @grad_clip all-reduces the squared total over each axis the gradients are split on, as
+    the direct capture of the plan runs it (FSDP x TP: dp_shard, then tp; ZeRO-2: dp_shard; DDP: whole
+    gradients, no all-reduce). The plan records the field."""
+    from flint.explore.stages import expand_stage
+    from flint.plan import plan_of
+
+    expanded = expand_stage(single_device(4), Plan.from_dict({**fields, "max_norm": 1.0}))
+    step, direct = captured(1.0, **fields)
+    assert _clipping_ops(expanded) == _clipping_ops(direct)
+    assert sum(op == "dist.all_reduce" for op, _ in _clipping_ops(expanded)["grad_clip"]) == reduces
+    assert len(_clip_axes(step)) == reduces
+    assert plan_of(expanded).max_norm == 1.0
+    if "tp" in fields:  # the capture summary and the expansion's agree on the added collectives
+        from flint.sharding.summary import summarize_program
+
+        clip = {k: n for k, n in summarize_program(expanded).collectives.items()
+                if k[0] == "all_reduce" and k[2] == "optim"}
+        assert clip == {("all_reduce", ("dp_shard",), "optim"): 1, ("all_reduce", ("tp",), "optim"): 1}
+
+
+def test_planned_path_zero1_norms_whole_gradients():
+    """ZeRO-1 (the planned path's only: DDP + ZeroRedundancyOptimizer) keeps the gradients whole, so each rank's
+    norm is already the global one: no all-reduce, and the norms read whole gradients."""
+    from flint.explore.stages import expand_stage
+
+    expanded = expand_stage(single_device(4), Plan(dp_shard=2, zero=1, max_norm=1.0).validate())
+    ops = _clipping_ops(expanded)
+    assert not any(op.startswith("dist.") for op, _ in ops["grad_clip"])
+    assert ops["head_norm"] == _clipping_ops(single_device(4))["head_norm"]
+
+
+def test_planned_path_joins_pipeline_stages_norms_over_pp():
+    """flint expand with pp: the expanded @grad_clip all-reduces over dp_shard, then pp (pipeline-split runs each
+    rank's held parts' norms, @grad_clip once, then their optimizers), as the captured pipeline does; the
+    iteration and the all-reduce time are the captured step's."""
+    from dataclasses import replace
+
+    from flint.ir.aten import get_schedule_entries
+    from flint.passes.shard_annotate import annotate, check_model
+    from flint.passes.shard_expand import expand
+    from flint.pipeline import split_by_plan
+    from flint.sharding.rules import rules_for
+
+    plan = Plan.from_dict({"dp_shard": 2, "pp": 2, "microbatches": 2, "max_norm": 1.0})
+    expanded = single_device(2).clone()  # as flint expand runs it: the single-device step is one microbatch
+    rules = rules_for(expanded)
+    check_model(expanded, replace(plan, microbatches=1), rules)
+    annotate(expanded, plan, rules)
+    expand(expanded, plan, rules)
+    assert split_by_plan(expanded, plan)
+    step, direct = captured(1.0, dp_shard=2, pp=2, microbatches=2)
+    assert _clipping_ops(expanded)["grad_clip"] == _clipping_ops(direct)["grad_clip"]
+    for rank in (0, 1):
+        tail = [n for n, _, _ in get_schedule_entries(expanded, rank)]
+        assert tail[-4:] == [n for n, _, _ in get_schedule_entries(direct, rank)][-4:]
+    assert _estimate(expanded)[:2] == _estimate(direct)[:2]
+
+
+def test_planned_path_refuses_a_threshold_the_program_does_not_run():
+    """A plan asking the planned path to clip a program that does not, or at another threshold, is refused
+    with the field named; flint explore captures a planned point's single-device program with its clipping
+    (its own cache key)."""
+    from flint.explore.stages import Workload, expand_stage
+    from flint.importer import import_step
+
+    plain = import_step(capture_step(factory("llama-tiny"), {"tokens": (4, SEQ), "labels": (4, SEQ)},
+                                     plan=Plan().validate()))
+    with pytest.raises(PlanError, match="the program does not clip its gradients") as e:
+        expand_stage(plain, Plan(dp_shard=2, max_norm=1.0).validate())
     assert e.value.field == "max_norm"
-    with pytest.raises(PlanError, match="shard-expand does not support it") as e:
-        Plan(dp_shard=2, max_norm=1.0).validate().require(EXPAND_FIELDS, "shard-expand")
+    with pytest.raises(PlanError, match="2: the program clips at 1") as e:
+        expand_stage(single_device(4), Plan(dp_shard=2, max_norm=2.0).validate())
     assert e.value.field == "max_norm"
+    base = {"workload.model": "llama-tiny", "workload.world_size": 2, "workload.seq_len": SEQ,
+            "workload.global_batch": 4, "workload.plan.dp_shard": -1}
+    off, on = Workload.of(base), Workload.of({**base, "workload.plan.max_norm": 1.0})
+    assert on.planned_refusal() is None and on.single_key != off.single_key
+    assert on.single_inputs()["plan"] == {"world_size": 1, "max_norm": 1.0}
+
+
+def test_pipeline_function_of_the_users_refuses_it():
+    """A pipeline function of the user's (--parallelize) does not clip: refused before any work, named."""
 
     def stages(model, mesh):  # never called: refused before any work
         raise AssertionError

@@ -135,8 +135,9 @@ class Workload:
         return None
 
 
-# Plan fields the single-device program itself is captured with (what its optimizer steps, and in which form)
-SINGLE_DEVICE_FIELDS = ("master_dtype", "optimizer_impl")
+# Plan fields the single-device program itself is captured with (what its optimizer steps, in which form, and
+# whether it clips the gradients first)
+SINGLE_DEVICE_FIELDS = ("master_dtype", "optimizer_impl", "max_norm")
 
 
 def single_device_plan(plan: Plan) -> Plan:

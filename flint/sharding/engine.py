@@ -40,6 +40,8 @@ from flint.sharding.rules import Rules
 from flint.sharding.spec import Sharding
 
 
+# norms a part's gradient-norm function takes of local shards (FunctionExpander.rule_local_norm)
+LOCAL_NORMS = frozenset({"linalg_vector_norm", "_foreach_norm"})
 # fills whose values do not depend on their position: split locally without a slice
 FILL_OPS = frozenset({"new_zeros", "new_empty", "new_ones", "new_full", "zeros", "ones", "empty", "full"})
 
@@ -139,6 +141,7 @@ class FunctionExpander:
     reduced: dict = field(default_factory=dict)  # old SSAValue -> (new value, sharding) once its partial was reduced
     cp_axes: tuple = ()  # context-parallel axes: attention over a sequence split on them is ring attention (cp.py)
     view_slices: bool = False  # local slices are views (no DTensor Replicate -> Shard clone), set per op by moe.py
+    local_norms: bool = False  # a part's gradient-norm function (clipping): norms stay local (rule_local_norm)
     _p2p_tag: int = 0
 
     def next_p2p_tag(self, count: int) -> int:
@@ -446,6 +449,8 @@ class FunctionExpander:
             if expand_attention(self, op):
                 return
         handler = getattr(self, f"rule_{kind}", None) if kind else None
+        if self.local_norms and op.overload.split(".")[1] in LOCAL_NORMS:
+            handler = self.rule_local_norm
         if handler is None and op.overload.split(".")[1] == "_scaled_mm":
             raise ExpandError(f"'{op.overload}'{where(op)}: a float8 program (plan field 'fp8') is not expanded "
                               "by shard-expand yet (torchao's per-rank amax scaling has no global-program rule); "
@@ -835,6 +840,15 @@ class FunctionExpander:
             if outs:
                 res.append(self._align(outs[j], dims))
         return Rule(req, res)
+
+    def rule_local_norm(self, op: AtenOp) -> Rule:
+        """A norm in a part's gradient-norm function (clipping): the norm of each rank's local shard, as torch's
+        ``clip_grad_norm_`` computes it on DTensors (a p-norm partial, DTensor's ``_NormPartial``, which no layout
+        here expresses). The operands keep their layouts; the results are this rank's values, which
+        ``@grad_clip`` makes global with an all-reduce over each axis the gradients are split on (shard-expand
+        inserts them there)."""
+        return Rule([self.sharding(v).without_partial() for v in op.inputs],
+                    [Sharding.replicated(len(shape_of(r))) for r in op.outputs])
 
     def rule_stack(self, op: AtenOp) -> Rule:
         ins = list(op.inputs)
