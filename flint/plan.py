@@ -88,15 +88,17 @@ scaled by ``min(1, max_norm / (total 2-norm + 1e-6))``, as ``torch.nn.utils.clip
 gradients are sharded over (DTensor's ``full_tensor`` of a partial norm), one over ``pp``
 (torchtitan's ``dist_utils.clip_grad_norm_``), and one scaling kernel per gradient. Both
 torchtitan and Megatron-LM clip at 1.0 by default; Flint's default stays off, so a plan says it.
-A capture option (the captured path); ``shard-expand`` refuses it.
+Captured into the program (on the planned path: into the single-device program, whose norms ``shard-expand``
+keeps local to each rank's shards, adding ``@grad_clip``'s all-reduces).
 
 ``optimizer_impl`` (torchtitan's ``optimizer.implementation``): the form of torch's AdamW the step runs.
 ``for-loop`` (the default; ``foreach=False``, torch's CPU default, the form ``flint validate`` checks):
 kernels per parameter. ``foreach`` (torch's default on a GPU): one multi-tensor op over all of a part's
 tensors per step of the update, the step counts on the host. ``fused`` (torchtitan's default): one
 ``_fused_adamw_`` kernel per part. With ``foreach`` or ``fused``, clipping takes torch's GPU default too
-(``_foreach_norm``, ``_foreach_mul_``), and master copies are copied back with one ``_foreach_copy_``. A
-capture option (the captured path); ``shard-expand`` refuses it.
+(``_foreach_norm``, ``_foreach_mul_``), and master copies are copied back with one ``_foreach_copy_``.
+Captured into the program (on the planned path: into the single-device program, whose multi-tensor ops
+``shard-expand`` expands index by index).
 
 ``pp_p2p`` (:func:`flint.pipeline.schedules.check_p2p`): the stage-boundary
 send/recv as the schedule runs them (``schedule``, the default), ``overlap``

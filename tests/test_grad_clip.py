@@ -295,15 +295,3 @@ def test_planned_path_refuses_a_threshold_the_program_does_not_run():
     off, on = Workload.of(base), Workload.of({**base, "workload.plan.max_norm": 1.0})
     assert on.planned_refusal() is None and on.single_key != off.single_key
     assert on.single_inputs()["plan"] == {"world_size": 1, "max_norm": 1.0}
-
-
-def test_pipeline_function_of_the_users_refuses_it():
-    """A pipeline function of the user's (--parallelize) does not clip: refused before any work, named."""
-
-    def stages(model, mesh):  # never called: refused before any work
-        raise AssertionError
-
-    with pytest.raises(PlanError, match="pipeline function of the user's") as e:
-        capture_step(_Plain, {"x": (8, 16), "target": (8,)}, plan=Plan(pp=2, microbatches=2, max_norm=1.0).validate(),
-                     parallelize=stages)
-    assert e.value.field == "max_norm"

@@ -21,12 +21,13 @@ PP_FILE = Path(__file__).parent / "data" / "byom" / "pp_llama.py"
 SEQ = 64
 
 
-def _capture_cli(tmp_path: Path, name: str, dp: int, tp: int, *extra: str) -> Path:
-    """``flint capture`` (the CLI's entry point, in this process: no second torch import per capture)."""
+def _capture_cli(tmp_path: Path, name: str, dp: int, tp: int, *extra: str, lines: str = "") -> Path:
+    """``flint capture`` (the CLI's entry point, in this process: no second torch import per capture); ``lines``:
+    more plan fields."""
     from flint.tools.flint_cli import main
 
     plan_file, out = tmp_path / f"{name}.toml", tmp_path / f"{name}.mlir"
-    plan_file.write_text(f"pp = 2\ndp_shard = {dp}\ntp = {tp}\n" + ("" if extra else "microbatches = 4\n"))
+    plan_file.write_text(f"pp = 2\ndp_shard = {dp}\ntp = {tp}\n" + ("" if extra else "microbatches = 4\n") + lines)
     err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
         rc = main(["capture", "--model", "llama-tiny", "--world-size", str(2 * dp * tp), "--plan-file", str(plan_file),
@@ -55,6 +56,23 @@ def _per_rank(module):
     return out
 
 
+def order(module) -> list[list[tuple]]:
+    """Each pipeline rank's schedule entries, the user's stage parts named as the zoo's."""
+    from flint.ir.aten import STAGE_SCHEDULES_ATTR
+
+    names = {"first_stage": "embed", "last_stage": "head"}
+    out = []
+    for role in module.attributes[STAGE_SCHEDULES_ATTR].data:
+        entries = []
+        for e in role.data:
+            name = e.data[0].data
+            for mine, zoo in names.items():
+                name = name.replace(mine, zoo)
+            entries.append((name, e.data[1].value.data, str(e.data[2]) if len(e.data) > 2 else ""))
+        out.append(entries)
+    return out
+
+
 @pytest.mark.slow
 def test_user_pipeline_stages_capture_like_the_planned_split(tmp_path):
     """Llama-tiny, dp_shard 2 x tp 2 x pp 2 (8 ranks), 1F1B over 4 microbatches: the user's
@@ -62,27 +80,12 @@ def test_user_pipeline_stages_capture_like_the_planned_split(tmp_path):
     + Schedule1F1B (tests/data/byom/pp_llama.py) give the planned pipeline-split's FLOPs per rank,
     communication nodes (send/recv bytes, tags and peers; TP all-reduces, FSDP gathers and
     reduce-scatters) and action order."""
-    from flint.ir.aten import STAGE_SCHEDULES_ATTR
     from flint.ir.parse import load_ir
 
     captured = load_ir(str(_capture_cli(tmp_path, "captured", 2, 2, "--parallelize",
                                         f"{PP_FILE}:pipeline_fsdp_tp")))
     planned = load_ir(str(_capture_cli(tmp_path, "planned", 2, 2)))
     assert captured.attributes["flint.pipeline"] == planned.attributes["flint.pipeline"]
-    names = {"first_stage": "embed", "last_stage": "head"}
-
-    def order(module):
-        out = []
-        for role in module.attributes[STAGE_SCHEDULES_ATTR].data:
-            entries = []
-            for e in role.data:
-                name = e.data[0].data
-                for mine, zoo in names.items():
-                    name = name.replace(mine, zoo)
-                entries.append((name, e.data[1].value.data, str(e.data[2]) if len(e.data) > 2 else ""))
-            out.append(entries)
-        return out
-
     assert order(captured) == order(planned)
     got, want = _per_rank(captured), _per_rank(planned)
     assert len(got) == 8 and all(r[0] > 0 for r in got)
@@ -92,6 +95,26 @@ def test_user_pipeline_stages_capture_like_the_planned_split(tmp_path):
         assert len(p2p) == 8 and {k[2] for k in p2p} == {2 * SEQ * 256 * 4}
     types = {k[1] for k in got[0][1] if k[0] == 7}  # COLL: TP all-reduces, FSDP gathers and reduce-scatters
     assert {0, 2, 7} <= types, types
+
+
+@pytest.mark.slow
+def test_user_pipeline_clips_like_the_planned_split(tmp_path):
+    """Gradient-norm clipping (max_norm) with the user's PipelineStages + Schedule1F1B (FSDP 2 x PP 2): each
+    pipeline rank runs its stages' norms, @grad_clip (all-reduces over dp_shard, then pp) and its optimizers, as
+    the zoo model's pipeline does; the same communication nodes per rank."""
+    from flint.ir.parse import load_ir
+
+    captured = load_ir(str(_capture_cli(tmp_path, "captured", 2, 1, "--parallelize", f"{PP_FILE}:pipeline_fsdp",
+                                        lines="max_norm = 1.0\n")))
+    planned = load_ir(str(_capture_cli(tmp_path, "planned", 2, 1, lines="max_norm = 1.0\n")))
+    assert order(captured) == order(planned)
+    for entries in order(captured):
+        names = [n for n, _, _ in entries]
+        assert names.index("grad_clip") == names.index(next(n for n in names if n.endswith("_optim"))) - 1
+    got, want = _per_rank(captured), _per_rank(planned)
+    assert got == want
+    for r in got:  # the clip's two all-reduces (COLL type 0) of one fp32 value
+        assert sum(n for k, n in r[1].items() if k[0] == 7 and k[1] == 0 and k[2] == 4) == 2
 
 
 def _build(static: bool, result: str = "schedule"):

@@ -321,9 +321,16 @@ def capture_pipeline(model_factory: Callable[[], nn.Module], build: Callable, pl
     parts["block"].repeat = sum(order)
     pp_plan = plan.replace(pp_schedule=info["schedule"], microbatches=info["microbatches"],
                            pp_virtual_stages=info["virtual"], pp_layers=tuple(order))
-    step = CapturedStep([parts["first_stage"], parts["block"], parts["last_stage"]], mesh, plan_name, axes0 or {},
-                        param_dtype, {names[0]: local[names[0]], names[-1]: local[names[-1]]}, global_params, pp_plan)
-    return step
+    held = [parts["first_stage"], parts["block"], parts["last_stage"]]
+    clip = None
+    if plan.max_norm:  # gradient-norm clipping's step-wide part, with rank 0's names for the process groups
+        from flint.capture.step import _capture_clip
+
+        with fake_world(mesh.world_size, rank=0):
+            clip = _capture_clip(held, device_mesh(mesh.shape, mesh.axis_names), mesh, plan.max_norm, True)
+        torch._dynamo.reset()
+    return CapturedStep(held, mesh, plan_name, axes0 or {}, param_dtype,
+                        {names[0]: local[names[0]], names[-1]: local[names[-1]]}, global_params, pp_plan, clip=clip)
 
 
 def _rename_groups(parts: list[Any], axes: dict[str, tuple[int, ...]], canonical: dict[tuple[int, ...], str]) -> None:

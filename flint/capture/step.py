@@ -870,10 +870,6 @@ def capture_step(
         capture_part = partial(capture_part, master=REDUCE_DTYPE[plan.master_dtype], clip=plan.max_norm > 0,
                                impl=plan.optimizer_impl)
     if parallelize is not None and not custom and plan.pp > 1:
-        if plan.max_norm:
-            raise PlanError("max_norm", "gradient-norm clipping is not captured for a pipeline function of the "
-                            "user's (torch.distributed.pipelining stages) yet; capture the model with pp in the "
-                            "plan and no pipeline function, which clips", plan.source)
         # the user's own torch.distributed.pipelining stages and schedule (flint/capture/pipeline.py)
         from flint.capture.pipeline import capture_pipeline
 
