@@ -256,18 +256,18 @@ def test_pipeline_ranks_step_their_parts_and_traces_are_deterministic():
 
 
 @cache
-def single_device(impl: str):
+def single_device(impl: str, max_norm: float = 0.0):
     """llama-tiny on one device (the planned path's input) under ``optimizer_impl = impl``, the global batch of
     ``captured`` at dp_shard 2."""
     from flint.importer import import_step
 
     batch = (4, SEQ)
     return import_step(capture_step(factory("llama-tiny"), {"tokens": batch, "labels": batch},
-                                    plan=Plan.from_dict({"optimizer_impl": impl})))
+                                    plan=Plan.from_dict({"optimizer_impl": impl, "max_norm": max_norm})))
 
 
 def _optimizer_ops(module) -> dict[str, list[tuple[str, list]]]:
-    """Per optimizer function: its multi-tensor ops with their operand and result types, in order."""
+    """Per optimizer and gradient-norm function: its multi-tensor ops with their operand and result types."""
     from xdsl.dialects import func
 
     from flint.ir.aten import AtenOp
@@ -275,21 +275,22 @@ def _optimizer_ops(module) -> dict[str, list[tuple[str, list]]]:
     return {fn.sym_name.data: [(op.overload, [str(v.type) for v in (*op.operands, *op.results)])
                                for op in fn.walk() if isinstance(op, AtenOp) and op.overload.startswith(
                                    tuple(f"aten.{m}" for m in MULTI))]
-            for fn in module.ops if isinstance(fn, func.FuncOp) and fn.sym_name.data.endswith("_optim")}
+            for fn in module.ops if isinstance(fn, func.FuncOp) and fn.sym_name.data.endswith(("_optim", "_norm"))}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("impl", ["foreach", "fused"])
-def test_planned_path_expands_the_form_as_the_capture_has_it(impl):
+@pytest.mark.parametrize("impl,max_norm", [("foreach", 0.0), ("fused", 0.0), ("foreach", 1.0)])
+def test_planned_path_expands_the_form_as_the_capture_has_it(impl, max_norm):
     """A single-device capture in a multi-tensor form, expanded by shard-expand (flint explore's planned path) to
     FSDP 2 x TP 2, runs the direct capture's multi-tensor ops on the same local shapes, with the same optimizer
-    memory, multi-tensor time and launches; the plan it records names the form."""
+    memory, multi-tensor time and launches; the plan it records names the form. With clipping, each part's
+    _foreach_norm takes its local gradient shards and the scaling is one _foreach_mul_, as captured."""
     from flint.explore.stages import expand_stage
     from flint.plan import plan_of
 
-    plan = Plan.from_dict({"dp_shard": 2, "tp": 2, "optimizer_impl": impl})
-    expanded = expand_stage(single_device(impl), plan)
-    direct = captured(impl, max_norm=0.0, tp=2)[1]
+    plan = Plan.from_dict({"dp_shard": 2, "tp": 2, "optimizer_impl": impl, "max_norm": max_norm})
+    expanded = expand_stage(single_device(impl, max_norm), plan)
+    direct = captured(impl, max_norm=max_norm, tp=2)[1]
     ops = _optimizer_ops(expanded)
     assert ops == _optimizer_ops(direct) and all(ops.values())
     assert plan_of(expanded).optimizer_impl == impl
@@ -312,7 +313,7 @@ def test_planned_path_zero1_gathers_the_stepped_shards():
     def gathers(impl):
         module = expand_stage(single_device(impl), Plan.from_dict({"dp_shard": 2, "zero": 1, "optimizer_impl": impl}))
         return {fn.sym_name.data: [str(op.results[0].type) for op in fn.walk() if isinstance(op, dist.AllGatherOp)]
-                for fn in module.ops if isinstance(fn, func.FuncOp) and fn.sym_name.data.endswith("_optim")}
+                for fn in module.ops if isinstance(fn, func.FuncOp) and fn.sym_name.data.endswith(("_optim", "_norm"))}
 
     loop = gathers("for-loop")
     assert all(loop.values()) and gathers("foreach") == gathers("fused") == loop
