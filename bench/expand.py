@@ -2,11 +2,13 @@
 Llama-3-70B step captured on ONE device, expanded to 64 parallelism plans.
 
     .venv/bin/python bench/expand.py [--model llama3-70b] [--seq 4096] [--batch 1024] [--plans 64] [--cp-zero]
-                                     [--full-sim]
+                                     [--full-sim] [--optimizer-impl fused] [--max-norm 1.0]
 
 Prints one row per plan (plan, ranks, seconds to expand / lower / estimate, iteration time and
 MFU on h100-sxm + dgx-h100, ranks simulated: one per class of identical timelines) and the mean;
 the issue's target is under 2 s per plan, against 30-60 s to capture each plan. The single capture's time is printed first.
+``--optimizer-impl`` / ``--max-norm``: the AdamW form and gradient-norm clipping, captured into the single-device
+program and set on every plan (shard-expand expands the multi-tensor ops and the clipping's all-reduces).
 """
 
 from __future__ import annotations
@@ -60,6 +62,8 @@ def main(argv=None) -> int:
     ap.add_argument("--cp-zero", action="store_true", help="only the context-parallel and ZeRO-1/2 plans")
     ap.add_argument("--full-sim", action="store_true",
                     help="simulate every rank (no one-representative-per-class reduction), for comparison")
+    ap.add_argument("--optimizer-impl", default="for-loop", help="plan field optimizer_impl (for-loop, foreach, fused)")
+    ap.add_argument("--max-norm", type=float, default=0.0, help="plan field max_norm (0: no clipping)")
     args = ap.parse_args(argv)
 
     from flint.capture import capture_step
@@ -76,7 +80,10 @@ def main(argv=None) -> int:
 
     t0 = time.perf_counter()
     shapes = {"tokens": (args.batch, args.seq), "labels": (args.batch, args.seq)}
-    step = capture_step(factory(args.model), shapes, world_size=1, plan="dp", dtype="bfloat16")
+    from flint.plan import Plan
+
+    own = {"optimizer_impl": args.optimizer_impl, "max_norm": args.max_norm}  # the single-device program's fields
+    step = capture_step(factory(args.model), shapes, world_size=1, plan=Plan.from_dict(own), dtype="bfloat16")
     single = import_step(step)
     CanonicalizeDistPass().apply(Context(), single)
     # the captured module lives for the whole sweep: keep it out of the collector's generations so that
@@ -91,6 +98,7 @@ def main(argv=None) -> int:
     print(f"{'plan':<44} {'ranks':>5} {'expand s':>9} {'lower s':>8} {'estimate s':>10} {'total s':>8} "
           f"{'iter ms':>9} {'MFU':>6} {'simulated':>9}")
     for plan in (cp_zero_plans() if args.cp_zero else plans(args.plans)):
+        plan = plan.replace(**own)
         t1 = time.perf_counter()
         m = single.clone()
         check_model(m, plan)

@@ -279,18 +279,21 @@ def _optimizer_ops(module) -> dict[str, list[tuple[str, list]]]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("impl,max_norm", [("foreach", 0.0), ("fused", 0.0), ("foreach", 1.0)])
-def test_planned_path_expands_the_form_as_the_capture_has_it(impl, max_norm):
+@pytest.mark.parametrize("impl,max_norm,sp", [("foreach", 0.0, False), ("fused", 0.0, False),
+                                               ("foreach", 1.0, False), ("fused", 1.0, True)])
+def test_planned_path_expands_the_form_as_the_capture_has_it(impl, max_norm, sp):
     """A single-device capture in a multi-tensor form, expanded by shard-expand (flint explore's planned path) to
     FSDP 2 x TP 2, runs the direct capture's multi-tensor ops on the same local shapes, with the same optimizer
     memory, multi-tensor time and launches; the plan it records names the form. With clipping, each part's
-    _foreach_norm takes its local gradient shards and the scaling is one _foreach_mul_, as captured."""
+    _foreach_norm takes its local gradient shards and the scaling is one _foreach_mul_, as captured; with
+    sequence parallelism that scaling takes the norm weights' gradients still partial over tp (linear), as the
+    captured step scales them before reducing them."""
     from flint.explore.stages import expand_stage
     from flint.plan import plan_of
 
-    plan = Plan.from_dict({"dp_shard": 2, "tp": 2, "optimizer_impl": impl, "max_norm": max_norm})
+    plan = Plan.from_dict({"dp_shard": 2, "tp": 2, "sp": sp, "optimizer_impl": impl, "max_norm": max_norm})
     expanded = expand_stage(single_device(impl, max_norm), plan)
-    direct = captured(impl, max_norm=max_norm, tp=2)[1]
+    direct = captured(impl, max_norm=max_norm, tp=2, sp=sp)[1]
     ops = _optimizer_ops(expanded)
     assert ops == _optimizer_ops(direct) and all(ops.values())
     assert plan_of(expanded).optimizer_impl == impl

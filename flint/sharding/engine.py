@@ -564,9 +564,9 @@ class FunctionExpander:
 
     # ----------------------------------------------------------------- rules
 
-    def _partial_ok(self, op: AtenOp, n_tensors: int) -> str:
-        lin = self.rules.linearity(op.overload)
-        name = op.overload.split(".")[1]
+    def _partial_ok(self, target: str, n_tensors: int) -> str:
+        lin = self.rules.linearity(target)
+        name = target.split(".")[1]
         if lin == "all" and name in ("add", "add_", "sub", "sub_") and n_tensors < 2:
             return "none"  # adding a scalar to a partial value is not linear
         return lin
@@ -614,7 +614,7 @@ class FunctionExpander:
         ins = list(op.inputs)
         out_shape = shape_of(op.outputs[0]) if op.outputs else shape_of(ins[0])
         dims, _ = self._merge(op, out_shape, ins)
-        lin = self._partial_ok(op, len(ins))
+        lin = self._partial_ok(op.overload, len(ins))
         partials = [self.sharding(v).partial for v in ins]
         partial: tuple[str, ...] = ()
         if lin == "all" and partials and all(set(p) == set(partials[0]) for p in partials):
@@ -817,28 +817,41 @@ class FunctionExpander:
         """A multi-tensor op (``_foreach_*``, a fused optimizer): one elementwise op per index of its tensor
         lists. The tensors at one index (a parameter, its gradient, its Adam state, its step count) take the
         sharding they agree on, as ``pointwise`` merges its operands; the index's result of an out-of-place op
-        follows it. Single tensors (a scale) stay whole. Nothing partial: a pending sum is reduced first. A list
-        the op writes in place must already be laid out so (a resharded copy would take the write)."""
+        follows it. Single tensors (a scale) stay whole. A pending sum passes where the op is linear, as
+        ``pointwise`` decides by the rules' ``[linear]`` entry of the op it applies (``_foreach_mul_`` scales a
+        sequence-parallel norm weight's partial gradient, as the captured step does before reducing it);
+        otherwise it is reduced first. A list the op writes in place must already be laid out so (a resharded
+        copy would take the write)."""
         ins, outs = list(op.inputs), list(op.outputs)
         lists = [lst for lst in op_tensor_lists(op) if lst.size]
         n = lists[0].size if lists else 0
         if any(lst.size != n for lst in lists) or outs and len(outs) != n:
             raise ExpandError(f"'{op.overload}'{where(op)}: tensor lists of lengths "
                               f"{[lst.size for lst in lists]} and {len(outs)} results: expected one length")
+        in_lists = {lst.start + j for lst in lists for j in range(n)}
+        singles = [self.sharding(v).partial for i, v in enumerate(ins) if i not in in_lists]
+        lin = self._partial_ok("aten." + op.overload.split(".")[1].removeprefix("_foreach_"),
+                               len(lists) + len(singles))
         req = [Sharding.replicated(len(shape_of(v))) for v in ins]
         res = []
         for j in range(n):
             members = [ins[lst.start + j] for lst in lists]
             dims, _ = self._merge(op, shape_of(members[0]), members)
-            for lst in lists:
+            partials = [self.sharding(v).partial for v in members] + singles
+            partial: tuple[str, ...] = ()
+            if lin == "all" and all(set(p) == set(partials[0]) for p in partials):
+                partial = partials[0]
+            elif lin == "first" and partials[0] and not any(partials[1:]):
+                partial = partials[0]
+            for k, lst in enumerate(lists):
                 v = ins[lst.start + j]
-                req[lst.start + j] = self._align(v, dims)
+                req[lst.start + j] = self._align(v, dims, partial if lin == "all" or k == 0 else ())
                 if lst.written and self.sharding(v) != req[lst.start + j]:
                     raise ExpandError(f"'{op.overload}'{where(op)}: writes tensor {j} of list '{lst.name}' in "
                                       f"place, laid out as {self.sharding(v)}, where the other tensors of index {j} "
                                       f"need {req[lst.start + j]}")
             if outs:
-                res.append(self._align(outs[j], dims))
+                res.append(self._align(outs[j], dims, partial))
         return Rule(req, res)
 
     def rule_local_norm(self, op: AtenOp) -> Rule:
