@@ -48,6 +48,9 @@ EXPAND_FIELDS += ("optimizer_impl",)
 # gradient-norm clipping: the single-device program clips (captured with the field); shard-expand keeps each
 # part's norms local and makes @grad_clip's total global over the axes the gradients are split on
 EXPAND_FIELDS += ("max_norm",)
+# activation checkpointing: the single-device program's backward recomputes (captured with the fields);
+# shard-expand expands the recompute with the rest of the backward (check_model refuses selective-op, below)
+EXPAND_FIELDS += ("activation_checkpoint", "ac_every")
 
 
 def sharding_op(s: Sharding, axis_index: dict[str, int], grid: str = GRID) -> ShardingOp:
@@ -182,6 +185,7 @@ def check_model(module: ModuleOp, plan: Plan, rules: Rules | None = None) -> Non
                         "form, and shard-expand expands the program's own ops; capture the single-device "
                         f"program with optimizer_impl = \"{plan.optimizer_impl}\" (a plan file with it, "
                         "--world-size 1)", plan.source)
+    check_checkpointing(module, plan)
     clips = program_max_norm(module)
     if plan.max_norm and clips is None:
         raise PlanError("max_norm", f"{plan.max_norm:g}: the program does not clip its gradients, and shard-expand "
@@ -218,6 +222,38 @@ def check_model(module: ModuleOp, plan: Plan, rules: Rules | None = None) -> Non
     for param, size in split_dims:
         if plan.tp > 1 and size % plan.tp:
             raise FlintError(f"plan field 'tp': {plan.tp} does not divide dim of size {size} of parameter '{param}'")
+
+
+def check_checkpointing(module: ModuleOp, plan: Plan) -> None:
+    """The plan's activation checkpointing against the program's (its capture's ``flint.plan``): a plan that sets
+    it must name the program's; then :func:`check_plan_checkpointing` of the mode that runs."""
+    recorded = plan_of(module)
+    mode, every = (recorded.activation_checkpoint, recorded.ac_every) if recorded is not None else ("none", 1)
+    if plan.activation_checkpoint != "none" and (plan.activation_checkpoint, plan.ac_every) != (mode, every):
+        what = f"'{mode}'" + (f" every {every}" if mode == "selective-layer" else "")
+        raise PlanError("activation_checkpoint", f"'{plan.activation_checkpoint}': the program was captured with "
+                        f"{what}; capture the single-device program with the plan's activation_checkpoint (and "
+                        "ac_every), --world-size 1", plan.source)
+    check_plan_checkpointing(replace(plan, activation_checkpoint=mode, ac_every=every))
+
+
+def check_plan_checkpointing(plan: Plan) -> None:
+    """The activation checkpointing the planned path does not expand, from the plan alone (flint explore asks
+    before capturing). selective-op: its policy leaves every second ``mm`` to the partitioner
+    (``PREFER_RECOMPUTE``), whose min-cut decides on the distributed program otherwise than on the single-device
+    one (llama-tiny FSDP 4: one more ``mm`` output saved per block by the direct capture, 10% of the
+    activations). selective-layer with pp: the single-device program has two block parts, and pipeline-split
+    stages one repeated part."""
+    if plan.pp > 1 and plan.activation_checkpoint == "selective-layer":
+        raise PlanError("activation_checkpoint", "'selective-layer' with pp is not expanded: the single-device "
+                        "program has two block parts (plain and checkpointed), and pipeline-split splits one "
+                        "repeated part into stages; capture the plan instead (its pipeline repeats the whole "
+                        "pattern of ac_every blocks)", plan.source)
+    if plan.activation_checkpoint == "selective-op":
+        raise PlanError("activation_checkpoint", "'selective-op' is not expanded by shard-expand: its policy leaves "
+                        "every second mm to the partitioner, which decides on the distributed program otherwise "
+                        "than on one device; capture the plan instead (flint capture --plan-file, or flint "
+                        "explore's captured path, which it takes by itself)", plan.source)
 
 
 def program_max_norm(module: ModuleOp) -> float | None:
@@ -296,10 +332,13 @@ class ShardAnnotatePass(ModulePass):
 
 def annotate(module: ModuleOp, plan: Plan, rules: Rules) -> None:
     axis_index = set_grid(module, plan)
-    # a plan leaving the optimizer's form or the clipping threshold unset records the program's (check_model
-    # refused others named)
-    form, clips = optimizer_form_of(module), program_max_norm(module)
-    attach(module, replace(plan, optimizer_impl=form or plan.optimizer_impl, max_norm=plan.max_norm or clips or 0.0))
+    # a plan leaving the optimizer's form, the clipping threshold or activation checkpointing unset records the
+    # program's (check_model refused others named)
+    form, clips, recorded = optimizer_form_of(module), program_max_norm(module), plan_of(module)
+    plan = replace(plan, optimizer_impl=form or plan.optimizer_impl, max_norm=plan.max_norm or clips or 0.0)
+    if recorded is not None and plan.activation_checkpoint == "none":
+        plan = replace(plan, activation_checkpoint=recorded.activation_checkpoint, ac_every=recorded.ac_every)
+    attach(module, plan)
     funcs = {f.sym_name.data: f for f in module.ops if isinstance(f, func.FuncOp)}
     # the parameters of each part (from its forward function)
     part_params: dict[str, list[tuple[str, TensorType]]] = {}

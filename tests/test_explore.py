@@ -225,8 +225,10 @@ def test_planned_path_refusals_name_the_plan_field():
     # planned points of one model and global shape share one single-device capture; plans differ in the program
     other = Workload.of({**base, "workload.plan.tp": 2})
     assert other.single_key == w.single_key and other.key != w.key and other.captured_key != w.captured_key
-    ac = Workload.of({**base, "workload.plan.activation_checkpoint": "full"})
+    ac = Workload.of({**base, "workload.plan.activation_checkpoint": "selective-op"})
     assert "activation_checkpoint" in ac.planned_refusal() and ac.key == ac.captured_key
+    fp8 = Workload.of({**base, "workload.plan.fp8": True})
+    assert "fp8" in fp8.planned_refusal() and fp8.key == fp8.captured_key
     cap = Workload.of({**base, "workload.path": "captured"})
     assert cap.key == cap.captured_key != w.key
 

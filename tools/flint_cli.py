@@ -250,7 +250,7 @@ def cmd_expand(args: argparse.Namespace) -> int:
     from flint.passes.shard_annotate import EXPAND_FIELDS, annotate, check_model, check_single_device
     from flint.passes.shard_expand import expand
     from flint.pipeline import PIPELINE_FIELDS, split_by_plan
-    from flint.plan import Plan
+    from flint.plan import Plan, plan_of
     from flint.sharding.rules import load_rules, rules_for
     from flint.sharding.summary import summarize_program
 
@@ -277,7 +277,8 @@ def cmd_expand(args: argparse.Namespace) -> int:
     text.write("\n")
     write_text_atomic(args.output, text.getvalue())
     mesh = plan.mesh()
-    print(f"wrote {args.output}: {plan.describe()}; mesh {'x'.join(map(str, mesh.shape))} {tuple(mesh.axis_names)} "
+    # the plan as recorded: the program's optimizer form, clipping and checkpointing where the file left them unset
+    print(f"wrote {args.output}: {(plan_of(module) or plan).describe()}; mesh {'x'.join(map(str, mesh.shape))} {tuple(mesh.axis_names)} "
           f"({time.perf_counter() - t0:.2f} s)")
     unit = "step" if not split else "microbatch, before pipeline-split (every stage's layers)"
     if split:

@@ -88,12 +88,13 @@ def memory_lower_bound_bytes(point: Mapping[str, Any], plan) -> int:
 
 def _expandable(point: Mapping[str, Any], plan) -> bool:
     """Whether the planned path (``shard-expand``) implements every plan field set, for a planned point."""
-    from flint.passes.shard_annotate import EXPAND_FIELDS
+    from flint.passes.shard_annotate import EXPAND_FIELDS, check_plan_checkpointing
 
     if point.get("workload.path", "planned") != "planned":
         return False
     try:
         plan.require(EXPAND_FIELDS, "shard-expand")
+        check_plan_checkpointing(plan)
     except FlintError:
         return False
     return True

@@ -126,18 +126,19 @@ class Workload:
         """Why this point cannot take the planned path (None when it can)."""
         if self.path != "planned":
             return None if self.path not in PATHS else "the point asks for the captured path"
-        from flint.passes.shard_annotate import EXPAND_FIELDS
+        from flint.passes.shard_annotate import EXPAND_FIELDS, check_plan_checkpointing
 
         try:
             self.plan.require(EXPAND_FIELDS, "shard-expand")
+            check_plan_checkpointing(self.plan)
         except FlintError as e:
             return str(e)
         return None
 
 
-# Plan fields the single-device program itself is captured with (what its optimizer steps, in which form, and
-# whether it clips the gradients first)
-SINGLE_DEVICE_FIELDS = ("master_dtype", "optimizer_impl", "max_norm")
+# Plan fields the single-device program itself is captured with (what its optimizer steps, in which form, whether
+# it clips the gradients first, what its backward recomputes)
+SINGLE_DEVICE_FIELDS = ("master_dtype", "optimizer_impl", "max_norm", "activation_checkpoint", "ac_every")
 
 
 def single_device_plan(plan: Plan) -> Plan:
