@@ -428,8 +428,11 @@ def build_parser() -> argparse.ArgumentParser:
                                      "step: the single-device step is then ONE microbatch (capture it at the "
                                      "global batch over microbatches).")
     exp.add_argument("input", help="the single-device step's IR (.mlir)")
-    exp.add_argument("plan", help="the plan as TOML (dp_replicate, dp_shard, tp, sp, tp_style, pp, microbatches, "
-                                  "pp_schedule, pp_virtual_stages, pp_layers, grad_sync; see flint/plan.py)")
+    exp.add_argument("plan", help="the plan as TOML (dp_replicate, dp_shard, tp, sp, tp_style, cp, ep, etp, zero, "
+                                  "pp, microbatches, pp_schedule, pp_virtual_stages, pp_layers, grad_sync; see "
+                                  "flint/plan.py). master_dtype, optimizer_impl, max_norm, activation_checkpoint "
+                                  "and ac_every are the single-device program's own: capture it with them "
+                                  "(--world-size 1); the plan may repeat them or leave them unset")
     exp.add_argument("-o", "--output", required=True, help="output .mlir (written atomically)")
     exp.add_argument("--world-size", type=int, default=None, help="world size (for dp_shard = -1)")
     exp.add_argument("--rules", default=None, help="sharding rules TOML (default: flint/sharding/rules.toml)")
