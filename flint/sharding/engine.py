@@ -615,12 +615,7 @@ class FunctionExpander:
         out_shape = shape_of(op.outputs[0]) if op.outputs else shape_of(ins[0])
         dims, _ = self._merge(op, out_shape, ins)
         lin = self._partial_ok(op.overload, len(ins))
-        partials = [self.sharding(v).partial for v in ins]
-        partial: tuple[str, ...] = ()
-        if lin == "all" and partials and all(set(p) == set(partials[0]) for p in partials):
-            partial = partials[0]
-        elif lin == "first" and partials and partials[0] and not any(partials[1:]):
-            partial = partials[0]
+        partial = _passing_partial(lin, [self.sharding(v).partial for v in ins])
         req = []
         for i, v in enumerate(ins):
             p = partial if (lin == "all" or i == 0) else ()
@@ -837,12 +832,7 @@ class FunctionExpander:
         for j in range(n):
             members = [ins[lst.start + j] for lst in lists]
             dims, _ = self._merge(op, shape_of(members[0]), members)
-            partials = [self.sharding(v).partial for v in members] + singles
-            partial: tuple[str, ...] = ()
-            if lin == "all" and all(set(p) == set(partials[0]) for p in partials):
-                partial = partials[0]
-            elif lin == "first" and partials[0] and not any(partials[1:]):
-                partial = partials[0]
+            partial = _passing_partial(lin, [self.sharding(v).partial for v in members] + singles)
             for k, lst in enumerate(lists):
                 v = ins[lst.start + j]
                 req[lst.start + j] = self._align(v, dims, partial if lin == "all" or k == 0 else ())
@@ -980,6 +970,17 @@ class FunctionExpander:
         weight = [Sharding.replicated(len(shape_of(v))) for v in ins[2:]]
         loss = Sharding((batch,)) if red == 0 and batched else Sharding((), batch)
         return Rule([x_s, t_s] + weight, [loss, Sharding((), batch)], batch if red else ())
+
+
+def _passing_partial(lin: str, partials: Sequence[tuple[str, ...]]) -> tuple[str, ...]:
+    """The pending-sum axes an elementwise op passes on unreduced, from its operands' (the first operand first)
+    and its linearity (``_partial_ok``): all of them alike where it is linear in every operand, the first one's
+    where it is linear in that one alone and no other is partial; else none (reduced first)."""
+    if lin == "all" and partials and all(set(p) == set(partials[0]) for p in partials):
+        return partials[0]
+    if lin == "first" and partials and partials[0] and not any(partials[1:]):
+        return partials[0]
+    return ()
 
 
 # --------------------------------------------------------------- demand pass
