@@ -46,7 +46,10 @@ class ShardExpandPass(ModulePass):
     produced (``tp_style = "dtensor"``: the gathered input a matmul consumed;
     ``"megatron"``: the sequence shard, gathered again in backward). With
     ``tp_style = "dtensor"`` sequence-parallel norm gradients leave backward
-    partial over ``tp`` and the optimizer all-reduces them, as DTensor does.
+    partial over ``tp`` and the optimizer all-reduces them, as DTensor does
+    under TP alone; with data parallelism they are all-reduced over ``tp`` in
+    backward, before the data-parallel collective, as FSDP2 and
+    ``replicate`` redistribute them to the weight's placement.
     Attention over a sequence split on ``cp`` becomes PyTorch's ring attention
     (:mod:`flint.sharding.cp`: K/V all-gather, load-balanced causal steps,
     the K/V gradient sent round the ring). ZeRO-2 skips the backward
@@ -432,8 +435,12 @@ class _State:
         staged = []
         for i, src, target, param in grads:
             cur = ex.sharding(src)
+            # A replicated weight's gradient partial over tp (a sequence-parallel norm's) stays partial for
+            # the optimizer to reduce, as DTensor's does, unless data parallelism reduces it first: FSDP2 and
+            # replicate() redistribute it to the weight's tp placement (an all-reduce of the whole gradient)
+            # before their own collective in backward.
             keep_tp = tuple(a for a in cur.partial if a in self.tp) \
-                if self.plan.tp_style == "dtensor" and not (target.axes() & set(self.tp)) else ()
+                if self.plan.tp_style == "dtensor" and not dp and not (target.axes() & set(self.tp)) else ()
             dims = list(target.dims)
             if fsdp and dims:
                 dims[0] = tuple(a for a in dims[0] if a not in fsdp)

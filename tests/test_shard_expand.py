@@ -34,17 +34,22 @@ def captured_summary(model: str, recipe: str, world: int, tp: int):
     return summarize_program(m)
 
 
-# (recipe, world size, TP degree): DP, FSDP, TP, TP+SP, FSDP+TP
+# (recipe, world size, TP degree): DP, FSDP, TP, TP+SP, FSDP+TP, FSDP+TP+SP (where the norm gradients partial
+# over tp are all-reduced in backward, before FSDP's reduce-scatter, and not by the optimizer as under TP alone)
 AGREEMENT = {
-    "llama-tiny": [("dp", 4, 1), ("fsdp", 4, 1), ("tp", 2, 2), ("tp+sp", 2, 2), ("fsdp+tp", 4, 2)],
-    "gpt2-tiny": [("dp", 4, 1), ("fsdp", 4, 1), ("tp", 4, 4), ("tp+sp", 4, 4), ("fsdp+tp", 4, 2)],
+    "llama-tiny": [("dp", 4, 1), ("fsdp", 4, 1), ("tp", 2, 2), ("tp+sp", 2, 2), ("fsdp+tp", 4, 2),
+                   ("fsdp+tp+sp", 4, 2)],
+    "gpt2-tiny": [("dp", 4, 1), ("fsdp", 4, 1), ("tp", 4, 4), ("tp+sp", 4, 4), ("fsdp+tp", 4, 2),
+                  ("fsdp+tp+sp", 4, 2)],
 }
 CASES = [(m, *c) for m, cases in AGREEMENT.items() for c in cases]
 # Where the two paths differ on purpose, and how (checked, not skipped): GPT-2's learned position table
 # under sequence parallelism. The captured recipe all-gathers the embedding output's gradient and runs the
 # position-table backward replicated, and DTensor reduces row-parallel bias gradients in backward; the
-# expansion keeps those gradients partial over tp, so the optimizer all-reduces them (a few KB more).
-KNOWN = {("gpt2-tiny", "tp+sp"): ("all_reduce", ("tp",), "optim")}
+# expansion keeps those gradients partial over tp, so the optimizer all-reduces them (a few KB more); with FSDP,
+# FSDP's post-backward does.
+KNOWN = {("gpt2-tiny", "tp+sp"): ("all_reduce", ("tp",), "optim"),
+         ("gpt2-tiny", "fsdp+tp+sp"): ("all_reduce", ("tp",), "bwd")}
 
 
 @pytest.mark.slow
@@ -149,13 +154,15 @@ def _plan_file(fields) -> str:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name,recipe,world,tp", [("llama", "dp", 2, 1), ("mistral", "fsdp", 2, 1),
-                                                   ("qwen2", "fsdp+tp", 4, 2)])
+                                                   ("qwen2", "fsdp+tp", 4, 2), ("qwen3", "fsdp+tp", 4, 2)])
 def test_hugging_face_causal_lm_planned_path_agrees_with_captured_path(name, recipe, world, tp):
     """A Hugging Face causal LM (its own loss: labels padded with constant_pad_nd, ATen's cross-entropy
     nll_loss; rotary cos / sin broadcast over the batch into every block) expands, and agrees with
     PyTorch's recipe captured at world size 2: FLOPs, and collective kinds, counts and bytes (the untied
     input embedding its own unit, as the captured recipe wraps it). TP splits the Hugging Face Llama-family
-    names of rules.toml as the captured path's "hf-llama" preset does."""
+    names of rules.toml as the captured path's "hf-llama" preset does. Qwen3's per-head q/k norm gradients
+    (partial over tp) are all-reduced in backward, before FSDP's reduce-scatter, as the captured path does; the
+    expansion used to leave them to the optimizer, where clipping's norm read them partial and reduced twice."""
     from captures import captured_byom, single_device_byom
 
     from flint.importer import import_step

@@ -66,12 +66,12 @@ def test_tp_experts_hand_calculation():
     m, s = run(TP)
     tokens = BATCH * SEQ // plan.dp  # per data-parallel rank (512)
     act = tokens * HIDDEN * F32_BYTES  # one [tokens, hidden] activation
+    # the router's gradient is partial over tp (it back-propagates the tp-partial expert outputs): FSDP2
+    # all-reduces it whole in backward (redistributing it to the router's Replicate), before its reduce-scatter
+    router = EXPERTS * HIDDEN * F32_BYTES
     assert _tp_collectives(s) == {
         ("all_reduce", ("tp",), "fwd"): (1 + 2 * LAYERS, (1 + 2 * LAYERS) * act),
-        ("all_reduce", ("tp",), "bwd"): (1 + 4 * LAYERS, (1 + 4 * LAYERS) * act),
-        # the router's gradient is partial over tp (it back-propagates the tp-partial expert outputs): DTensor
-        # all-reduces its FSDP shard in the optimizer step
-        ("all_reduce", ("tp",), "optim"): (LAYERS, LAYERS * EXPERTS * HIDDEN // plan.dp_shard * F32_BYTES),
+        ("all_reduce", ("tp",), "bwd"): (1 + 5 * LAYERS, (1 + 4 * LAYERS) * act + LAYERS * router),
         # the loss gathers the vocabulary-parallel logits
         ("all_gather", ("tp",), "fwd"): (1, tokens * VOCAB // plan.tp * F32_BYTES),
     }
@@ -112,10 +112,10 @@ def test_etp_hand_calculation():
     assert s.collectives[("all_to_all", ep, "bwd")] == 2 * LAYERS
     assert s.collective_bytes[("all_to_all", ep, "bwd")] == LAYERS * 2 * buffer
     act = tokens * HIDDEN * F32_BYTES
+    router = EXPERTS * HIDDEN * F32_BYTES  # the router's gradient, partial over tp: all-reduced whole in backward
     assert _tp_collectives(s) == {
         ("all_reduce", ("tp",), "fwd"): (1 + 2 * LAYERS, (1 + 2 * LAYERS) * act),
-        ("all_reduce", ("tp",), "bwd"): (1 + 4 * LAYERS, (1 + 4 * LAYERS) * act),
-        ("all_reduce", ("tp",), "optim"): (LAYERS, LAYERS * EXPERTS * HIDDEN // plan.dp_shard * F32_BYTES),
+        ("all_reduce", ("tp",), "bwd"): (1 + 5 * LAYERS, (1 + 4 * LAYERS) * act + LAYERS * router),
         # the loss gathers the vocabulary-parallel logits
         ("all_gather", ("tp",), "fwd"): (1, tokens * VOCAB // plan.tp * F32_BYTES),
     }
@@ -156,7 +156,12 @@ def test_ep_borrowing_tp_with_sequence_parallel_hand_calculation():
     assert tp[("reduce_scatter", ("tp",), "fwd")] == (2 * LAYERS + 1, (2 * LAYERS + 1) * shard * plan.tp)
     assert tp[("all_gather", ("tp",), "bwd")] == (2 * LAYERS + 1, (2 * LAYERS + 1) * shard)
     assert tp[("reduce_scatter", ("tp",), "bwd")] == (2 * LAYERS + 1, (2 * LAYERS + 1) * shard * plan.tp)
-    assert not any(k[0] == "all_reduce" and k[2] != "optim" for k in tp)
+    # partial gradients over tp, all-reduced whole in backward before FSDP's reduce-scatter (FSDP2 redistributes
+    # them to their Replicate placement): the sequence-parallel norms' (two per layer and the final one) and the
+    # router's
+    norms, router = 2 * LAYERS + 1, LAYERS
+    assert {k: v for k, v in tp.items() if k[0] == "all_reduce"} == {
+        ("all_reduce", ("tp",), "bwd"): (norms + router, (norms * HIDDEN + router * EXPERTS * HIDDEN) * F32_BYTES)}
     # experts whole on each rank, E / ep of them, FSDP over dp_shard_mod_ep (2)
     one = single()
     for role in ("parameter", "gradient", "exp_avg"):
