@@ -151,6 +151,10 @@ REDUCE_DTYPES = ("param", "float32", "bfloat16", "float16")
 MASTER_DTYPES = ("param", "float32")
 # forms of torch's AdamW (torchtitan's optimizer.implementation): per-parameter kernels, multi-tensor, fused
 OPTIMIZER_IMPLS = ("for-loop", "foreach", "fused")
+# Plan fields the planned path's single-device program is captured with (what its optimizer steps, in which
+# form, whether it clips the gradients first, what its backward recomputes): shard-expand expands its ops for
+# them and never adds them, so a plan may repeat them or leave them unset, never change them
+PROGRAM_FIELDS = ("master_dtype", "optimizer_impl", "max_norm", "activation_checkpoint", "ac_every")
 # Where expanded TP reduces partial sums: "dtensor" as PyTorch's DTensor runs it (one backward all-reduce
 # per column-parallel linear: five per Llama block; sequence-parallel norm gradients reduced by the
 # optimizer, or in backward before data parallelism's own collective), "megatron" as Megatron-LM (one per attention and MLP input; norm gradients in backward).

@@ -18,7 +18,7 @@ from flint.errors import FlintError
 from flint.ir import dist
 from flint.ir.aten import CLIP_FUNCTION, AtenOp, get_schedule, optimizer_form_of
 from flint.passes.lower_to_chakra import ROLE_ATTR
-from flint.plan import Plan, PlanError, attach, plan_of
+from flint.plan import PROGRAM_FIELDS, Plan, PlanError, attach, plan_of
 from flint.sharding.rules import (
     Rules,
     activation_sharding,
@@ -39,18 +39,11 @@ EXPAND_FIELDS = ("dp_replicate", "dp_shard", "tp", "sp", "tp_style", "ep", "capa
 EXPAND_FIELDS += ("cp",)  # context parallelism (flint/sharding/cp.py)
 EXPAND_FIELDS += ("zero",)  # ZeRO-1/2/3 of the FSDP axes (flint.sharding.rules.zero_storage_sharding)
 EXPAND_FIELDS += ("etp",)  # expert tensor parallelism (flint/sharding/moe.py)
-# fp32 master parameters: the single-device program's optimizer has them (captured with the field), shard-expand
-# shards them as the Adam state (check_model refuses a plan asking for masters the program does not have)
-EXPAND_FIELDS += ("master_dtype",)
-# the optimizer's form: the single-device program's optimizer has it (captured with the field); shard-expand
-# expands its multi-tensor ops index by index (check_model refuses a plan whose form the program does not run)
-EXPAND_FIELDS += ("optimizer_impl",)
-# gradient-norm clipping: the single-device program clips (captured with the field); shard-expand keeps each
-# part's norms local and makes @grad_clip's total global over the axes the gradients are split on
-EXPAND_FIELDS += ("max_norm",)
-# activation checkpointing: the single-device program's backward recomputes (captured with the fields);
-# shard-expand expands the recompute with the rest of the backward (check_model refuses selective-op, below)
-EXPAND_FIELDS += ("activation_checkpoint", "ac_every")
+# The single-device program's own fields (check_model refuses a plan that changes one). fp32 master parameters:
+# sharded as the Adam state. The optimizer's form: multi-tensor ops expanded index by index. Gradient-norm
+# clipping: each part's norms kept local, @grad_clip's total made global over the axes the gradients are split
+# on. Activation checkpointing: the recompute expanded with the rest of the backward (selective-op refused).
+EXPAND_FIELDS += PROGRAM_FIELDS
 
 
 def sharding_op(s: Sharding, axis_index: dict[str, int], grid: str = GRID) -> ShardingOp:

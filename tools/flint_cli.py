@@ -28,7 +28,7 @@ from flint.errors import FlintError, run_cli
 from flint.fileio import check_writable, write_text_atomic
 from flint.grad_wait import GRAD_WAIT, add_grad_wait_flag
 from flint.limits import MAX_WORLD_SIZE
-from flint.plan import OPTIMIZER_IMPLS
+from flint.plan import OPTIMIZER_IMPLS, PROGRAM_FIELDS
 from flint.units import fmt_bytes
 
 
@@ -430,8 +430,8 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("input", help="the single-device step's IR (.mlir)")
     exp.add_argument("plan", help="the plan as TOML (dp_replicate, dp_shard, tp, sp, tp_style, cp, ep, etp, zero, "
                                   "pp, microbatches, pp_schedule, pp_virtual_stages, pp_layers, grad_sync; see "
-                                  "flint/plan.py). master_dtype, optimizer_impl, max_norm, activation_checkpoint "
-                                  "and ac_every are the single-device program's own: capture it with them "
+                                  f"flint/plan.py). {', '.join(PROGRAM_FIELDS[:-1])} and {PROGRAM_FIELDS[-1]} "
+                                  "are the single-device program's own: capture it with them "
                                   "(--world-size 1); the plan may repeat them or leave them unset")
     exp.add_argument("-o", "--output", required=True, help="output .mlir (written atomically)")
     exp.add_argument("--world-size", type=int, default=None, help="world size (for dp_shard = -1)")

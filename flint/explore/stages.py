@@ -53,7 +53,7 @@ from typing import Any, Mapping
 
 from flint.errors import FlintError
 from flint.explore.cache import CaptureCache, capture_key
-from flint.plan import Plan
+from flint.plan import PROGRAM_FIELDS, Plan
 
 MEMORY_CATEGORIES = ("params", "grads", "optimizer", "activations", "comm", "other")
 
@@ -102,7 +102,7 @@ class Workload:
 
     def single_inputs(self) -> dict[str, Any]:
         """What decides the single-device program the planned path expands: model, depth, dtype, global shapes,
-        and the plan fields that are the program's own (:data:`SINGLE_DEVICE_FIELDS`)."""
+        and the plan fields that are the program's own (:data:`flint.plan.PROGRAM_FIELDS`)."""
         shape = [self.global_batch, self.seq_len]
         return {**self._model_inputs(), "plan": single_device_plan(self.plan).to_dict(),
                 "local_shapes": {"tokens": shape, "labels": shape}, "recipe": "flint.capture.capture_step"}
@@ -136,16 +136,11 @@ class Workload:
         return None
 
 
-# Plan fields the single-device program itself is captured with (what its optimizer steps, in which form, whether
-# it clips the gradients first, what its backward recomputes)
-SINGLE_DEVICE_FIELDS = ("master_dtype", "optimizer_impl", "max_norm", "activation_checkpoint", "ac_every")
-
-
 def single_device_plan(plan: Plan) -> Plan:
     """The plan the planned path's single-device program of ``plan`` is captured under: one rank, and the
-    fields that are the program's own (:data:`SINGLE_DEVICE_FIELDS`)."""
+    fields that are the program's own (:data:`flint.plan.PROGRAM_FIELDS`)."""
     default = Plan()
-    return Plan.from_dict({f: getattr(plan, f) for f in SINGLE_DEVICE_FIELDS
+    return Plan.from_dict({f: getattr(plan, f) for f in PROGRAM_FIELDS
                            if getattr(plan, f) != getattr(default, f)}, world_size=1)
 
 

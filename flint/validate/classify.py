@@ -21,6 +21,11 @@ collective targets that function takes, then calls it. The rules:
    that encloses them (gloo runs ``reduce_scatter`` as an all-reduce, for
    instance), so counting them would count every collective twice.
 
+One class is the validation's own: torch's multi-tensor ops (``_foreach_*``,
+``_fused_adamw_``: the plan's ``optimizer_impl``), ``other`` to
+``classify_aten`` (the cost model prices them apart), are compared as
+``multi-tensor`` (:func:`validated_class`) on both sides.
+
 Counting rule (:func:`innermost_of_class`): eager PyTorch nests operators
 (``aten::linear`` calls ``aten::matmul`` calls ``aten::mm``; a DTensor op
 records the op on the DTensor and again on its local tensors). A node counts
@@ -38,6 +43,7 @@ from __future__ import annotations
 
 import ast
 import math
+import operator
 from functools import lru_cache
 from typing import Any, Sequence
 
@@ -45,8 +51,10 @@ import torch
 
 from flint.capture import opclass
 
+#: torch's multi-tensor ops, a class of the validation's own (see the module docstring)
+MULTI_TENSOR = "multi-tensor"
 #: The classes the validation compares, in report order.
-COMPARED_CLASSES = (opclass.GEMM, opclass.ATTENTION, opclass.ELEMENTWISE, opclass.REDUCTION,
+COMPARED_CLASSES = (opclass.GEMM, opclass.ATTENTION, opclass.ELEMENTWISE, opclass.REDUCTION, MULTI_TENSOR,
                     opclass.ALL_REDUCE, opclass.ALL_GATHER, opclass.REDUCE_SCATTER, opclass.ALL_TO_ALL)
 COMPARED_COLLECTIVES = (opclass.ALL_REDUCE, opclass.ALL_GATHER, opclass.REDUCE_SCATTER, opclass.ALL_TO_ALL)
 
@@ -100,10 +108,23 @@ def executed_target(name: str, op_schema: str = "") -> Any:
     return getattr(packet, overload)
 
 
+def validated_class(target: Any) -> str:
+    """The class the validation counts an op target under: :func:`flint.capture.opclass.classify_aten`'s, or
+    :data:`MULTI_TENSOR` for an ATen multi-tensor op."""
+    from flint.cost.flops import is_multi_tensor
+
+    cls = opclass.classify_aten(target)
+    if cls == opclass.OTHER and target is not operator.getitem:
+        ns, name = opclass._op_name(target)
+        if ns == "aten" and is_multi_tensor(name):
+            return MULTI_TENSOR
+    return cls
+
+
 def executed_class(name: str, op_schema: str = "") -> str:
-    """Flint op class of an executed op, by :func:`flint.capture.opclass.classify_aten`."""
+    """The class of an executed op (:func:`validated_class` of its target)."""
     target = executed_target(name, op_schema)
-    return opclass.classify_aten(target) if target is not None else opclass.OTHER
+    return validated_class(target) if target is not None else opclass.OTHER
 
 
 def innermost_of_class(classes: Sequence[str], parents: Sequence[int]) -> list[bool]:

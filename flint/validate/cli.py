@@ -37,6 +37,9 @@ LOSS_PARALLEL_CASES = (("llama-tiny", "tp", 2),)
 # fsdp: the norm's all-reduce over dp_shard; tp+sp: sequence parallelism's Partial norm-weight gradients,
 # all-reduced for the norm as for the optimizer.
 CLIP_CASES = (("llama-tiny", "fsdp", 2), ("llama-tiny", "tp+sp", 2))
+# AdamW's multi-tensor forms (the plan's optimizer_impl; AdamW(foreach=True) / AdamW(fused=True) in the real run):
+# model, recipe, world, form.
+OPTIMIZER_CASES = (("llama-tiny", "fsdp", 2, "foreach"), ("llama-tiny", "fsdp", 2, "fused"))
 DEFAULT_OUT = "docs/validation.md"
 DEFAULT_CHART = "docs/validation_ratios.png"
 COMMAND = "flint validate"
@@ -93,6 +96,14 @@ def clip_cases(models, plans, world_sizes):
     from flint.validate.compare import Case
 
     return [Case(m, p, w, max_norm=1.0) for m, p, w in CLIP_CASES if m in models and p in plans and w in world_sizes]
+
+
+def optimizer_cases(models, plans, world_sizes):
+    """The cases of OPTIMIZER_CASES whose model, plan and world size are selected."""
+    from flint.validate.compare import Case
+
+    return [Case(m, p, w, optimizer_impl=f) for m, p, w, f in OPTIMIZER_CASES
+            if m in models and p in plans and w in world_sizes]
 
 
 def _no_case(plans, world_sizes) -> str:
@@ -157,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     from flint.capture.errors import CaptureError
     from flint.capture.recipes import RECIPES
     from flint.models import config
+    from flint.validate.classify import COMPARED_COLLECTIVES
     from flint.validate.realrun import RealRunError
     from flint.validate.report import chart, markdown
     from flint.validate.run import validate_case
@@ -213,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     if tuple(models) == DEFAULT_MODELS or any(m in models for m, *_ in AC_CASES):
         todo += ac_cases(models, plans, world_sizes)
     todo += loss_parallel_cases(models, plans, world_sizes) + clip_cases(models, plans, world_sizes)
+    todo += optimizer_cases(models, plans, world_sizes)
     if not todo:
         print(_no_case(plans, world_sizes), file=sys.stderr)
         return 2
@@ -226,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
             failed.append((case, str(e)))
             continue
         results.append(res)
-        colls = [r for r in res.rows if r.cls not in ("gemm", "attention", "elementwise", "reduction")]
+        colls = [r for r in res.rows if r.cls in COMPARED_COLLECTIVES]
         if all(r.flint == r.executed and r.flint_bytes == r.executed_bytes for r in colls):
             verdict = "match"
         elif all(r.flint == r.executed for r in colls):  # e.g. clipping's norm all-reduce (the report explains)

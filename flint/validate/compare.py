@@ -21,7 +21,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from flint.capture import opclass
-from flint.validate.classify import COMPARED_CLASSES, COMPARED_COLLECTIVES
+from flint.validate.classify import COMPARED_CLASSES, COMPARED_COLLECTIVES, MULTI_TENSOR, validated_class
 from flint.validate.executed import RankCounts
 
 SEQ_LEN = 64
@@ -39,6 +39,7 @@ class Case:
     ac: str = "none"  # activation checkpointing mode (selective-layer: every second block)
     loss_parallel: bool = False  # the plan's loss_parallel (torch's loss_parallel; needs TP)
     max_norm: float = 0.0  # the plan's gradient-norm clipping (torchtitan's clip_grad_norm_ in the real run)
+    optimizer_impl: str = "for-loop"  # the plan's AdamW form (AdamW(foreach=True) / AdamW(fused=True) in the real run)
 
     @property
     def tp(self) -> int:
@@ -57,7 +58,8 @@ class Case:
     def label(self) -> str:
         return (f"{self.model} {self.plan} w{self.world_size}" + (f" ac={self.ac}" if self.ac != "none" else "")
                 + (" loss_parallel" if self.loss_parallel else "")
-                + (f" clip={self.max_norm:g}" if self.max_norm else ""))
+                + (f" clip={self.max_norm:g}" if self.max_norm else "")
+                + (f" {self.optimizer_impl}" if self.optimizer_impl != "for-loop" else ""))
 
 
 @dataclass
@@ -84,7 +86,7 @@ def flint_counts(case: Case) -> FlintCounts:
         batch = {"tokens": case.batch, "labels": case.batch}
         model_factory = factory(case.model)
     with pytorch_warnings():  # as flint capture: PyTorch's notes on the capture shown only if it fails
-        if case.ac == "none" and not case.loss_parallel and not case.max_norm:
+        if case.ac == "none" and not case.loss_parallel and not case.max_norm and case.optimizer_impl == "for-loop":
             step = capture_step(model_factory, batch, world_size=case.world_size, plan=case.plan, tp=case.tp,
                                 repeat=False)
         else:
@@ -93,7 +95,8 @@ def flint_counts(case: Case) -> FlintCounts:
             # one graph per block, as Flint estimates it: in one graph of the whole stack AOTAutograd's
             # partitioner recomputes a checkpointed block's output (the next block's input), which eager
             # checkpoint_wrapper saves (one more GEMM per block boundary than the real run)
-            plan = case_plan(case.plan, case.world_size, case.tp, case.ac, case.loss_parallel, case.max_norm)
+            plan = case_plan(case.plan, case.world_size, case.tp, case.ac, case.loss_parallel, case.max_norm,
+                             case.optimizer_impl)
             step = capture_step(model_factory, batch, plan=plan, repeat=True)
     summary = step.summary()
     colls, coll_bytes = Counter(), Counter()
@@ -103,10 +106,12 @@ def flint_counts(case: Case) -> FlintCounts:
     ops = Counter()
     for g, repeat in step.graphs():
         for node in g.nodes():
-            cls = opclass.classify_aten(node.target)
+            cls = validated_class(node.target)
             ns, name = opclass._op_name(node.target)
             ops[(cls, g.phase, f"{ns}::{name}" if ns else name)] += repeat
-    return FlintCounts(Counter(summary.op_classes), colls, coll_bytes, ops)
+    classes = Counter(summary.op_classes)
+    classes[MULTI_TENSOR] = sum(n for (cls, _phase, _op), n in ops.items() if cls == MULTI_TENSOR)
+    return FlintCounts(classes, colls, coll_bytes, ops)
 
 
 @dataclass(frozen=True)

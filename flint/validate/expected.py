@@ -13,6 +13,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from flint.validate.classify import MULTI_TENSOR
+
 
 @dataclass(frozen=True)
 class Expected:
@@ -22,7 +24,7 @@ class Expected:
     regex on the base operator name; ``plans`` (None: any) a regex on the recipe;
     ``models`` (None: any) a regex on the model preset; a ``loss_parallel`` rule
     explains only cases that run the plan's ``loss_parallel``, a ``clip`` rule only cases that clip the
-    gradients' norm (the plan's ``max_norm``).
+    gradients' norm (the plan's ``max_norm``), an ``ac`` rule only cases with activation checkpointing.
     """
 
     key: str
@@ -34,11 +36,12 @@ class Expected:
     models: str | None = None
     loss_parallel: bool = False
     clip: bool = False
+    ac: bool = False
 
     def matches(self, cls: str, phase: str, op: str, plan: str = "", model: str = "",
-                loss_parallel: bool = False, clip: bool = False) -> bool:
+                loss_parallel: bool = False, clip: bool = False, ac: bool = False) -> bool:
         return (cls == self.cls and (self.phase is None or phase == self.phase)
-                and (loss_parallel or not self.loss_parallel) and (clip or not self.clip)
+                and (loss_parallel or not self.loss_parallel) and (clip or not self.clip) and (ac or not self.ac)
                 and re.fullmatch(self.op, op) is not None
                 and (self.plans is None or re.fullmatch(self.plans, plan) is not None)
                 and (self.models is None or re.fullmatch(self.models, model) is not None))
@@ -65,10 +68,16 @@ EXPECTED: tuple[Expected, ...] = (
     Expected("optimizer", "elementwise", r"aten::\w+", "optim",
              "Flint traces AdamW in its capturable form (tensor step: bias corrections as tensor ops pow, rsub, "
              "sqrt, reciprocal, neg, mul per parameter group); eager torch.optim.AdamW(foreach=False) on CPU "
-             "computes them as Python floats from step.item() and adds to each parameter's step counter."),
+             "computes them as Python floats from step.item() and adds to each parameter's step counter. With "
+             "AdamW(foreach=True), ATen on CPU runs each _foreach_ op as a loop of per-tensor ops (its slow path; "
+             "a GPU runs multi_tensor_apply kernels, which Flint prices), recorded inside the _foreach_ op; "
+             "fused AdamW's step-count _foreach_add_ too."),
     Expected("mean-decomposed", "reduction", r"aten::(mean|sum)", "fwd",
              "eager CPU aten::mean runs aten::sum + aten::div_ inside it; the innermost reduction counted is "
              "sum (Flint's graph keeps mean)."),
+    Expected("recomputed-mean", "reduction", r"aten::(mean|sum)", "bwd",
+             "the forward that activation checkpointing recomputes in backward has its means, which eager CPU "
+             "runs as aten::sum + aten::div_ (see mean-decomposed).", ac=True),
     Expected("mean-decomposed", "elementwise", r"aten::div", "fwd",
              "the division inside eager CPU aten::mean (see the reduction row)."),
     Expected("grad-divide", "elementwise", r"aten::div", "bwd",
@@ -102,6 +111,16 @@ EXPECTED: tuple[Expected, ...] = (
              "the stack; Flint folds them part by part (flint.capture.step._capture_norm): one more norm per part "
              "run (embedding, each block, head) instead of one in all. The elementwise ops of clipping (pow, add, "
              "reciprocal, clamp, one mul_ per gradient) fall under the optimizer's rule.", clip=True),
+    Expected("fsdp-foreach-copy-out", MULTI_TENSOR, r"aten::_foreach_copy", None,
+             "FSDP2's all-gather copy-out (foreach_all_gather_copy_out) writes a group's parameters out of the "
+             "gathered flat buffer with one torch._foreach_copy_; Flint's FSDP recipe (SimpleFSDP-style autograd "
+             "all-gather) copies them out with split_with_sizes_copy, a memory op (not compared).", _DATA_PARALLEL),
+    Expected("per-part-optimizer", MULTI_TENSOR, r"aten::(_foreach_\w+|_fused_adamw)", "optim",
+             "Flint runs one AdamW per captured part (embedding, each block, head), each issuing its own "
+             "multi-tensor op of every kind over that part's parameters; torch's AdamW issues one per (device, "
+             "dtype) group over all of them: the same elements, more launches in Flint. Eager AdamW(foreach=True) "
+             "also increments its per-parameter step counts with a _foreach_add_ of its own; they are host "
+             "tensors (no device kernel on a GPU), and Flint's capture leaves the increment out."),
     Expected("hf-recomputed-rope", "elementwise", r"aten::(cos|sin)", "bwd",
              "Hugging Face's rotary embedding computes cos and sin of the positions in forward; AOTAutograd's "
              "min-cut partitioner recomputes them in the backward (cheap, no gradient) instead of saving them.",
@@ -115,10 +134,11 @@ def base_op(name: str) -> str:
 
 
 def explain(cls: str, phase: str, op: str, plan: str = "", model: str = "",
-            loss_parallel: bool = False, clip: bool = False) -> Expected | None:
+            loss_parallel: bool = False, clip: bool = False, ac: bool = False) -> Expected | None:
     """The first rule explaining an op-level difference of ``model`` under recipe ``plan`` (with the plan's
-    ``loss_parallel`` or not, clipping the gradients' norm or not), or ``None``."""
-    return next((e for e in EXPECTED if e.matches(cls, phase, base_op(op), plan, model, loss_parallel, clip)),
+    ``loss_parallel`` or not, clipping the gradients' norm or not, checkpointing activations or not), or
+    ``None``."""
+    return next((e for e in EXPECTED if e.matches(cls, phase, base_op(op), plan, model, loss_parallel, clip, ac)),
                 None)
 
 

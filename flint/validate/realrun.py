@@ -58,6 +58,7 @@ class RunSpec:
     ac: str = "none"  # activation checkpointing mode (flint.plan AC_MODES; selective-layer: every 2nd block)
     loss_parallel: bool = False  # the plan's loss_parallel: torch's loss_parallel around forward and backward
     max_norm: float = 0.0  # the plan's max_norm: torchtitan's clip_grad_norm_ between backward and optimizer
+    optimizer_impl: str = "for-loop"  # the plan's AdamW form: foreach=True / fused=True in the real run
 
 
 @dataclass

@@ -17,7 +17,7 @@ EXACT_CLASSES = (opclass.GEMM, opclass.ATTENTION, *COMPARED_COLLECTIVES)
 
 _SHORT = {"gemm": "GEMM", "attention": "attention", "elementwise": "elementwise", "reduction": "reduction",
           "all_reduce": "all-reduce", "all_gather": "all-gather", "reduce_scatter": "reduce-scatter",
-          "all_to_all": "all-to-all"}
+          "all_to_all": "all-to-all", "multi-tensor": "multi-tensor"}
 
 
 def _ratio_text(flint: int, executed: int) -> str:
@@ -55,12 +55,15 @@ def markdown(results: Sequence[CaseResult], *, command: str, chart: str | None,
            "",
            f"Setup: torch {torch.__version__}, {platform.machine()} CPU, fp32, global batch "
            f"{results[0].case.batch[0] if results else '?'} × sequence {results[0].case.batch[1] if results else '?'}"
-           ", AdamW (foreach=False on CPU). 2-D recipes run at world size 4 (2 × 2). No supported "
+           ", AdamW (foreach=False, torch's choice on CPU, unless a case names `foreach` or `fused`: "
+           "AdamW(foreach=True) / AdamW(fused=True), the plan's `optimizer_impl`). 2-D recipes run at world size 4 (2 × 2). No supported "
            "recipe issues all-to-all (expert parallelism is not a recipe yet), so that column is empty.", "",
            "## How operators are counted", "",
            "- One classifier: `flint.capture.opclass.classify_aten`. Executed operator names map to ATen "
            "targets (the overload named by the trace's `op_schema`), c10d process-group operators to the "
-           "functional collective of the same semantics; see `flint/validate/classify.py`:",
+           "functional collective of the same semantics; see `flint/validate/classify.py`. torch's "
+           "multi-tensor ops (`_foreach_*`, `_fused_adamw_`), `other` to that classifier, are compared as "
+           "their own class, `multi-tensor`, on both sides:",
            "",
            "  | executed c10d operator | counted as |", "  |---|---|"]
     for c10d, fn in C10D_TO_FUNCTIONAL.items():
@@ -150,7 +153,7 @@ def markdown(results: Sequence[CaseResult], *, command: str, chart: str | None,
                 continue  # compared by count and bytes above; the two sides name them differently
             for phase, op, a, b in op_deltas(res.flint, res.ranks[0], cls):
                 rule = explain(cls, phase, op, res.case.plan, res.case.model, res.case.loss_parallel,
-                               res.case.max_norm > 0)
+                               res.case.max_norm > 0, res.case.ac != "none")
                 if rule:
                     reasons[rule.key] = rule.reason
                 rows.append(f"| {_SHORT[cls]} | {phase} | `{op}` | {a} | {b} | {rule.key if rule else '**unexplained**'} |")

@@ -41,7 +41,7 @@ def validate_case(case: Case, *, work_dir: str | Path | None = None, timeout_s: 
     t0 = time.perf_counter()
     real = run_real(RunSpec(case.model, case.plan, case.world_size, case.batch, tp=case.tp, timeout_s=timeout_s,
                             ac=case.ac, loss_parallel=case.loss_parallel,
-                            max_norm=case.max_norm), work_dir)
+                            max_norm=case.max_norm, optimizer_impl=case.optimizer_impl), work_dir)
     try:
         real_s = time.perf_counter() - t0
         ranks = [count_host_trace(h, r, k) for r, (h, k) in enumerate(zip(real.host_traces, real.kineto_traces))]

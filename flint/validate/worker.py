@@ -73,16 +73,16 @@ def parallelize(model: nn.Module, plan: Plan, mesh: DeviceMesh) -> None:
 
 
 def case_plan(recipe: str, world_size: int, tp: int, ac: str = "none", loss_parallel: bool = False,
-              max_norm: float = 0.0) -> Plan:
+              max_norm: float = 0.0, optimizer_impl: str = "for-loop") -> Plan:
     """The plan of a validated case: the recipe's, with activation checkpointing ``ac`` (selective-layer: every
-    second block), ``loss_parallel`` and gradient-norm clipping at ``max_norm``."""
+    second block), ``loss_parallel``, gradient-norm clipping at ``max_norm`` and AdamW's ``optimizer_impl``."""
     import dataclasses
 
     from flint.plan import from_recipe
 
     return dataclasses.replace(from_recipe(recipe, world_size, tp), activation_checkpoint=ac,
                                ac_every=2 if ac == "selective-layer" else 1, loss_parallel=loss_parallel,
-                               max_norm=max_norm)
+                               max_norm=max_norm, optimizer_impl=optimizer_impl)
 
 
 def clip_grad_norm(model: nn.Module, max_norm: float) -> None:
@@ -111,7 +111,8 @@ def run(spec: dict, rank: int) -> None:
                             world_size=spec["world_size"], timeout=timedelta(seconds=spec["timeout_s"]))
     try:
         plan = case_plan(spec["plan"], spec["world_size"], spec.get("tp", 1), spec.get("ac", "none"),
-                         spec.get("loss_parallel", False), spec.get("max_norm", 0.0))
+                         spec.get("loss_parallel", False), spec.get("max_norm", 0.0),
+                         spec.get("optimizer_impl", "for-loop"))
         fmesh = plan.mesh()
         mesh = init_device_mesh("cpu", fmesh.shape, mesh_dim_names=fmesh.axis_names)
         torch.manual_seed(0)
@@ -138,8 +139,9 @@ def run(spec: dict, rank: int) -> None:
         vocab = model.config.vocab_size
         tokens = torch.randint(0, vocab, (batch // dp, seq), generator=gen)
         labels = torch.randint(0, vocab, (batch // dp, seq), generator=gen)
+        # torch's AdamW in the plan's form (the for-loop one is what torch picks on CPU by itself)
         opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY,
-                                foreach=False)
+                                foreach=plan.optimizer_impl == "foreach", fused=plan.optimizer_impl == "fused")
 
         def step() -> None:
             # torchtitan's train context: forward and backward inside loss_parallel
