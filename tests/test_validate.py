@@ -589,12 +589,16 @@ def test_optimizer_cases_are_selected_and_labelled():
 def test_multi_tensor_optimizer_real_run(impl, kinds):
     """llama-tiny FSDP 2 on 2 gloo ranks with AdamW(foreach=True) / AdamW(fused=True): every collective, GEMM
     and attention op matches Flint's capture; the real step runs the multi-tensor ops Flint captured, of the same
-    kinds, once over all parameters where Flint runs them once per part (embedding, 2 blocks, head: 4x); every
-    other difference has a rule (FSDP2's _foreach_copy_ copy-out, CPU's per-tensor foreach loop)."""
+    kinds, once over all parameters where Flint runs them once per part (embedding, 2 blocks, head: 4x), over
+    the same elements (the rank's shard of every parameter); every other difference has a rule (FSDP2's
+    _foreach_copy_ copy-out, CPU's per-tensor foreach loop, eager foreach's step-count increment)."""
+    from flint.models import factory
     from flint.validate.compare import op_deltas
     from flint.validate.report import markdown
     from flint.validate.run import validate_case
 
+    with torch.device("meta"):
+        params = list(factory("llama-tiny")().parameters())
     res = validate_case(Case("llama-tiny", "fsdp", 2, optimizer_impl=impl), timeout_s=400)
     for row in res.rows:
         if row.cls in ("gemm", "attention", "all_reduce", "all_gather", "reduce_scatter", "all_to_all"):
@@ -611,8 +615,17 @@ def test_multi_tensor_optimizer_real_run(impl, kinds):
         # with one more, which Flint's capture leaves out (no device kernel on a GPU)
         assert {k: n for k, n in flint_mt.items() if k != "_foreach_add_"} == \
             {k: parts * n for k, n in real_mt.items() if k != "_foreach_add_"}
+        # over the same elements: the rank's shard of every parameter (the steps' increment: one per parameter)
+        flint_el = {op: n for (phase, op), n in res.flint.multi_tensor_elements.items() if phase == "optim"}
+        real_el = {op: n for (phase, op), n in rc.multi_tensor_elements.items() if phase == "optim"}
+        shard, add = sum(p.numel() for p in params) // 2, "aten::_foreach_add_"
+        assert all(n == shard * (2 if op == "aten::_foreach_mul_" else 1) for op, n in flint_el.items() if op != add)
+        assert {op: n for op, n in real_el.items() if op != add} == {op: n for op, n in flint_el.items() if op != add}
+        assert real_el[add] == flint_el[add] + (len(params) if impl == "foreach" else 0)
         for cls in ("gemm", "attention", "elementwise", "reduction", "multi-tensor"):
             for phase, op, a, b in op_deltas(res.flint, rc, cls):
                 assert explain(cls, phase, op, "fsdp", "llama-tiny"), (rc.rank, cls, phase, op, a, b)
-    assert "unexplained" not in markdown([res], command="flint validate", chart=None)
+    report = markdown([res], command="flint validate", chart=None)
+    assert "unexplained" not in report
+    assert f"`aten::_foreach_add` {flint_el[add]} / {real_el[add]}" in report
     assert res.converter_problems == [] and res.trace_problems == []

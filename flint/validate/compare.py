@@ -70,6 +70,8 @@ class FlintCounts:
     collectives: Counter  # (kind, phase) -> count
     collective_bytes: Counter  # (kind, phase) -> input bytes
     ops: Counter = field(default_factory=Counter)  # (class, phase, "ns::op") -> count
+    # (phase, "ns::op") -> elements of the first tensor list of the multi-tensor ops
+    multi_tensor_elements: Counter = field(default_factory=Counter)
 
 
 def flint_counts(case: Case) -> FlintCounts:
@@ -103,15 +105,18 @@ def flint_counts(case: Case) -> FlintCounts:
     for (kind, _axes, phase), n in summary.collectives.items():
         colls[(kind, phase)] += n
         coll_bytes[(kind, phase)] += summary.collective_bytes[(kind, _axes, phase)]
-    ops = Counter()
+    ops, elements = Counter(), Counter()
     for g, repeat in step.graphs():
         for node in g.nodes():
             cls = validated_class(node.target)
             ns, name = opclass._op_name(node.target)
-            ops[(cls, g.phase, f"{ns}::{name}" if ns else name)] += repeat
+            op = f"{ns}::{name}" if ns else name
+            ops[(cls, g.phase, op)] += repeat
+            if cls == MULTI_TENSOR and isinstance(node.args[0], (list, tuple)):
+                elements[(g.phase, op)] += repeat * sum(a.meta["val"].numel() for a in node.args[0])
     classes = Counter(summary.op_classes)
     classes[MULTI_TENSOR] = sum(n for (cls, _phase, _op), n in ops.items() if cls == MULTI_TENSOR)
-    return FlintCounts(classes, colls, coll_bytes, ops)
+    return FlintCounts(classes, colls, coll_bytes, ops, elements)
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from flint.capture import opclass
-from flint.validate.classify import collective_input_bytes, executed_class, innermost_of_class
+from flint.validate.classify import MULTI_TENSOR, collective_input_bytes, executed_class, innermost_of_class
 
 _DP_LABELS = ("FSDP::", "Replicate::", "replicate::")
 #: The record_function around the real run's gradient-norm clipping (flint.validate.worker.clip_grad_norm): its
@@ -66,6 +66,18 @@ class RankCounts:
     collective_ops: list[ExecutedCollective] = field(default_factory=list)
     inside_collectives: set[int] = field(default_factory=set)  # node ids nested in a counted collective
     durations_us: dict[int, float] = field(default_factory=dict)  # node id -> measured exclusive duration
+    # (phase, op name) -> elements of the first tensor list of the multi-tensor ops counted
+    multi_tensor_elements: Counter = field(default_factory=Counter)
+
+
+def _list_elements(node: dict) -> int:
+    """Elements of a node's first input when it is a tensor list (the execution trace records a tensor as
+    ``[id, storage id, offset, numel, element size, device]``), else 0."""
+    values = node.get("inputs", {}).get("values") or [None]
+    first = values[0]
+    if not isinstance(first, list) or not all(isinstance(t, list) and len(t) == 6 for t in first):
+        return 0
+    return sum(int(t[3]) for t in first)
 
 
 def _attr(node: dict, name: str) -> str:
@@ -114,6 +126,8 @@ def count_host_trace(path: str | Path, rank: int, kineto: str | Path | None = No
         result.classes[cls] += 1
         result.ops[(cls, phases[i], n["name"])] += 1
         result.counted[n["id"]] = n["name"]
+        if cls == MULTI_TENSOR:
+            result.multi_tensor_elements[(phases[i], n["name"])] += _list_elements(n)
         if cls in opclass.COLLECTIVES:
             nbytes = collective_input_bytes(schemas[i], n["inputs"]["shapes"], n["inputs"]["types"])
             result.collectives[(cls, phases[i])] += 1

@@ -34,6 +34,22 @@ def _mib(nbytes: int) -> str:
     return f"{nbytes / 2**20:.3f}"
 
 
+def _multi_tensor_elements(res: CaseResult) -> list[str]:
+    """``op a / b`` per multi-tensor op of the optimizer: the elements its first tensor list covers, over all
+    its calls, in Flint and in the executed step (rank 0)."""
+    from flint.validate.expected import base_op
+
+    def merged(counter) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for (phase, op), n in counter.items():
+            if phase == "optim":
+                out[base_op(op)] = out.get(base_op(op), 0) + n
+        return out
+
+    a, b = merged(res.flint.multi_tensor_elements), merged(res.ranks[0].multi_tensor_elements)
+    return [f"`{op}` {a.get(op, 0)} / {b.get(op, 0)}" for op in sorted(set(a) | set(b))]
+
+
 def markdown(results: Sequence[CaseResult], *, command: str, chart: str | None,
              failed: Sequence[tuple[str, str]] = ()) -> str:
     """The whole docs/validation.md text; ``failed`` lists (case, error) of runs that failed."""
@@ -162,6 +178,10 @@ def markdown(results: Sequence[CaseResult], *, command: str, chart: str | None,
             out += ["| class | phase | operator | Flint | executed | reason |", "|---|---|---|---|---|---|", *rows, ""]
         else:
             out += ["No operator-level differences.", ""]
+        mt = _multi_tensor_elements(res)
+        if mt:
+            out += ["Elements of each optimizer multi-tensor op's first tensor list, all its ops summed (rank 0), "
+                    "Flint / executed: " + ", ".join(mt) + ".", ""]
     out += ["### Reasons", ""]
     for key, reason in reasons.items():
         out.append(f"- **{key}**: {reason}")
