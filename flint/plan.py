@@ -157,7 +157,8 @@ OPTIMIZER_IMPLS = ("for-loop", "foreach", "fused")
 PROGRAM_FIELDS = ("master_dtype", "optimizer_impl", "max_norm", "activation_checkpoint", "ac_every")
 # Where expanded TP reduces partial sums: "dtensor" as PyTorch's DTensor runs it (one backward all-reduce
 # per column-parallel linear: five per Llama block; sequence-parallel norm gradients reduced by the
-# optimizer, or in backward before data parallelism's own collective), "megatron" as Megatron-LM (one per attention and MLP input; norm gradients in backward).
+# optimizer, or in backward before data parallelism's own collective), "megatron" as Megatron-LM (one per
+# attention and MLP input; norm gradients in backward).
 TP_STYLES = ("dtensor", "megatron")
 ZERO_STAGES = (1, 2, 3)
 # Largest world size a plan may name: beyond what the emitter and simulator can hold.

@@ -72,7 +72,8 @@ def markdown(results: Sequence[CaseResult], *, command: str, chart: str | None,
            f"Setup: torch {torch.__version__}, {platform.machine()} CPU, fp32, global batch "
            f"{results[0].case.batch[0] if results else '?'} × sequence {results[0].case.batch[1] if results else '?'}"
            ", AdamW (foreach=False, torch's choice on CPU, unless a case names `foreach` or `fused`: "
-           "AdamW(foreach=True) / AdamW(fused=True), the plan's `optimizer_impl`). 2-D recipes run at world size 4 (2 × 2). No supported "
+           "AdamW(foreach=True) / AdamW(fused=True), the plan's `optimizer_impl`). 2-D recipes run at world "
+           "size 4 (2 × 2). No supported "
            "recipe issues all-to-all (expert parallelism is not a recipe yet), so that column is empty.", "",
            "## How operators are counted", "",
            "- One classifier: `flint.capture.opclass.classify_aten`. Executed operator names map to ATen "
