@@ -457,7 +457,7 @@ class _State:
         et = staged[0][1].type.element_type
         n = ex._n(fsdp) if fsdp else 1
         pieces, metas = [], []
-        for i, v, inter, target, param, keep_tp in staged:
+        for i, v, inter, target, param, _ in staged:  # nothing is kept partial over tp here (keep_tp above)
             shp = list(v.type.get_shape())
             if fsdp:
                 rows = -(-shp[0] // n) * n
@@ -473,8 +473,8 @@ class _State:
                 for x in shp:
                     numel *= x
                 pieces.append(self._aten(ex, "aten.view.default", [v], TensorType(et, [numel]), size=[numel]))
-            metas.append((i, target, param, keep_tp, numel))
-        total = sum(m[4] for m in metas)
+            metas.append((i, target, param, numel))
+        total = sum(m[3] for m in metas)
         # FSDP2's reduce-scatter copy-in (chunk_cat) and DDP's bucket: a copy, one gradient or many
         if fsdp:
             flat = self._aten(ex, "aten.cat.default", pieces, TensorType(et, [n, total]), dim=1)
@@ -487,12 +487,12 @@ class _State:
             flat = ex._coll(dist.AllReduceOp(flat, ex.grid, ex._ids(replicate), dist.FutureType(flat.type),
                                              reduction="average"))
         off = 0
-        for i, target, param, keep_tp, numel in metas:
+        for i, target, param, numel in metas:
             local = target.local_shape(shape_of_storage(target, results, i, staged, self.sizes), self.sizes)
             piece = self._aten(ex, "aten.slice.Tensor", [flat], TensorType(et, [numel]), dim=0, start=off, end=off + numel)
             off += numel
             results[i] = self._aten(ex, "aten.view.default", [piece], TensorType(et, local), size=local)
-            final = Sharding(target.dims, keep_tp)
+            final = Sharding(target.dims)
             shardings[i] = final
             self.grad_sharding[param] = final
 

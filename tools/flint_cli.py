@@ -278,8 +278,9 @@ def cmd_expand(args: argparse.Namespace) -> int:
     write_text_atomic(args.output, text.getvalue())
     mesh = plan.mesh()
     # the plan as recorded: the program's optimizer form, clipping and checkpointing where the file left them unset
-    print(f"wrote {args.output}: {(plan_of(module) or plan).describe()}; mesh {'x'.join(map(str, mesh.shape))} {tuple(mesh.axis_names)} "
-          f"({time.perf_counter() - t0:.2f} s)")
+    recorded = plan_of(module) or plan
+    print(f"wrote {args.output}: {recorded.describe()}; mesh {'x'.join(map(str, mesh.shape))} "
+          f"{tuple(mesh.axis_names)} ({time.perf_counter() - t0:.2f} s)")
     unit = "step" if not split else "microbatch, before pipeline-split (every stage's layers)"
     if split:
         print(f"  pipeline-split: {plan.pp_schedule}, {plan.pp} pipeline ranks, {plan.microbatches} microbatches"
