@@ -600,6 +600,28 @@ class FunctionExpander:
                 used |= set(axes)
         return dims, used
 
+    def _scatter_pending(self, ins: Sequence[SSAValue], out_shape: Sequence[int], dims: list[tuple[str, ...]],
+                         used: set[str]) -> None:
+        """Split ``dims`` where an operand's TP pending sum, reduced here (the module boundary), is wanted split
+        downstream (``demand``: the sequence-parallel activation gradient a function returns): a reduce-scatter
+        to that split, where DTensor's backward of the forward's all-gather reduce-scatters, not an all-reduce
+        to Replicate that later consumers slice. Whichever consumer of the sum comes first decides, so this
+        keeps the choice from depending on the backward graph's op order."""
+        R = len(out_shape)
+        for v in ins:
+            s = self.sharding(v)
+            pending = set(s.partial) & set(self.eager_axes)
+            if not pending or v in self.reduced:
+                continue
+            shp = shape_of(v)
+            off = R - len(shp)
+            for i, axes in sorted(self.demand.get(v, {}).items()):
+                d = i + off
+                if (0 <= d < R and not dims[d] and axes and set(axes) <= pending and not used & set(axes)
+                        and shp[i] == out_shape[d] and not s.dims[i] and shp[i] % self._n(axes) == 0):
+                    dims[d] = tuple(axes)
+                    used |= set(axes)
+
     def _align(self, v: SSAValue, dims: Sequence[tuple[str, ...]], partial: Sequence[str] = ()) -> Sharding:
         shp = shape_of(v)
         off = len(dims) - len(shp)
@@ -613,7 +635,9 @@ class FunctionExpander:
     def rule_pointwise(self, op: AtenOp) -> Rule:
         ins = list(op.inputs)
         out_shape = shape_of(op.outputs[0]) if op.outputs else shape_of(ins[0])
-        dims, _ = self._merge(op, out_shape, ins)
+        dims, used = self._merge(op, out_shape, ins)
+        if self.eager_axes and not self.carries_partial(op, "pointwise"):
+            self._scatter_pending(ins, out_shape, dims, used)
         lin = self._partial_ok(op.overload, len(ins))
         partial = _passing_partial(lin, [self.sharding(v).partial for v in ins])
         req = []

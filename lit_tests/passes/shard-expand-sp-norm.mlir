@@ -10,13 +10,23 @@
 //   dp_shard 2 x tp 2 + sp: FSDP2 redistributes it to wn's Replicate before its reduce-scatter: one all-reduce
 //              of the whole 16 over tp in backward, then the reduce-scatter of the flat gradients over dp_shard.
 //   dp_replicate 2 x tp 2 + sp: the same all-reduce before replicate's all-reduce over dp_replicate.
+// In all three, the MLP's input gradient (partial over tp) is reduce-scattered to the sequence shard before
+// the norm's backward reads it, as DTensor's backward of the forward's all-gather does, though its first
+// reader (the multiply by wn) has no sequence-split operand: no all-reduce and slice of it.
 
 // SP:      func.func @block_bwd
-// SP:      aten.op "aten.sum.dim_IntList"({{.*}} : (tensor<4x4x16xf32>) -> tensor<16xf32>
+// SP:      dist.reduce_scatter %{{.*}} on @mesh grid_axes = [0] scatter_dim = 0 : tensor<8x4x16xf32>
+// SP-NEXT: %[[GX:.*]] = dist.wait
+// SP-NEXT: aten.op "aten.mul.Tensor"(%[[GX]], %wn) {{.*}} : (tensor<4x4x16xf32>, tensor<16xf32>) -> tensor<4x4x16xf32>
+// SP-NOT:  aten.slice
+// SP:      aten.op "aten.mul.Tensor"(%[[GX]], %x) {{.*}} -> tensor<4x4x16xf32>
+// SP-NEXT: aten.op "aten.sum.dim_IntList"({{.*}} : (tensor<4x4x16xf32>) -> tensor<16xf32>
 // SP-NOT:  dist.all_reduce
 // SP:      func.return
 
 // FSDPSP:      func.func @block_bwd
+// FSDPSP:      dist.reduce_scatter %{{.*}} on @mesh grid_axes = [1] scatter_dim = 0 : tensor<4x4x16xf32>
+// FSDPSP-NOT:  aten.slice
 // FSDPSP:      %[[GW:.*]] = aten.op "aten.sum.dim_IntList"({{.*}} : (tensor<2x4x16xf32>) -> tensor<16xf32>
 // FSDPSP-NOT:  dist.reduce_scatter
 // FSDPSP:      dist.all_reduce %[[GW]] on @mesh grid_axes = [1] : tensor<16xf32> -> !dist.future<tensor<16xf32>>
@@ -25,6 +35,8 @@
 // FSDPSP:      func.return
 
 // DDPSP:      func.func @block_bwd
+// DDPSP:      dist.reduce_scatter %{{.*}} on @mesh grid_axes = [1] scatter_dim = 0 : tensor<4x4x16xf32>
+// DDPSP-NOT:  aten.slice
 // DDPSP:      %[[GW:.*]] = aten.op "aten.sum.dim_IntList"({{.*}} : (tensor<2x4x16xf32>) -> tensor<16xf32>
 // DDPSP:      dist.all_reduce %[[GW]] on @mesh grid_axes = [1] : tensor<16xf32> -> !dist.future<tensor<16xf32>>
 // DDPSP:      dist.all_reduce %{{.*}} on @mesh grid_axes = [0] reduction = average
