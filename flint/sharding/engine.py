@@ -482,6 +482,9 @@ class FunctionExpander:
             if kind in ("matmul", "attention") and nv is not self.env[v][0]:
                 self.gemm_variant.setdefault(v, nv)
             operands.append(nv)
+        if self._reshape_copy_is_view(op, rule.results[0] if rule.results else None):
+            self.bind(op.outputs[0], operands[0], rule.results[0])  # the rank's reshape is a view: no copy
+            return
         results = [TensorType(r.type.element_type, s.local_shape(shape_of(r), self.sizes))
                    for r, s in zip(op.outputs, rule.results)]
         args = self._local_args(op, results)
@@ -508,6 +511,32 @@ class FunctionExpander:
         if hint:
             for nr in new.outputs:
                 self.hints[nr] = hint
+
+    def _reshape_copy_is_view(self, op: AtenOp, out: Sharding | None) -> bool:
+        """``op`` is the copy of a reshape that the whole tensor needs and the rank's shard does not.
+
+        ``torch.reshape`` copies (``clone(memory_format=contiguous_format)`` + ``_unsafe_view`` in a captured
+        graph) only where a view cannot give the new shape. On the rank's shard, a reshape whose every merged
+        run of dims has at most one dim of size > 1, whatever their strides, is a view, and PyTorch runs no
+        copy there: Hugging Face's ``repeat_kv`` under TP with one key/value head per rank (its expand and
+        reshape), and the per-head gradients' transposes back to ``[batch, seq, hidden]``."""
+        if (out is None or op.overload != "aten.clone.default" or op.args is None
+                or "memory_format" not in op.args.data or len(op.outputs) != 1):
+            return False
+        res = op.outputs[0]
+        users = [u.operation for u in res.uses]
+        if not users or any(not isinstance(u, AtenOp) or u.overload != "aten._unsafe_view.default" for u in users):
+            return False
+        mine = out.local_shape(shape_of(res), self.sizes)
+        if mine == shape_of(res):
+            return False  # unsplit: the same copy as the whole tensor's
+        for u in users:
+            _, after, _ = self.reshape_sharding(out, shape_of(res), shape_of(u.outputs[0]))
+            theirs = after.local_shape(shape_of(u.outputs[0]), self.sizes)
+            for gi, gj in reshape_groups(mine, theirs):
+                if sum(mine[i] > 1 for i in gi) > 1:
+                    return False
+        return True
 
     def carries_partial(self, op: AtenOp, kind: str) -> bool:
         """Whether ``op`` passes TP partial sums on unreduced (its rule decides which): views and
@@ -905,7 +934,8 @@ class FunctionExpander:
         req = []
         for v in ins:
             r = len(shape_of(v))
-            req.append(Sharding((bsz, heads) + ((),) * (r - 2)) if r >= 2 else Sharding.replicated(r))
+            # a dim of size 1 (an attention mask broadcast over the heads) stays whole: nothing to slice
+            req.append(self._align(v, (bsz, heads) + ((),) * (r - 2)) if r >= 2 else Sharding.replicated(r))
         res = []
         for r in op.outputs:
             k = len(shape_of(r))
