@@ -162,7 +162,8 @@ def test_hugging_face_causal_lm_planned_path_agrees_with_captured_path(name, rec
     input embedding its own unit, as the captured recipe wraps it). TP splits the Hugging Face Llama-family
     names of rules.toml as the captured path's "hf-llama" preset does. Qwen3's per-head q/k norm gradients
     (partial over tp) are all-reduced in backward, before FSDP's reduce-scatter, as the captured path does; the
-    expansion used to leave them to the optimizer, where clipping's norm read them partial and reduced twice."""
+    expansion used to leave them to the optimizer, where clipping's norm read them partial and reduced twice.
+    Both paths also run the same kernels, op kind for op kind."""
     from captures import captured_byom, single_device_byom
 
     from flint.importer import import_step
@@ -180,6 +181,22 @@ def test_hugging_face_causal_lm_planned_path_agrees_with_captured_path(name, rec
     assert abs(exp.flops - cap.flops) <= 0.01 * cap.flops
     assert dict(exp.collectives) == dict(cap.collectives)
     assert dict(exp.collective_bytes) == dict(cap.collective_bytes)
+    # and the same kernels, op kind for op kind per function (views aside): Qwen3's repeat_kv reshape is a view
+    # on a rank with one key/value head, and its attention mask's head dim is not sliced (both were copies)
+    assert _kernels(m) == _kernels(cm)
+
+
+def _kernels(module) -> dict:
+    """(function, ATen op) -> count, of the ops that run a kernel (not views)."""
+    from collections import Counter
+
+    from xdsl.dialects import func
+
+    from flint.cost.opclass import VIEW, classify_target
+    from flint.ir.aten import AtenOp
+
+    return dict(Counter((f.sym_name.data, o.overload) for f in module.ops if isinstance(f, func.FuncOp)
+                        for o in f.body.block.ops if isinstance(o, AtenOp) and classify_target(o.overload) != VIEW))
 
 
 @pytest.mark.slow
