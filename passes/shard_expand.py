@@ -18,7 +18,7 @@ from flint.ir import dist
 from flint.ir.aten import CLIP_FUNCTION, AtenOp, get_schedule, op_tensor_lists
 from flint.passes.shard_annotate import PARAM_ATTR, _role, embedding_units, read_sharding
 from flint.plan import Plan, plan_of
-from flint.sharding.engine import FILL_OPS, ExpandError, FunctionExpander, demand_pass, shape_of
+from flint.sharding.engine import ExpandError, FunctionExpander, demand_pass, shape_of
 from flint.sharding.moe import assignments_of, gather_experts, make_expander, n_experts_of, reduce_expert_grads
 from flint.sharding.rules import Rules, fsdp_axes, rules_for
 from flint.sharding.spec import Sharding
@@ -218,14 +218,9 @@ class _State:
                                   "(expand a single-device program of aten ops)")
         if phase == "optim" and self.plan.zero == 1 and self.fsdp:
             self._zero1_sync(ex, fn, old, new_args)
-        for o in list(new_block.ops):  # global fills every user of which took a local one
-            if isinstance(o, AtenOp) and o.overload.split(".")[1] in FILL_OPS and not any(r.uses for r in o.results):
-                new_block.erase_op(o)
         results, result_sh = self._returns(ex, fn, phase, part, ret, returns, storage)
         new_block.add_op(func.ReturnOp(*results))
-        for o in reversed(list(new_block.ops)):  # casts of a shard whose users took the gathered, cast-after value
-            if isinstance(o, AtenOp) and o.overload == "aten._to_copy.default" and not any(r.uses for r in o.results):
-                new_block.erase_op(o)
+        _erase_dead(new_block)
         if phase == "fwd":
             self.fwd_results[part] = result_sh
             self.fwd_hints[part] = [ex.hints.get(v) for v in results]
@@ -495,6 +490,17 @@ class _State:
             final = Sharding(target.dims)
             shardings[i] = final
             self.grad_sharding[param] = final
+
+
+def _erase_dead(block: Block) -> None:
+    """Erase the ops the expansion left without a user, last first (so the chains they end go too): a global
+    fill every user of which took a local one, a shard's cast whose users took the gathered value cast after
+    (the logits' ``.float()`` under a vocabulary split: at Llama 3's vocabulary, gigabytes of traffic), views
+    of values a user took resharded. In-place ops (a trailing ``_``) and ops without results stay."""
+    for o in reversed(list(block.ops)):
+        if (isinstance(o, AtenOp) and o.results and not o.overload.split(".")[1].endswith("_")
+                and not any(r.uses for r in o.results)):
+            block.erase_op(o)
 
 
 def _writes_in_list(op, index: int) -> bool:
