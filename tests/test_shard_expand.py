@@ -154,7 +154,8 @@ def _plan_file(fields) -> str:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name,recipe,world,tp", [("llama", "dp", 2, 1), ("mistral", "fsdp", 2, 1),
-                                                   ("qwen2", "fsdp+tp", 4, 2), ("qwen3", "fsdp+tp", 4, 2)])
+                                                   ("qwen2", "fsdp+tp", 4, 2), ("qwen3", "fsdp+tp", 4, 2),
+                                                   ("gemma2", "fsdp+tp", 4, 2)])
 def test_hugging_face_causal_lm_planned_path_agrees_with_captured_path(name, recipe, world, tp):
     """A Hugging Face causal LM (its own loss: labels padded with constant_pad_nd, ATen's cross-entropy
     nll_loss; rotary cos / sin broadcast over the batch into every block) expands, and agrees with
@@ -163,7 +164,11 @@ def test_hugging_face_causal_lm_planned_path_agrees_with_captured_path(name, rec
     names of rules.toml as the captured path's "hf-llama" preset does. Qwen3's per-head q/k norm gradients
     (partial over tp) are all-reduced in backward, before FSDP's reduce-scatter, as the captured path does; the
     expansion used to leave them to the optimizer, where clipping's norm read them partial and reduced twice.
-    Both paths also run the same kernels, op kind for op kind."""
+    Both paths also run the same kernels, op kind for op kind. Gemma-2's eager attention (bmm over batch x heads
+    merged) under TP: heads stay split through the transposes between its bmms, so the collectives agree (the
+    merged dim's origin was lost at a transpose and backward split the batch over tp: 6 all-gathers and 6
+    reduce-scatters more, 4 all-reduces fewer); its kernels differ only where the partitioners chose
+    differently (the norms' 1 + weight recomputed in backward on one device, saved by the distributed capture)."""
     from captures import captured_byom, single_device_byom
 
     from flint.importer import import_step
@@ -183,7 +188,12 @@ def test_hugging_face_causal_lm_planned_path_agrees_with_captured_path(name, rec
     assert dict(exp.collective_bytes) == dict(cap.collective_bytes)
     # and the same kernels, op kind for op kind per function (views aside): Qwen3's repeat_kv reshape is a view
     # on a rank with one key/value head, and its attention mask's head dim is not sliced (both were copies)
-    assert _kernels(m) == _kernels(cm)
+    mine, theirs = _kernels(m), _kernels(cm)
+    if name == "gemma2":  # the recomputed 1 + weight: one add per norm (4 per block, 3 in the model part)
+        assert {k: mine[k] - theirs[k] for k in mine if mine[k] != theirs.get(k)} == {
+            ("block_bwd", "aten.add.Tensor"): 3, ("model_bwd", "aten.add.Tensor"): 1}
+        mine = theirs
+    assert mine == theirs
 
 
 def _kernels(module) -> dict:

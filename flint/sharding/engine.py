@@ -505,7 +505,7 @@ class FunctionExpander:
             self.bind(r, nr, s)
         hint = self._next_hint if kind == "reshape" else None
         self._next_hint = None
-        if hint is None and kind in ("pointwise", "matmul", "dim_local", "like") and operands:
+        if hint is None and kind in ("pointwise", "matmul", "dim_local", "like", "transpose") and operands:
             first = operands[1] if op.overload.split(".")[1] in ("addmm",) else operands[0]
             hint = self.hints.get(first)
         if hint:
@@ -519,7 +519,9 @@ class FunctionExpander:
         graph) only where a view cannot give the new shape. On the rank's shard, a reshape whose every merged
         run of dims has at most one dim of size > 1, whatever their strides, is a view, and PyTorch runs no
         copy there: Hugging Face's ``repeat_kv`` under TP with one key/value head per rank (its expand and
-        reshape), and the per-head gradients' transposes back to ``[batch, seq, hidden]``."""
+        reshape) feeding SDPA, and the per-head gradients' transposes back to ``[batch, seq, hidden]``. An
+        expanded (stride-0) view read by anything but a fused attention keeps its copy: eager attention's
+        ``matmul`` reshapes it for ``bmm`` next, where torch copies it instead (the same bytes)."""
         if (out is None or op.overload != "aten.clone.default" or op.args is None
                 or "memory_format" not in op.args.data or len(op.outputs) != 1):
             return False
@@ -527,6 +529,11 @@ class FunctionExpander:
         users = [u.operation for u in res.uses]
         if not users or any(not isinstance(u, AtenOp) or u.overload != "aten._unsafe_view.default" for u in users):
             return False
+        src = op.inputs[0].owner
+        if isinstance(src, AtenOp) and src.overload.split(".")[1] == "expand" and any(
+                isinstance(w.operation, AtenOp) and self.rules.op_kind(w.operation.overload) != "attention"
+                for u in users for w in u.outputs[0].uses):
+            return False  # a stride-0 view that a later reshape (eager attention's bmm) would copy after all
         mine = out.local_shape(shape_of(res), self.sizes)
         if mine == shape_of(res):
             return False  # unsplit: the same copy as the whole tensor's
