@@ -495,8 +495,9 @@ class _State:
 def _erase_dead(block: Block) -> None:
     """Erase the ops the expansion left without a user, last first (so the chains they end go too): a global
     fill every user of which took a local one, a shard's cast whose users took the gathered value cast after
-    (the logits' ``.float()`` under a vocabulary split: at Llama 3's vocabulary, gigabytes of traffic), views
-    of values a user took resharded. In-place ops (a trailing ``_``) and ops without results stay."""
+    (the logits' ``.float()`` under a vocabulary split: about 0.8 GB of traffic a step at Llama 3's vocabulary
+    under tp = 8 with 8,192 tokens per rank), views of values a user took resharded. In-place ops (a trailing
+    ``_``) and ops without results stay."""
     for o in reversed(list(block.ops)):
         if (isinstance(o, AtenOp) and o.results and not o.overload.split(".")[1].endswith("_")
                 and not any(r.uses for r in o.results)):
