@@ -441,10 +441,10 @@ class _State:
                 dims[0] = tuple(a for a in dims[0] if a not in fsdp)
             inter = Sharding(tuple(dims), tuple(a for a in cur.partial if a in dp) + keep_tp)
             v = ex.value(src, inter, f"gradient of '{param}'")
-            staged.append((i, v, inter, target, param, keep_tp))
-        if not dp:
-            for i, v, inter, target, param, keep_tp in staged:
-                final = Sharding(target.dims, keep_tp)
+            staged.append((i, v, inter, target, param))
+        if not dp:  # no data-parallel partials: inter.partial is keep_tp
+            for i, v, inter, target, param in staged:
+                final = Sharding(target.dims, inter.partial)
                 results[i] = v
                 shardings[i] = final
                 self.grad_sharding[param] = final
@@ -452,7 +452,7 @@ class _State:
         et = staged[0][1].type.element_type
         n = ex._n(fsdp) if fsdp else 1
         pieces, metas = [], []
-        for i, v, inter, target, param, _ in staged:  # nothing is kept partial over tp here (keep_tp above)
+        for i, v, inter, target, param in staged:  # nothing is kept partial over tp here (keep_tp above)
             shp = list(v.type.get_shape())
             if fsdp:
                 rows = -(-shp[0] // n) * n
@@ -514,7 +514,7 @@ def _writes_in_list(op, index: int) -> bool:
 
 def shape_of_storage(target: Sharding, results, i, staged, sizes) -> list[int]:
     """The global shape of gradient ``i`` (from its staged, non-FSDP-split value)."""
-    for j, v, inter, t, param, keep in staged:
+    for j, v, inter, t, param in staged:
         if j == i:
             local = list(v.type.get_shape())
             glob = []
