@@ -699,6 +699,7 @@ class FunctionExpander:
             # max/min/var over a split dim: gather it first
             s = Sharding(tuple(() if d in red else ax for d, ax in enumerate(s.dims)))
             new_partial = ()
+        s = self._reduce_split_shard(op, v, s, red, keepdim)
         req = Sharding(s.dims, in_partial)
         out_dims = [() if d in red else ax for d, ax in enumerate(s.dims)]
         if not keepdim:
@@ -707,6 +708,26 @@ class FunctionExpander:
                         Sharding.replicated(len(shape_of(r))).dims, tuple(in_partial) + new_partial)
                for r in op.outputs]
         return Rule([req], res, new_partial)
+
+    def _reduce_split_shard(self, op: AtenOp, v: SSAValue, s: Sharding, red: set[int], keepdim: bool) -> Sharding:
+        """Reduce the shard of a replicated ``v`` where the result is wanted split on a kept dim (``demand``: a
+        column-parallel layer's bias gradient) and the split input already exists (``cache``: the layer's weight
+        gradients split the output gradient first). The rank sums its columns of that split, as the layer's local
+        backward does, rather than summing every column and slicing the result (a second slice and clone)."""
+        want = self.demand.get(op.outputs[0]) if op.outputs and not s.partial else None
+        if not want:
+            return s
+        shp = shape_of(v)
+        kept = [d for d in range(len(shp)) if keepdim or d not in red]
+        new = self.env[v][0]
+        for od, axes in sorted(want.items()):
+            d = kept[od] if 0 <= od < len(kept) else None
+            if d is None or d in red or s.dims[d] or not axes or any(a in ax for ax in s.dims for a in axes):
+                continue
+            split = s.with_dim(d, tuple(axes))
+            if shp[d] % self._n(axes) == 0 and (new, split) in self.cache:
+                s = split
+        return s
 
     def rule_matmul(self, op: AtenOp) -> Rule:
         name = op.overload.split(".")[1]

@@ -50,6 +50,13 @@ def t5():
                                                pad_token_id=0))
 
 
+def phi():  # biases everywhere, the output projection's too (column-parallel under its own plan), parallel block
+    from transformers import PhiConfig, PhiForCausalLM
+
+    return PhiForCausalLM(PhiConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128))
+
+
 def phi3():  # fused QKV and gate-up projections
     from transformers import Phi3Config, Phi3ForCausalLM
 
