@@ -684,6 +684,21 @@ def test_inputs_a_kwargs_forward_would_swallow_are_refused():
     assert err.value.field == "inputs" and "while the model runs in" not in err.value.message
 
 
+def test_tp_preset_on_a_model_whose_code_assumes_whole_projections_is_explained():
+    """StableLM has Llama's module names, so the hf-llama TP preset splits its projections, but its attention
+    views them by the config's head count: the run fails inside transformers. The error said only that a shape
+    was invalid, with no line (the frame is a library's). Now it names the line in the modeling file and what
+    split the layers, and says what to do."""
+    fn, _ = user_function(f"{os.path.join(DATA, 'hf_models.py')}:stablelm", "--model", "model_factory",
+                          "a model factory")
+    with pytest.raises(CaptureError, match=r"(?s)running the model on the inputs failed: RuntimeError: shape .* is "
+                                           r"invalid .*; under tensor parallelism, after Flint's TP preset 'hf-llama'"
+                                           r", matched by its module names: .*pass --parallelize.*\n  at "
+                                           r".*modeling_stablelm\.py:\d+ in forward") as err:
+        capture_step(fn, parse_inputs("input_ids=4x32:int64,labels=4x32:int64"), world_size=2, plan="tp", tp=2)
+    assert err.value.field == "model"
+
+
 def test_float_input_at_another_dtype_than_the_model_is_named():
     """A float32 input into a model cast to bfloat16 fails inside its first layer with Dynamo's fake-tensor
     message; the error names the input and both dtypes and says how to fix it."""

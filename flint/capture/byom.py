@@ -25,6 +25,7 @@ import logging
 import os
 import re
 import sys
+import sysconfig
 import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -38,6 +39,9 @@ from flint.capture.errors import CaptureError
 # ------------------------------------------------------------------ user files
 
 
+_STDLIB = sysconfig.get_paths()["stdlib"] + "/"  # contextlib's frames are not the user's
+
+
 def _user_frame(tb, path: str) -> str | None:
     """'file:line in fn' of the innermost frame of ``tb`` inside ``path`` (or any non-library frame)."""
     frames = traceback.extract_tb(tb)
@@ -45,6 +49,9 @@ def _user_frame(tb, path: str) -> str | None:
     mine = [f for f in frames if real and os.path.realpath(f.filename) == real]
     if not mine:
         mine = [f for f in frames if "/site-packages/" not in f.filename and "/flint/" not in f.filename]
+    if not mine:  # a library's model (transformers' modeling file): its frame, not torch's or Flint's
+        mine = [f for f in frames if "/torch/" not in f.filename and "/flint/" not in f.filename
+                and not f.filename.startswith(_STDLIB)]
     if not mine:
         return None
     f = mine[-1]
@@ -904,8 +911,10 @@ def preset_parallelize(plan, model: nn.Module, blocks_path: str | None,
                                        f"every tp rank (resolved plan: {sorted(hf_plan)}); fix base_model_tp_plan "
                                        "or pass --parallelize", where_defined(model))
                 apply_hf_tp(model, mesh["tp"], hf_plan)
+                parallelize.tp_applied = "the tensor-parallel plan its Hugging Face config declares"
             else:
                 _apply_preset(model, mesh, preset, plan, hf_plan)
+                parallelize.tp_applied = f"Flint's TP preset '{preset}', matched by its module names"
         if blocks_path is not None and plan.activation_checkpoint != "none":
             # after TP, before data parallelism, as torchtitan applies it
             from flint.capture.recipes import ac_layers, ac_wrap
@@ -962,6 +971,7 @@ def preset_parallelize(plan, model: nn.Module, blocks_path: str | None,
         wrap(model)
 
     parallelize.__name__ = plan.describe()
+    parallelize.tp_applied = ""  # what split the model's layers over tp, once it has run (for error messages)
     return parallelize
 
 

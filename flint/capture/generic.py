@@ -654,7 +654,15 @@ def _capture_generic(model: nn.Module, dm, mesh, inputs: Mapping[str, InputSpec]
                 run = run[:size * repeats]
     period = run[:size]  # the keys of the run's first repeat
     first = [blocks._modules[k] for k in period]  # as parallelize left them (AC-wrapped)
-    recorded = _record_block_inputs(call, args, first) if blocks is not None else None
+    try:
+        recorded = _record_block_inputs(call, args, first) if blocks is not None else None
+    except CaptureError as e:
+        applied = getattr(parallelize, "tp_applied", "")
+        if not applied or not e.message.startswith("running the model"):
+            raise
+        raise CaptureError(e.field, f"{e.message}; under tensor parallelism, after {applied}: the model's code "
+                           "may assume its projections whole (a view by its config's head count, say); pass "
+                           "--parallelize with a plan of your own", e.source) from None
     if recorded is not None and (why := _why_capture_whole(first, recorded)):
         notes.append(f"{stack.path} captured whole, not as one repeated layer: {why}")
         blocks = recorded = None

@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import math
 import re
-import sysconfig
 import traceback
 from collections import Counter
 from dataclasses import dataclass, field
@@ -40,6 +39,7 @@ from torch.optim.adamw import adamw
 from flint.capture import opclass
 from flint.capture.composite import composite_autograd, no_rng_state_on_meta
 from flint.capture.errors import CaptureError
+from flint.capture.byom import _STDLIB
 from flint.capture.float8 import apply_float8
 from flint.capture.partition import PARTITIONERS, partition_fn
 from flint.capture.fake_dist import device_mesh, fake_world, group_axes
@@ -183,7 +183,6 @@ def summarize(step: CapturedStep) -> StepSummary:
 # ----------------------------------------------------------------- internals
 
 
-_STDLIB = sysconfig.get_paths()["stdlib"] + "/"  # contextlib's frames are not the user's
 _FRAME = re.compile(r'File "([^"]+)", line (\d+)(?:, in (\S+))?')
 
 

@@ -57,6 +57,14 @@ def phi():  # biases everywhere, the output projection's too (column-parallel un
                                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128))
 
 
+def stablelm():  # Llama's module names (the hf-llama TP preset matches), but views by the config's head count
+    from transformers import StableLmConfig, StableLmForCausalLM
+
+    return StableLmForCausalLM(StableLmConfig(vocab_size=256, hidden_size=64, intermediate_size=128,
+                                              num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                              max_position_embeddings=128))
+
+
 def phi3():  # fused QKV and gate-up projections
     from transformers import Phi3Config, Phi3ForCausalLM
 
