@@ -124,8 +124,9 @@ def check_model(module: ModuleOp, plan: Plan, rules: Rules | None = None) -> Non
     whole_blocks: set[str] = set()  # repeated parts (blocks) none of whose parameters tp splits
     rules = rules or rules_for(module)
     if plan.tp > 1 and rules.tp_refused:
-        raise PlanError("tp", f"{rules.tp_refused}; capture the plan instead: flint capture --plan ... --tp ... "
-                        "(which runs the model's own plan; flint explore takes that path by itself)", plan.source)
+        instead = ("capture the plan instead: flint capture --plan ... --tp ... (which runs the model's own plan; "
+                   "flint explore takes that path by itself)") if rules.tp_capturable else "plan dp / fsdp for it"
+        raise PlanError("tp", f"{rules.tp_refused}; {instead}", plan.source)
     repeated = {name for name, count in get_schedule(module) if count > 1 and name.endswith("_fwd")}
     for fn in module.ops:
         if not isinstance(fn, func.FuncOp):

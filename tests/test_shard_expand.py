@@ -155,7 +155,8 @@ def _plan_file(fields) -> str:
 @pytest.mark.slow
 @pytest.mark.parametrize("name,recipe,world,tp", [("llama", "dp", 2, 1), ("mistral", "fsdp", 2, 1),
                                                    ("qwen2", "fsdp+tp", 4, 2), ("qwen3", "fsdp+tp", 4, 2),
-                                                   ("gemma2", "fsdp+tp", 4, 2), ("phi", "fsdp+tp", 4, 2)])
+                                                   ("gemma2", "fsdp+tp", 4, 2), ("phi", "fsdp+tp", 4, 2),
+                                                   ("mixtral", "fsdp", 2, 1)])
 def test_hugging_face_causal_lm_planned_path_agrees_with_captured_path(name, recipe, world, tp):
     """A Hugging Face causal LM (its own loss: labels padded with constant_pad_nd, ATen's cross-entropy
     nll_loss; rotary cos / sin broadcast over the batch into every block) expands, and agrees with
@@ -172,7 +173,9 @@ def test_hugging_face_causal_lm_planned_path_agrees_with_captured_path(name, rec
     Phi under its own plan (biases everywhere, the output projection's column-parallel): the head's bias gradient
     is summed over the rank's vocabulary shard of the gathered logits' gradient, the shard its weight gradient
     reads (it was summed over the whole vocabulary, then sliced and cloned). Its kernels differ where Hugging
-    Face's RowwiseParallel differs from torch's: it adds each rank a bias divided by tp before the all-reduce."""
+    Face's RowwiseParallel differs from torch's: it adds each rank a bias divided by tp before the all-reduce.
+    Mixtral (bf16) runs Hugging Face's grouped-GEMM experts (sort, histc of the selected experts, cumsum,
+    torch._grouped_mm): each rank counts and routes its own tokens; expansion used to stop at histc (no rule)."""
     from captures import captured_byom, single_device_byom
 
     from flint.importer import import_step
@@ -267,6 +270,44 @@ def test_hugging_face_plan_shard_expand_cannot_reproduce_is_refused_under_tp():
                                         r"shards 'model.layers.\*.mlp.gate_up_proj.weight' with "
                                         r"'colwise_gather_output': it gathers .* flint capture --plan"):
         ShardAnnotatePass(dp_shard=2, tp=2).apply(Context(), m)
+
+
+def test_hugging_face_moe_under_tp_is_refused_on_both_paths():
+    """Hugging Face's MoE experts under tp: the planned path refused with "capture the plan instead", and the
+    captured path refuses it too (Qwen3-MoE and OLMoE name their experts num_experts, which the capture's check
+    missed: Hugging Face applied part of its plan first, warning). Both now say so and what to plan instead."""
+    from captures import _byom_factory
+
+    from flint.capture import capture_step
+    from flint.capture.byom import planned_tp_rules
+    from flint.capture.errors import CaptureError
+    from flint.sharding.rules import Rules
+
+    model = _byom_factory("qwen3_moe")()
+    rules, why = planned_tp_rules(model)
+    assert rules is None and why == "Qwen3MoeForCausalLM has 4 experts per layer: its mixture-of-experts layers " \
+        "are split over tp on neither path"
+    assert not Rules((), {}, frozenset(), frozenset(), "", tp_refused=why).tp_capturable
+    with pytest.raises(CaptureError, match="tensor parallelism of mixture-of-experts layers is not implemented; "
+                                           "use 'dp' or 'fsdp'"):
+        capture_step(_byom_factory("qwen3_moe"), {"input_ids": (4, 32), "labels": (4, 32)}, world_size=2,
+                     plan="tp", tp=2)
+
+
+@pytest.mark.slow
+def test_hugging_face_moe_planned_path_refuses_tp_and_moe_parallelism():
+    """Mixtral's grouped-GEMM experts expand under data parallelism (the agreement test); under tp the
+    refusal names the experts and the way out, without sending the user to a capture that refuses too."""
+    from captures import single_device_byom
+
+    m = single_device_byom("mixtral", 4)[1].clone()
+    CanonicalizeDistPass().apply(Context(), m)
+    before = str(m)
+    with pytest.raises(PlanError, match=r"plan field 'tp': MixtralForCausalLM has 4 experts per layer: its "
+                                        r"mixture-of-experts layers are split over tp on neither path; plan dp / "
+                                        r"fsdp for it$"):
+        ShardAnnotatePass(dp_shard=2, tp=2).apply(Context(), m)
+    assert str(m) == before
 
 
 @pytest.mark.slow

@@ -799,6 +799,10 @@ def planned_tp_rules(model: nn.Module) -> tuple[tuple[tuple[str, int], ...] | No
     the built-in rules apply (a model a preset names, or one without a declared plan)."""
     if detect_tp_preset(model) is not None:
         return None, ""
+    if (experts := _n_experts(model)) is not None:
+        from flint.sharding.rules import MOE_TP_REFUSED
+
+        return None, f"{type(model).__name__} has {experts} experts per layer: its {MOE_TP_REFUSED}"
     try:
         plan = hf_tp_plan(model, 2, quiet=True)  # its module names; the degree only enters Hugging Face's checks
     except CaptureError as e:
@@ -830,6 +834,16 @@ def planned_tp_rules(model: nn.Module) -> tuple[tuple[tuple[str, int], ...] | No
         else:
             return None, f"{where} on a {type(module).__name__}, which shard-expand has no rule for"
     return tuple(rules.items()), ""
+
+
+def _n_experts(model: nn.Module) -> int | None:
+    """The experts per MoE layer a Hugging Face config gives (Mixtral's num_local_experts, Qwen3-MoE's and
+    OLMoE's num_experts, DeepSeek's n_routed_experts), None for a dense model."""
+    for key in ("num_local_experts", "n_experts", "num_experts", "n_routed_experts"):
+        value = _cfg_get(model, key)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
 
 
 def _cfg_get(model: nn.Module, key: str) -> Any:
@@ -882,6 +896,9 @@ def preset_parallelize(plan, model: nn.Module, blocks_path: str | None,
         from torch.distributed._composable import replicate
 
         if plan.tp > 1:
+            if _n_experts(model) is not None:
+                raise CaptureError("tp", "capturing tensor parallelism of mixture-of-experts layers is not "
+                                   "implemented; use 'dp' or 'fsdp' for MoE models")
             preset = detect_tp_preset(model)
             hf_plan = hf_tp_plan(model, plan.tp)
             if preset is None and hf_plan is None:
@@ -896,9 +913,6 @@ def preset_parallelize(plan, model: nn.Module, blocks_path: str | None,
                 value = _cfg_get(model, key)
                 if value is not None and value % plan.tp:
                     raise CaptureError(key, f"{value} heads are not divisible by the tensor-parallel degree {plan.tp}")
-            if _cfg_get(model, "num_local_experts") or _cfg_get(model, "n_experts"):
-                raise CaptureError("tp", "capturing tensor parallelism of mixture-of-experts layers is not implemented; "
-                                   "use 'dp' or 'fsdp' for MoE models")
             if preset is None:  # Hugging Face's own plan, applied by Hugging Face's own code
                 if plan.sp:
                     raise CaptureError("sp", f"sequence parallelism of {type(model).__name__}: Flint's sequence-"

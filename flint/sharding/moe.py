@@ -68,7 +68,7 @@ from xdsl.ir import SSAValue
 from flint.ir import dist
 from flint.ir.aten import AtenOp
 from flint.plan import Plan, PlanError
-from flint.sharding.engine import FILL_OPS, ExpandError, FunctionExpander, Rule, _arg, _norm, shape_of
+from flint.sharding.engine import FILL_OPS, ExpandError, FunctionExpander, Rule, _arg, _norm, shape_of, where
 from flint.sharding.rules import Rules, load_rules
 from flint.sharding.spec import Sharding
 
@@ -345,6 +345,47 @@ class MoEExpander(FunctionExpander):
             return Rule([lay(op.inputs[0], partial=p)] + [lay(v) for v in op.inputs[1:]],
                         [lay(r, partial=p) for r in op.outputs])
         return Rule([lay(v) for v in op.inputs], [lay(r) for r in op.outputs])
+
+    def _token_split(self, op: AtenOp, v: SSAValue, d: int) -> tuple:
+        """The data-parallel token split of ``v`` (on dim ``d``); refused where anything else splits it or a
+        pending sum rides on it (tensor or expert parallelism of Hugging Face's grouped-GEMM experts)."""
+        s = self.sharding(v)
+        if s.partial or any(a not in self.token_axes for ax in s.dims for a in ax) or \
+                any(ax for i, ax in enumerate(s.dims) if i != d):
+            raise ExpandError(f"'{op.overload}'{where(op)}: Hugging Face's grouped-GEMM experts expand under data "
+                              f"parallelism only (their tokens split over {list(self.token_axes) or 'dp'}); this "
+                              f"operand is laid out {s}: tensor or expert parallelism of these experts is not "
+                              "built (capture a data-parallel plan, or use a model with Flint's MoE layers)")
+        return s.dims[d] if s.dims else ()
+
+    def rule_token_count(self, op: AtenOp) -> Rule:
+        """``histc`` of the selected experts: each rank counts the selections of its own tokens, which its
+        grouped GEMMs take as offsets; the counts are the rank's own (no pending sum, no collective)."""
+        v = op.inputs[0]
+        axes = self._token_split(op, v, 0)
+        return Rule([Sharding((axes,) + ((),) * (len(shape_of(v)) - 1))],
+                    [Sharding.replicated(len(shape_of(r))) for r in op.outputs])
+
+    def rule_grouped_mm(self, op: AtenOp) -> Rule:
+        """``_grouped_mm`` over the rank's tokens (sorted by expert; ``offs`` its own counts' cumsum):
+        ``[tokens, k] x [experts, k, n] -> [tokens, n]`` keeps the token split with the weights whole; the weight
+        gradient ``[k, tokens] x [tokens, n] -> [experts, k, n]`` contracts over the tokens: a pending sum over
+        the token axes, reduced with the other gradients."""
+        a, b = op.inputs[0], op.inputs[1]
+        rest = [Sharding.replicated(len(shape_of(v))) for v in op.inputs[2:]]
+        for v in op.inputs[2:]:
+            self._token_split(op, v, 0)
+        ra, rb = len(shape_of(a)), len(shape_of(b))
+        if ra == 2 and rb == 3:
+            axes = self._token_split(op, a, 0)
+            self._token_split(op, b, 0)  # whole for the GEMM: an FSDP shard (dim 0) is gathered
+            return Rule([Sharding((axes, ())), Sharding.replicated(3)] + rest, [Sharding((axes, ()))])
+        if ra == 2 and rb == 2:
+            axes = self._token_split(op, a, 1) or self._token_split(op, b, 0)
+            return Rule([Sharding(((), axes)), Sharding((axes, ()))] + rest,
+                        [Sharding(((), (), ()), tuple(axes))], tuple(axes))
+        raise ExpandError(f"'{op.overload}'{where(op)}: a grouped GEMM of {ra}-D by {rb}-D operands has no sharding "
+                          "rule (built: tokens x expert weights, and the weight gradient)")
 
     # ----------------------------------------------------------- dispatch views
 

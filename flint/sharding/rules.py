@@ -36,6 +36,11 @@ class Rules:
     expert_tp: tuple[tuple[str, int], ...] = ()  # (pattern, dim tp splits under expert tensor parallelism)
     tp_refused: str = ""  # why tp cannot split this program's model (flint.tp_refused on the module)
 
+    @property
+    def tp_capturable(self) -> bool:
+        """Whether the captured path can run the tp plan shard-expand refuses (not for MoE layers)."""
+        return MOE_TP_REFUSED not in self.tp_refused
+
     def op_kind(self, target: str) -> str | None:
         """The rule kind of an ATen overload name (``aten.mm.default`` -> ``matmul``), None if unknown."""
         parts = target.split(".")
@@ -104,6 +109,8 @@ def load_rules(path: str | None = None) -> Rules:
 # reproduce it, so that its expansion splits what the captured path splits.
 TP_RULES_ATTR = "flint.tp_rules"
 TP_REFUSED_ATTR = "flint.tp_refused"
+# a model whose mixture-of-experts layers neither path splits over tp (its refusal reason says so)
+MOE_TP_REFUSED = "mixture-of-experts layers are split over tp on neither path"
 
 
 def record_tp_rules(module, rules: Sequence[tuple[str, int]] | None, refused: str = "") -> None:

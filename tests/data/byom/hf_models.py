@@ -153,6 +153,15 @@ def mixtral():
     return MixtralForCausalLM(cfg).to(torch.bfloat16)
 
 
+def qwen3_moe():  # its experts counted by num_experts (Mixtral: num_local_experts)
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    return Qwen3MoeForCausalLM(Qwen3MoeConfig(vocab_size=256, hidden_size=64, intermediate_size=128,
+                                              moe_intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                              num_key_value_heads=2, num_experts=4, num_experts_per_tok=2,
+                                              max_position_embeddings=128)).to(torch.bfloat16)
+
+
 class MLP(nn.Module):
     """A plain MLP: no repeated blocks, logits out (loss: cross-entropy against ``target``)."""
 
