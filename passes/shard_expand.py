@@ -19,7 +19,8 @@ from flint.ir.aten import CLIP_FUNCTION, AtenOp, get_schedule, op_tensor_lists
 from flint.passes.shard_annotate import PARAM_ATTR, _role, embedding_units, read_sharding
 from flint.plan import Plan, plan_of
 from flint.sharding.engine import ExpandError, FunctionExpander, demand_pass, shape_of
-from flint.sharding.moe import assignments_of, gather_experts, make_expander, n_experts_of, reduce_expert_grads
+from flint.sharding.moe import (assignments_of, gather_experts, grouped_experts_of, make_expander, n_experts_of,
+                                reduce_expert_grads)
 from flint.sharding.rules import Rules, fsdp_axes, rules_for
 from flint.sharding.spec import Sharding
 
@@ -91,6 +92,7 @@ def expand(module: ModuleOp, plan: Plan, rules: Rules) -> None:
     order += [n for n in funcs if n not in order]
     state = _State(plan, rules, names, sizes)
     state.n_experts, state.assignments = n_experts_of(module, rules), assignments_of(module, rules)
+    state.grouped = grouped_experts_of(module, rules)
     state.own_units = embedding_units(module)
     for name in order:
         fn = funcs[name]
@@ -118,6 +120,7 @@ class _State:
         self.tp = tuple(plan.axes("tp"))
         self.n_experts: int | None = None  # MoE: experts per layer, tokens * top_k (flint.sharding.moe)
         self.assignments: int | None = None
+        self.grouped: tuple | None = None  # Hugging Face's grouped-GEMM experts: (experts, routed tokens)
         self.own_units: frozenset[str] = frozenset()  # parameters that are an FSDP / DDP unit of their own
         self.clip_axes: set[str] = set()  # axes the gradients of the parts' norm functions are split on
 
@@ -132,7 +135,8 @@ class _State:
         new_block = Block()
         # a part's gradient-norm function (clipping): its norms are of local shards, reduced by @grad_clip
         norms = name != CLIP_FUNCTION and any(_role(fn, i)[0] == "grad_norm" for i in range(len(old.args)))
-        ex = make_expander(self.plan, self.rules, self.n_experts, self.assignments, sizes=self.sizes, axis_index=self.axis_index,
+        ex = make_expander(self.plan, self.rules, self.n_experts, self.assignments, self.grouped, sizes=self.sizes,
+                           axis_index=self.axis_index,
                            grid="mesh", emit=new_block.add_op,
                            tp_style=self.plan.tp_style, eager_axes=self.tp, sequence_parallel=self.plan.sp,
                            cp_axes=self.cp, local_norms=norms)

@@ -330,10 +330,12 @@ def test_hugging_face_sequence_parallel_is_refused_not_expanded_wrong():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["gpt2", "opt", "phi3", "gemma2", "bloom", "falcon", "t5"])
+@pytest.mark.parametrize("name", ["gpt2", "opt", "phi3", "gemma2", "bloom", "falcon", "t5", "gpt_oss", "deepseek_v3"])
 def test_more_hugging_face_families_expand_under_fsdp(name):
     """More Hugging Face families expand (Falcon's and T5's math attention: _safe_softmax; T5's decoder
-    input shift: slice_scatter / select_scatter): the same FLOPs as PyTorch's FSDP2 recipe captured at
+    input shift: slice_scatter / select_scatter; gpt-oss's grouped-GEMM experts with biases, a row per routed
+    token gathered from a per-expert table, and ops ATen tags pointwise that rules.toml does not list,
+    logical_and; DeepSeek-V3's new_empty_strided): the same FLOPs as PyTorch's FSDP2 recipe captured at
     world size 2, and the same collectives (FSDP2's root group, like the head, is not gathered again in
     backward). Where the planned path differs (see the README): GPT-2's part around its blocks is one unit
     where the capture has two ([ln_f, lm_head] as its TP preset names them, and the root with wpe: one
@@ -383,6 +385,20 @@ def test_unknown_op_is_named_with_its_location():
     with pytest.raises(FlintError, match=r"no sharding rule for 'aten.my_gelu.default' at .*llama.py:\d+:0 "
                                          r"\(module 'feed_forward'\)"):
         ShardExpandPass().apply(Context(), m)
+
+
+def test_ops_aten_tags_pointwise_follow_the_pointwise_rule():
+    """An op rules.toml does not list but ATen tags pointwise (gpt-oss's logical_and, DeepSeek's bitwise_and in
+    Hugging Face's mask functions) follows the pointwise rule, as not linear; an op with neither stays unknown,
+    and what rules.toml lists wins (clone is pointwise and linear there; index is token_local)."""
+    from flint.sharding.rules import load_rules
+
+    rules = load_rules()
+    assert [rules.op_kind(f"aten.{n}") for n in ("logical_and.default", "bitwise_and.Tensor", "erf.default")] == \
+        ["pointwise"] * 3
+    assert rules.linearity("aten.logical_and.default") not in ("all", "first")
+    assert rules.op_kind("aten.my_gelu.default") is None and rules.op_kind("aten.nonzero.default") is None
+    assert rules.op_kind("aten.index.Tensor") == "token_local" and rules.op_kind("aten.clone.default") == "pointwise"
 
 
 def test_tp_whose_rules_split_no_parameter_is_refused(tmp_path):

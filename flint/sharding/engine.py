@@ -85,6 +85,15 @@ def _norm(d: int, rank: int) -> int:
     return d + rank if d < 0 else d
 
 
+def _contiguous(shape: Sequence[int]) -> list[int]:
+    """The strides of a contiguous tensor of ``shape``."""
+    out, acc = [], 1
+    for n in reversed(shape):
+        out.append(acc)
+        acc *= max(n, 1)
+    return out[::-1]
+
+
 def reshape_groups(a: Sequence[int], b: Sequence[int]) -> list[tuple[list[int], list[int]]]:
     """Pair runs of dims of shapes ``a`` and ``b`` with equal products (a view's dim mapping)."""
     groups, i, j = [], 0, 0
@@ -595,7 +604,9 @@ class FunctionExpander:
                 args[key] = ArrayAttr([IntegerAttr(-1 if v == -1 else o, i64) for v, o in zip(vals, out)])
         if "num_weights" in args and out is not None:
             args["num_weights"] = IntegerAttr(out[0], i64)
-        del gout
+        stride = int_list(args.get("stride"))
+        if stride is not None and out is not None and gout is not None and stride == _contiguous(gout):
+            args["stride"] = ArrayAttr([IntegerAttr(v, i64) for v in _contiguous(out)])  # new_empty_strided's
         return args
 
     # ----------------------------------------------------------------- rules

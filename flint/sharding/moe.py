@@ -139,6 +139,24 @@ def assignments_of(module: ModuleOp, rules: Rules) -> int | None:
     return None
 
 
+def grouped_experts_of(module: ModuleOp, rules: Rules) -> tuple[int, int] | None:
+    """(experts, routed tokens) of Hugging Face's grouped-GEMM MoE layers: dim 0 of a ``_grouped_mm``'s expert
+    weights and of the router's ``topk`` output; None without such layers."""
+    experts = tokens = None
+    for fn in module.ops:
+        if not isinstance(fn, func.FuncOp):
+            continue
+        for op in fn.walk():
+            if not isinstance(op, AtenOp):
+                continue
+            kind, shapes = rules.op_kind(op.overload), [shape_of(v) for v in op.inputs[:2]]
+            if kind == "grouped_mm" and len(shapes) == 2 and len(shapes[1]) == 3 and len(shapes[0]) == 2:
+                experts = shapes[1][0]
+            elif op.overload.split(".")[1] == "topk" and op.outputs and len(shape_of(op.outputs[0])) == 2:
+                tokens = shape_of(op.outputs[0])[0]
+    return (experts, tokens) if experts is not None and tokens is not None else None
+
+
 def expert_tp_sizes(module: ModuleOp, rules: Rules) -> list[tuple[str, int, int]]:
     """(parameter, tp_dim, its size) of every expert weight whose ``[[experts]]`` entry names a ``tp_dim``."""
     from flint.passes.shard_annotate import _role
@@ -211,6 +229,7 @@ class MoEExpander(FunctionExpander):
     # reduction happens once at the MoE boundary (torchtitan: the MoE output Partial -> sp_layout; in backward
     # the router's and experts' input gradients stay Partial up to the MoE input)
     tainted: set = field(default_factory=set)
+    grouped: tuple | None = None  # Hugging Face's grouped-GEMM experts: (experts, routed tokens), grouped_experts_of
 
     def _mark(self, old: SSAValue, key: str) -> None:
         new = self.env[old][0]
@@ -328,6 +347,16 @@ class MoEExpander(FunctionExpander):
             r = len(shape_of(v))
             return Sharding((tuple(a for a in axes if a not in drop),) + ((),) * (r - 1), partial) if r \
                 else Sharding(())
+        table = self._expert_table(op)
+        if table and name in ("index", "index_select"):
+            # a row per routed token from a per-expert table (gpt-oss's expert biases): the table whole
+            return Rule([Sharding.replicated(len(shape_of(op.inputs[0])))] + [lay(v) for v in op.inputs[1:]],
+                        [lay(r) for r in op.outputs])
+        if table:
+            # its gradient: every rank adds its own tokens' rows into the whole table, a pending sum over them
+            partial = tuple(axes)
+            return Rule([Sharding.replicated(len(shape_of(op.inputs[0])))] + [lay(v) for v in op.inputs[1:]],
+                        [Sharding.replicated(len(shape_of(r))).with_partial(partial) for r in op.outputs], partial)
         if name in _SCATTERS and self.tp_axes and self._from_fill(op.inputs[0]):
             # a scatter into a zero fill: each rank scatters its tokens into the whole (data-parallel)
             # token range, zeros elsewhere: a partial sum over the tp slice (torchtitan's combine
@@ -345,6 +374,22 @@ class MoEExpander(FunctionExpander):
             return Rule([lay(op.inputs[0], partial=p)] + [lay(v) for v in op.inputs[1:]],
                         [lay(r, partial=p) for r in op.outputs])
         return Rule([lay(v) for v in op.inputs], [lay(r) for r in op.outputs])
+
+    def _expert_table(self, op: AtenOp) -> bool:
+        """Whether a token-local gather / scatter indexes a per-expert table on dim 0 (Hugging Face's grouped
+        experts' biases, indexed by the routed expert ids), not the tokens: a table with a row per expert, where
+        the experts are counted neither as tokens nor as token-expert pairs (else refused as ambiguous)."""
+        if self.grouped is None or not op.inputs or not shape_of(op.inputs[0]):
+            return False
+        experts, tokens = self.grouped
+        rows = shape_of(op.inputs[0])[0]
+        if rows != experts:
+            return False
+        if experts in (tokens, self.assignments):
+            raise ExpandError(f"'{op.overload}'{where(op)}: dim 0 of size {experts} is both the experts and the "
+                              f"tokens ({tokens}) or token-expert pairs ({self.assignments}): ambiguous; capture "
+                              "the plan instead, or expand a step of another batch size")
+        return True
 
     def _token_split(self, op: AtenOp, v: SSAValue, d: int) -> tuple:
         """The data-parallel token split of ``v`` (on dim ``d``); refused where anything else splits it or a
@@ -580,12 +625,13 @@ class MoEExpander(FunctionExpander):
         return self._resize_rows(out, local[1])
 
 
-def make_expander(plan: Plan, rules: Rules, n_experts: int | None, assignments: int | None, **kwargs) -> MoEExpander:
+def make_expander(plan: Plan, rules: Rules, n_experts: int | None, assignments: int | None,
+                  grouped: tuple | None = None, **kwargs) -> MoEExpander:
     """The engine for one function of a plan (MoE rules active when the model has experts)."""
     tp = tuple(plan.axes("tp")) if n_experts is not None else ()
     return MoEExpander(rules=rules, n_experts=n_experts, assignments=assignments, ep_axes=tuple(plan.axes("ep")) if plan.ep > 1 else (),
                        token_axes=tuple(plan.axes("dp")), capacity_factor=plan.capacity_factor, tp_axes=tp,
-                       slice_axes=tp if plan.ep > 1 and plan.etp == 1 else (), **kwargs)
+                       slice_axes=tp if plan.ep > 1 and plan.etp == 1 else (), grouped=grouped, **kwargs)
 
 
 # ------------------------------------------------- expert units (gather / reduce)

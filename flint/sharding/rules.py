@@ -23,6 +23,13 @@ class RulesError(FlintError):
     """A rules file is malformed; the message names the file and the entry."""
 
 
+@lru_cache(maxsize=None)
+def _tagged_pointwise(target: str) -> bool:
+    from flint.cost.opclass import ELEMENTWISE, classify_target
+
+    return target.startswith("aten.") and classify_target(target) == ELEMENTWISE
+
+
 @dataclass(frozen=True)
 class Rules:
     """Parameter patterns (pattern, split dim) and op name -> rule kind."""
@@ -42,10 +49,13 @@ class Rules:
         return MOE_TP_REFUSED not in self.tp_refused
 
     def op_kind(self, target: str) -> str | None:
-        """The rule kind of an ATen overload name (``aten.mm.default`` -> ``matmul``), None if unknown."""
+        """The rule kind of an ATen overload name (``aten.mm.default`` -> ``matmul``), None if unknown. An op
+        the rules do not list that ATen tags pointwise (``torch.Tag.pointwise``, the capture's elementwise
+        class: ``logical_and``, ``bitwise_and``, ...) is ``pointwise``, not linear in its operands."""
         parts = target.split(".")
         name = parts[1] if len(parts) >= 2 else target
-        return self.op_kinds.get(name)
+        kind = self.op_kinds.get(name)
+        return kind if kind is not None or not _tagged_pointwise(target) else "pointwise"
 
     def linearity(self, target: str) -> str:
         parts = target.split(".")

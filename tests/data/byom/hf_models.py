@@ -162,6 +162,26 @@ def qwen3_moe():  # its experts counted by num_experts (Mixtral: num_local_exper
                                               max_position_embeddings=128)).to(torch.bfloat16)
 
 
+def gpt_oss():  # grouped-GEMM experts with biases (a row per routed token from a per-expert table), sinks
+    from transformers import GptOssConfig, GptOssForCausalLM
+
+    return GptOssForCausalLM(GptOssConfig(vocab_size=256, hidden_size=64, intermediate_size=32, num_hidden_layers=2,
+                                          num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                          num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=128,
+                                          sliding_window=16, layer_types=["sliding_attention", "full_attention"])
+                             ).to(torch.bfloat16)
+
+
+def deepseek_v3():  # a dense first layer, then MoE layers with a shared expert and grouped routing; MLA attention
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    return DeepseekV3ForCausalLM(DeepseekV3Config(
+        vocab_size=256, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=4, n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2,
+        n_group=2, topk_group=1, first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=32, qk_rope_head_dim=8,
+        qk_nope_head_dim=8, v_head_dim=16, max_position_embeddings=128)).to(torch.bfloat16)
+
+
 class MLP(nn.Module):
     """A plain MLP: no repeated blocks, logits out (loss: cross-entropy against ``target``)."""
 
