@@ -96,7 +96,12 @@ def expand(module: ModuleOp, plan: Plan, rules: Rules) -> None:
     state.own_units = embedding_units(module)
     for name in order:
         fn = funcs[name]
-        new = state.expand_function(fn)
+        try:
+            new = state.expand_function(fn)
+        except ExpandError as e:
+            if f"@{name}" in str(e):
+                raise
+            raise ExpandError(f"{e} (in @{name})") from None  # an op without a source line (the optimizer's)
         fn.detach_region(fn.body)
         fn.add_region(new[0])
         fn.function_type = func.FunctionType.from_lists(new[1], new[2])

@@ -669,14 +669,19 @@ class FunctionExpander:
                     dims[d] = tuple(axes)
                     used |= set(axes)
 
-    def _align(self, v: SSAValue, dims: Sequence[tuple[str, ...]], partial: Sequence[str] = ()) -> Sharding:
+    def _align(self, v: SSAValue, dims: Sequence[tuple[str, ...]], partial: Sequence[str] = (),
+               out_shape: Sequence[int] | None = None) -> Sharding:
+        """``v``'s layout under the result dims ``dims`` (broadcast from the right). A size-1 dim broadcast
+        against a larger one stays whole; one the result has at size 1 too (``out_shape``) keeps its split: a
+        parameter with one row, FSDP-sharded with padding (Qwen2-MoE's shared-expert gate), in its optimizer."""
         shp = shape_of(v)
         off = len(dims) - len(shp)
         out = []
         for i, s in enumerate(shp):
             d = i + off
             axes = dims[d] if 0 <= d < len(dims) else ()
-            out.append(axes if s != 1 or not axes else ())
+            kept = s != 1 or (out_shape is not None and 0 <= d < len(out_shape) and out_shape[d] == 1)
+            out.append(axes if kept else ())
         return Sharding(tuple(out), tuple(partial))
 
     def rule_pointwise(self, op: AtenOp) -> Rule:
@@ -690,8 +695,8 @@ class FunctionExpander:
         req = []
         for i, v in enumerate(ins):
             p = partial if (lin == "all" or i == 0) else ()
-            req.append(self._align(v, dims, p))
-        res = [self._align(r, dims, partial) for r in op.outputs]
+            req.append(self._align(v, dims, p, out_shape))
+        res = [self._align(r, dims, partial, out_shape) for r in op.outputs]
         return Rule(req, res)
 
     def rule_reduce(self, op: AtenOp) -> Rule:
@@ -923,17 +928,18 @@ class FunctionExpander:
         res = []
         for j in range(n):
             members = [ins[lst.start + j] for lst in lists]
-            dims, _ = self._merge(op, shape_of(members[0]), members)
+            shp = shape_of(members[0])
+            dims, _ = self._merge(op, shp, members)
             partial = _passing_partial(lin, [self.sharding(v).partial for v in members] + singles)
             for k, lst in enumerate(lists):
                 v = ins[lst.start + j]
-                req[lst.start + j] = self._align(v, dims, partial if lin == "all" or k == 0 else ())
+                req[lst.start + j] = self._align(v, dims, partial if lin == "all" or k == 0 else (), shp)
                 if lst.written and self.sharding(v) != req[lst.start + j]:
                     raise ExpandError(f"'{op.overload}'{where(op)}: writes tensor {j} of list '{lst.name}' in "
                                       f"place, laid out as {self.sharding(v)}, where the other tensors of index {j} "
                                       f"need {req[lst.start + j]}")
             if outs:
-                res.append(self._align(outs[j], dims, partial))
+                res.append(self._align(outs[j], dims, partial, shp))
         return Rule(req, res)
 
     def rule_local_norm(self, op: AtenOp) -> Rule:

@@ -162,6 +162,16 @@ def qwen3_moe():  # its experts counted by num_experts (Mixtral: num_local_exper
                                               max_position_embeddings=128)).to(torch.bfloat16)
 
 
+def qwen2_moe():  # a shared expert and its gate: a Linear(hidden, 1), whose one-row weight FSDP pads per rank
+    from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
+
+    return Qwen2MoeForCausalLM(Qwen2MoeConfig(vocab_size=256, hidden_size=64, intermediate_size=128,
+                                              moe_intermediate_size=32, shared_expert_intermediate_size=64,
+                                              num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                              num_experts=4, num_experts_per_tok=2, max_position_embeddings=128)
+                               ).to(torch.bfloat16)
+
+
 def gpt_oss():  # grouped-GEMM experts with biases (a row per routed token from a per-expert table), sinks
     from transformers import GptOssConfig, GptOssForCausalLM
 
