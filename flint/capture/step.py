@@ -37,9 +37,9 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.optim.adamw import adamw
 
 from flint.capture import opclass
+from flint.capture.byom import _STDLIB
 from flint.capture.composite import composite_autograd, no_rng_state_on_meta
 from flint.capture.errors import CaptureError
-from flint.capture.byom import _STDLIB
 from flint.capture.float8 import apply_float8
 from flint.capture.partition import PARTITIONERS, partition_fn
 from flint.capture.fake_dist import device_mesh, fake_world, group_axes

@@ -215,7 +215,7 @@ class MoEExpander(FunctionExpander):
     n_experts: int | None = None
     assignments: int | None = None  # tokens * top_k (global)
     ep_axes: tuple = ()  # mesh axes of the ep group (empty: no expert parallelism)
-    token_axes: tuple = ()  # the data-parallel axes splitting the batch, outermost first
+    token_axes: tuple = ()  # the axes splitting the tokens: data-parallel (the batch) then cp (the sequence)
     capacity_factor: float = 1.0
     phase: str | None = None
     expert_ids: SSAValue | None = None  # new value: the flattened selected experts (sort's input)
@@ -392,13 +392,15 @@ class MoEExpander(FunctionExpander):
         return True
 
     def _token_split(self, op: AtenOp, v: SSAValue, d: int) -> tuple:
-        """The data-parallel token split of ``v`` (on dim ``d``); refused where anything else splits it or a
-        pending sum rides on it (tensor or expert parallelism of Hugging Face's grouped-GEMM experts)."""
+        """The token split of ``v`` (on dim ``d``: over the data-parallel and cp axes); refused where anything
+        else splits it or a pending sum rides on it (tensor or expert parallelism of Hugging Face's grouped-GEMM
+        experts)."""
         s = self.sharding(v)
         if s.partial or any(a not in self.token_axes for ax in s.dims for a in ax) or \
                 any(ax for i, ax in enumerate(s.dims) if i != d):
             raise ExpandError(f"'{op.overload}'{where(op)}: Hugging Face's grouped-GEMM experts expand under data "
-                              f"parallelism only (their tokens split over {list(self.token_axes) or 'dp'}); this "
+                              "and context parallelism only (their tokens split over "
+                              f"{list(self.token_axes) or 'dp'}); this "
                               f"operand is laid out {s}: tensor or expert parallelism of these experts is not "
                               "built (capture a data-parallel plan, or use a model with Flint's MoE layers)")
         return s.dims[d] if s.dims else ()
@@ -630,7 +632,9 @@ def make_expander(plan: Plan, rules: Rules, n_experts: int | None, assignments: 
     """The engine for one function of a plan (MoE rules active when the model has experts)."""
     tp = tuple(plan.axes("tp")) if n_experts is not None else ()
     return MoEExpander(rules=rules, n_experts=n_experts, assignments=assignments, ep_axes=tuple(plan.axes("ep")) if plan.ep > 1 else (),
-                       token_axes=tuple(plan.axes("dp")), capacity_factor=plan.capacity_factor, tp_axes=tp,
+                       # the tokens: split over the batch (dp) and the sequence (cp): each rank routes its own
+                       token_axes=tuple(plan.axes("dp")) + tuple(plan.axes("cp")),
+                       capacity_factor=plan.capacity_factor, tp_axes=tp,
                        slice_axes=tp if plan.ep > 1 and plan.etp == 1 else (), grouped=grouped, **kwargs)
 
 
