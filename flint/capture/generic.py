@@ -318,11 +318,12 @@ def _apply_groups(root: nn.Module, calls: Sequence[GroupCall], infos: dict[int, 
     return root
 
 
-def _run_on_fake(call: nn.Module, args: Sequence[torch.Tensor], handles: Sequence[Any], *, grad: bool) -> None:
+def _run_on_fake(call: nn.Module, args: Sequence[torch.Tensor], handles: Sequence[Any], *, grad: bool,
+                 why: str = "") -> None:
     """``call(*args)`` eagerly on fake tensors, as dynamo will see the model: code that branches on "am I
     traced?" (Hugging Face's is_tracing checks for FakeTensor) takes the traced branch, and nothing
     data-dependent runs. A hook may end the run early (:class:`_Stop`); ``handles`` (the hooks) are removed
-    after. A failure is a :class:`CaptureError` naming the user's line."""
+    after. A failure is a :class:`CaptureError` naming the user's line, followed by ``why`` (a likely cause)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     mode = FakeTensorMode(allow_non_fake_inputs=True)
@@ -336,16 +337,17 @@ def _run_on_fake(call: nn.Module, args: Sequence[torch.Tensor], handles: Sequenc
     except Exception as e:  # noqa: BLE001
         from flint.capture.byom import _user_frame
         raise CaptureError("model", f"running the model on the inputs failed: {type(e).__name__}: "
-                           f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}",
+                           f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}{why}",
                            _user_frame(e.__traceback__, "")) from None
     finally:
         for h in handles:
             h.remove()
 
 
-def _record_block_inputs(call: nn.Module, args: Sequence[torch.Tensor], layers: Sequence[nn.Module]):
+def _record_block_inputs(call: nn.Module, args: Sequence[torch.Tensor], layers: Sequence[nn.Module],
+                         why: str = ""):
     """Run the model eagerly (meta tensors) through the first period of repeated layers: per layer, its args,
-    kwargs and output structure."""
+    kwargs and output structure. ``why``: a likely cause to add to a failure (:func:`_run_on_fake`)."""
     seen: list[tuple[Any, Any, Any]] = []
 
     def hook(mod, a, kw):
@@ -359,7 +361,7 @@ def _record_block_inputs(call: nn.Module, args: Sequence[torch.Tensor], layers: 
 
     handles = [layer.register_forward_pre_hook(hook, with_kwargs=True) for layer in layers]
     # with autograd, as in training: which of the layers' inputs need a gradient
-    _run_on_fake(call, args, handles, grad=True)
+    _run_on_fake(call, args, handles, grad=True, why=why)
     if len(seen) < len(layers):
         raise CaptureError("model", "the forward never called its repeated block "
                            f"({type(layers[len(seen)]).__name__})",
@@ -654,15 +656,10 @@ def _capture_generic(model: nn.Module, dm, mesh, inputs: Mapping[str, InputSpec]
                 run = run[:size * repeats]
     period = run[:size]  # the keys of the run's first repeat
     first = [blocks._modules[k] for k in period]  # as parallelize left them (AC-wrapped)
-    try:
-        recorded = _record_block_inputs(call, args, first) if blocks is not None else None
-    except CaptureError as e:
-        applied = getattr(parallelize, "tp_applied", "")
-        if not applied or not e.message.startswith("running the model"):
-            raise
-        raise CaptureError(e.field, f"{e.message}; under tensor parallelism, after {applied}: the model's code "
-                           "may assume its projections whole (a view by its config's head count, say); pass "
-                           "--parallelize with a plan of your own", e.source) from None
+    applied = getattr(parallelize, "tp_applied", "")
+    why = (f"; under tensor parallelism, after {applied}: the model's code may assume its projections whole (a "
+           "view by its config's head count, say); pass --parallelize with a plan of your own") if applied else ""
+    recorded = _record_block_inputs(call, args, first, why) if blocks is not None else None
     if recorded is not None and (why := _why_capture_whole(first, recorded)):
         notes.append(f"{stack.path} captured whole, not as one repeated layer: {why}")
         blocks = recorded = None
