@@ -214,16 +214,40 @@ def test_moe_under_cp_routes_each_ranks_own_tokens():
     sequence shard, as torchtitan's MoE does under CP (tokens are independent there). The MoE rules counted only
     the data-parallel axes as token axes, so the sequence was gathered before every MoE layer and each cp rank
     ran the experts on all its data-parallel shard's tokens: 1.59x the per-rank FLOPs of the same degree of
-    FSDP at this size (moe-tiny, cp = 2). Now within a few percent of it (ring attention's causal balance)."""
+    FSDP at this size (moe-tiny, cp = 2). Now within a few percent of it (ring attention's causal balance).
+    Its output comes back split on the sequence, as its input was: nothing moves between the cp ranks but the
+    ring's K/V and FSDP's traffic (the routing's gathers and scatters lost where the tokens' split came from, so
+    the output was split on the batch and an all-to-all over cp moved it back: 1 per block in forward, 7 in
+    backward)."""
     _, one = single_device("moe-tiny", 4)
 
-    def flops(fields):
+    def expanded(fields):
         m = one.clone()
         CanonicalizeDistPass().apply(Context(), m)
         ShardAnnotatePass(**fields).apply(Context(), m)
         ShardExpandPass().apply(Context(), m)
         m.verify()
-        return summarize_program(m).flops
+        return summarize_program(m)
 
-    cp, fsdp = flops({"cp": 2}), flops({"dp_shard": 2})
-    assert 0.9 * fsdp <= cp <= fsdp
+    cp, fsdp = expanded({"cp": 2}), expanded({"dp_shard": 2})
+    assert 0.9 * fsdp.flops <= cp.flops <= fsdp.flops
+    assert {kind for kind, _, _ in cp.collectives} == {"all_gather", "reduce_scatter", "send"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["llama", "mixtral"])
+def test_hugging_face_causal_lm_under_cp_moves_no_tokens(name):
+    """A Hugging Face causal LM under cp: its loss's backward and (Mixtral) its grouped-GEMM experts' output keep
+    the sequence split, so the cp ranks exchange only the ring's K/V and FSDP's traffic. The loss gradient
+    (nll_loss_backward, then log_softmax's backward reading the saved output) lost where the flattened tokens'
+    split came from and went back to [batch, seq] split on the batch: 6 all-to-alls over cp in the head's
+    backward, and per MoE layer 1 in forward and 6 in backward (the experts' un-permute, view and sum lost it
+    too)."""
+    from captures import single_device_byom
+
+    m = single_device_byom(name, 2)[1].clone()
+    CanonicalizeDistPass().apply(Context(), m)
+    ShardAnnotatePass(cp=2).apply(Context(), m)
+    ShardExpandPass().apply(Context(), m)
+    m.verify()
+    assert {kind for kind, _, _ in summarize_program(m).collectives} == {"all_gather", "reduce_scatter", "send"}

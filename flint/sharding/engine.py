@@ -517,6 +517,8 @@ class FunctionExpander:
         if hint is None and kind in ("pointwise", "matmul", "dim_local", "like", "transpose") and operands:
             first = operands[1] if op.overload.split(".")[1] in ("addmm",) else operands[0]
             hint = self.hints.get(first)
+            if hint is None and kind in ("pointwise", "dim_local"):  # e.g. a gradient taken from a saved output
+                hint = next((self.hints[v] for v in operands if v in self.hints), None)
         if hint:
             for nr in new.outputs:
                 self.hints[nr] = hint

@@ -204,6 +204,15 @@ EXPERT_LAYOUT = "flint.moe.expert_layout"
 _SCATTERS = ("index_add", "index_put", "scatter")
 
 
+def _by_sizes(hint: dict | None) -> dict:
+    """An engine hint (axis -> (merged dims' sizes, position)) grouped by the merged dims' sizes."""
+    out: dict = {}
+    for axis, entry in (hint or {}).items():
+        if isinstance(entry, tuple):
+            out.setdefault(entry[0], {})[axis] = entry
+    return out
+
+
 def _is_bmm(op) -> bool:
     return isinstance(op, AtenOp) and op.overload.split(".")[1] in ("bmm", "baddbmm")
 
@@ -230,6 +239,9 @@ class MoEExpander(FunctionExpander):
     # the router's and experts' input gradients stay Partial up to the MoE input)
     tainted: set = field(default_factory=set)
     grouped: tuple | None = None  # Hugging Face's grouped-GEMM experts: (experts, routed tokens), grouped_experts_of
+    # where the axes of a merged [batch * seq] dim came from (engine hints), by its dims' global sizes: the MoE
+    # output takes its input's token split back when the routing's gathers and sums lost the record
+    token_hints: dict = field(default_factory=dict)
 
     def _mark(self, old: SSAValue, key: str) -> None:
         new = self.env[old][0]
@@ -252,7 +264,11 @@ class MoEExpander(FunctionExpander):
             super().expand_op(op)
         finally:
             self.view_slices = False
-        if self.rules.op_kind(op.overload) == "token_local" and op.overload.split(".")[1] == "sort":
+        name = op.overload.split(".")[1]
+        if self.rules.op_kind(op.overload) == "reshape" and op.outputs[0] in self.env:
+            for sizes, axes in _by_sizes(self.hints.get(self.env[op.outputs[0]][0])).items():
+                self.token_hints.setdefault(sizes, axes)
+        if self.rules.op_kind(op.overload) == "token_local" and name == "sort":
             self.expert_ids = self.env[op.outputs[0]][0].owner.operands[0]  # this rank's (sliced) selections
         ep = set(self.ep_axes)
         if ep and _is_bmm(op) and set(self.sharding(op.outputs[0]).dims[0]) == ep:
@@ -460,6 +476,12 @@ class MoEExpander(FunctionExpander):
         kind = self._expert_view(op)
         if kind is None:
             rule = super().rule_reshape(op)
+            v = op.inputs[0]
+            b = shape_of(op.outputs[0])
+            known = self.token_hints.get(tuple(b[:2])) if self.env[v][0] not in self.hints else None
+            if known and self._moe_exit(op):  # the [tokens, hidden] -> [batch, seq, hidden] view: as they came in
+                need, out, self._next_hint = self.reshape_sharding(self.sharding(v), shape_of(v), b, known)
+                rule = Rule([need], [out])
             tp = set(self.tp_axes)
             if tp and self._moe_entry(op) and set(rule.operands[0].dims[1]) & tp:
                 # the MoE input under sequence parallelism: all-gathered over tp first (torchtitan's
