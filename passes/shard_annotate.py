@@ -160,12 +160,14 @@ def check_model(module: ModuleOp, plan: Plan, rules: Rules | None = None) -> Non
         for param, rows in split_dims:
             if param.endswith(("attention.wk.weight", "self_attn.k_proj.weight")):
                 kv = rows // head_dim
+    from flint.sharding.cp import check_program as check_cp
     from flint.sharding.moe import check_plan, n_experts_of
 
     experts = n_experts_of(module, rules)
     plan.check_model(n_heads=heads, n_kv_heads=kv, hidden=hidden, seq_len=seq, n_experts=experts,
                      local_batch=batch // plan.dp if batch and batch % plan.dp == 0 else None)
     check_plan(plan, experts, module)
+    check_cp(module, plan)
     if plan.master_dtype != "param" and not any(_role(fn, i)[0] == "master" for fn in module.ops
                                                 if isinstance(fn, func.FuncOp)
                                                 for i in range(len(fn.body.block.args))):
@@ -200,6 +202,10 @@ def check_model(module: ModuleOp, plan: Plan, rules: Rules | None = None) -> Non
                         "would leave those weights whole on every TP rank; add your model's parameter names "
                         "there (a copy, passed with --rules / rules=...), or capture the plan instead: "
                         "flint capture --plan ... --tp ...", plan.source)
+    if plan.tp > 1:
+        for fn in module.ops:
+            if isinstance(fn, func.FuncOp) and fn.sym_name.data.endswith("_fwd"):
+                check_tp_pairs(fn, rules, plan)
     stages = sorted(n for n in ("first_stage", "last_stage") if f"{n}_fwd" in {f.sym_name.data for f in module.ops
                                                                              if isinstance(f, func.FuncOp)})
     if plan.sp and plan.tp > 1 and stages:
@@ -257,6 +263,81 @@ def program_max_norm(module: ModuleOp) -> float | None:
         return None
     plan = plan_of(module)
     return plan.max_norm if plan is not None else 0.0
+
+
+def _shape(v: SSAValue) -> list[int]:
+    return list(v.type.get_shape()) if isinstance(v.type, TensorType) else []
+
+
+_WEIGHT_PATH = ("t", "transpose", "permute", "view", "_unsafe_view", "reshape", "_to_copy", "clone", "detach", "alias")
+
+
+def _weight_uses(arg: SSAValue, dim: int | None):
+    """(matmul op, operand index, the split dim's position there) of each matmul that reads parameter value
+    ``arg`` (through transposes, views and casts); the position is None for a parameter tp leaves whole, or
+    where the path loses it (a permute, a view that changes the shape)."""
+    todo = [(arg, dim)]
+    while todo:
+        v, d = todo.pop()
+        for use in v.uses:
+            op = use.operation
+            name = op.overload.split(".")[1] if isinstance(op, AtenOp) else ""
+            if name in ("mm", "addmm", "bmm", "baddbmm"):
+                yield op, use.index, d
+            elif name in _WEIGHT_PATH and len(op.outputs) == 1:
+                out = op.outputs[0]
+                if name in ("t", "transpose") and len(_shape(v)) == 2:
+                    todo.append((out, None if d is None else 1 - d))
+                else:
+                    todo.append((out, d if _shape(out) == _shape(v) and name != "permute" else None))
+
+
+def check_tp_pairs(fn: func.FuncOp, rules: Rules, plan: Plan) -> None:
+    """Every column-parallel layer's output reaches a row-parallel layer before a layer tp leaves whole reads it.
+
+    A PyTorch tensor-parallel plan pairs them (ColwiseParallel's output, split on its features, is what
+    RowwiseParallel's input expects); a column-parallel layer whose output reaches a whole layer first is a
+    rules file that names some of a block's projections and not the rest (XGLM under the Llama-family names:
+    q/k/v_proj split, out_proj, fc1 and fc2 whole). Expanded anyway, the whole layer's input is gathered over
+    tp (the heads, all-to-alls in backward) and every rank runs it whole: a plan no PyTorch run runs."""
+    column: dict = {}  # matmul op -> column-parallel parameter
+    whole: dict = {}  # matmul op -> parameter tp leaves whole (2-D: a Linear's weight)
+    row: set = set()
+    for i, arg in enumerate(fn.body.block.args):
+        role, param = _role(fn, i)
+        if role != "parameter" or not param or rules.is_expert(param) or len(_shape(arg)) != 2:
+            continue
+        d = rules.tp_dim(param)
+        for op, index, pos in _weight_uses(arg, d):
+            name = op.overload.split(".")[1]
+            right = index == (2 if name in ("addmm", "baddbmm") else 1)  # the [k, n] operand
+            if d is None:
+                whole.setdefault(op, param)
+            elif right and pos == 1:
+                column.setdefault(op, param)
+            elif right and pos == 0:
+                row.add(op)
+    for start, param in column.items():
+        seen, todo = {start}, [start]
+        while todo:
+            op = todo.pop()
+            for r in op.results:
+                for use in r.uses:
+                    nxt = use.operation
+                    if nxt in seen:
+                        continue
+                    seen.add(nxt)
+                    if nxt in whole:
+                        raise PlanError("tp", f"in @{fn.sym_name.data}, column-parallel '{param}' (split on its "
+                                        f"outputs by a [[tp]] pattern of {rules.source}) feeds '{whole[nxt]}', which "
+                                        "no pattern splits, without a row-parallel layer between: no PyTorch "
+                                        "tensor-parallel plan runs that (ColwiseParallel's output is what "
+                                        "RowwiseParallel reads); add the block's other projections to a copy of "
+                                        "the rules (shard_dim 1 for a row-parallel Linear; --rules / rules=...), "
+                                        "or capture the plan instead: flint capture --plan ... --tp ... "
+                                        "--parallelize ...", plan.source)
+                    if nxt not in row and nxt not in column:
+                        todo.append(nxt)
 
 
 def _part_around_blocks(module: ModuleOp) -> str | None:

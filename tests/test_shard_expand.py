@@ -272,6 +272,25 @@ def test_hugging_face_plan_shard_expand_cannot_reproduce_is_refused_under_tp():
         ShardAnnotatePass(dp_shard=2, tp=2).apply(Context(), m)
 
 
+@pytest.mark.slow
+def test_rules_splitting_half_a_block_are_refused_under_tp():
+    """XGLM has no TP preset and declares no plan, and the built-in Llama-family names match its q/k/v_proj but not
+    its out_proj, fc1 or fc2. shard-expand expanded that: the heads gathered before the whole out_proj (all-to-alls
+    over tp in backward) and the MLP whole on every rank, 1.47x fewer FLOPs per rank than one device's at tp = 2
+    where a real split gives 2x; no PyTorch plan runs a column-parallel layer into a whole one. Refused, naming
+    the pair; plans without tp still expand."""
+    from captures import single_device_byom
+
+    m = single_device_byom("xglm", 4)[1].clone()
+    CanonicalizeDistPass().apply(Context(), m)
+    with pytest.raises(PlanError, match=r"plan field 'tp': in @block_fwd, column-parallel 'model.layers.0.self_attn."
+                                        r"[qkv]_proj.weight' \(split on its outputs by a \[\[tp\]\] pattern of "
+                                        r".*rules.toml\) feeds 'model.layers.0.self_attn.out_proj.weight', which no "
+                                        r"pattern splits, without a row-parallel layer between"):
+        ShardAnnotatePass(dp_shard=2, tp=2).apply(Context(), m)
+    ShardAnnotatePass(dp_shard=2).apply(Context(), m)
+
+
 def test_hugging_face_moe_under_tp_is_refused_on_both_paths():
     """Hugging Face's MoE experts under tp: the planned path refused with "capture the plan instead", and the
     captured path refuses it too (Qwen3-MoE and OLMoE name their experts num_experts, which the capture's check
@@ -331,14 +350,15 @@ def test_hugging_face_sequence_parallel_is_refused_not_expanded_wrong():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["gpt2", "opt", "phi3", "gemma2", "bloom", "falcon", "t5", "gpt_oss", "deepseek_v3",
-                                  "qwen2_moe"])
+                                  "qwen2_moe", "gptj"])
 def test_more_hugging_face_families_expand_under_fsdp(name):
     """More Hugging Face families expand (Falcon's and T5's math attention: _safe_softmax; T5's decoder
     input shift: slice_scatter / select_scatter; gpt-oss's grouped-GEMM experts with biases, a row per routed
     token gathered from a per-expert table, and ops ATen tags pointwise that rules.toml does not list,
     logical_and; DeepSeek-V3's new_empty_strided; Qwen2-MoE's shared-expert gate, a one-row weight that FSDP
     shards with padding, which the optimizer's elementwise ops used to gather: "dim 0 of size 1 is not divisible
-    over ['dp_shard']"): the same FLOPs as PyTorch's FSDP2 recipe captured at
+    over ['dp_shard']"; GPT-J's rotary tables tiled with repeat, which had no rule): the same FLOPs as PyTorch's
+    FSDP2 recipe captured at
     world size 2, and the same collectives (FSDP2's root group, like the head, is not gathered again in
     backward). Where the planned path differs (see the README): GPT-2's part around its blocks is one unit
     where the capture has two ([ln_f, lm_head] as its TP preset names them, and the root with wpe: one

@@ -235,19 +235,38 @@ def test_moe_under_cp_routes_each_ranks_own_tokens():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["llama", "mixtral"])
-def test_hugging_face_causal_lm_under_cp_moves_no_tokens(name):
-    """A Hugging Face causal LM under cp: its loss's backward and (Mixtral) its grouped-GEMM experts' output keep
-    the sequence split, so the cp ranks exchange only the ring's K/V and FSDP's traffic. The loss gradient
-    (nll_loss_backward, then log_softmax's backward reading the saved output) lost where the flattened tokens'
-    split came from and went back to [batch, seq] split on the batch: 6 all-to-alls over cp in the head's
-    backward, and per MoE layer 1 in forward and 6 in backward (the experts' un-permute, view and sum lost it
-    too)."""
+def test_hugging_face_model_under_cp_moves_no_tokens():
+    """A Hugging Face model whose attention runs without a mask (BERT's masked LM: bidirectional SDPA, no padding)
+    under cp: its loss's backward keeps the sequence split, so the cp ranks exchange only the ring's K/V and FSDP's
+    traffic. The loss gradient (nll_loss_backward, then log_softmax's backward reading the saved output) lost where
+    the flattened tokens' split came from and went back to [batch, seq] split on the batch: 9 all-to-alls over cp
+    in backward."""
     from captures import single_device_byom
 
-    m = single_device_byom(name, 2)[1].clone()
+    m = single_device_byom("bert", 2)[1].clone()
     CanonicalizeDistPass().apply(Context(), m)
     ShardAnnotatePass(cp=2).apply(Context(), m)
     ShardExpandPass().apply(Context(), m)
     m.verify()
     assert {kind for kind, _, _ in summarize_program(m).collectives} == {"all_gather", "reduce_scatter", "send"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,why", [
+    ("llama", r"'aten._scaled_dot_product_flash_attention_for_cpu.default' at .* \(module 'block.self_attn'\) takes "
+              r"an explicit attention mask \(tensor<2x1x32x32xi1>\): PyTorch's context_parallel runs attention "
+              r"without one only"),
+    ("gpt_oss", r"the program has no fused attention call .* eager attention \(bmm, softmax\) would attend to each "
+                r"rank's own shard of the sequence only")])
+def test_cp_where_pytorch_runs_no_ring_attention_is_refused(name, why):
+    """cp on a program PyTorch's context_parallel does not run as ring attention is refused before any work: an
+    attention with an explicit mask (Hugging Face Llama, compiled, builds its causal mask; PyTorch's ring refuses an
+    attention bias), and eager attention (gpt-oss: bmm, softmax, sinks), which the ring does not rewrite. Both
+    expanded: the mask whole against the rank's sequence shard, the attention priced as not causal; the eager
+    attention's K/V all-gathered over cp, which no PyTorch run does."""
+    from captures import single_device_byom
+
+    m = single_device_byom(name, 2)[1].clone()
+    CanonicalizeDistPass().apply(Context(), m)
+    with pytest.raises(PlanError, match=f"plan field 'cp': {why}"):
+        ShardAnnotatePass(cp=2).apply(Context(), m)

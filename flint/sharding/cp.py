@@ -355,4 +355,36 @@ def expand_attention(ex: "FunctionExpander", op: AtenOp) -> bool:
     return True
 
 
-__all__ = ["expand_attention", "query_split"]
+def check_program(module, plan) -> None:
+    """Refuse ``cp`` where PyTorch's ``context_parallel`` runs no ring attention: an attention call with an
+    explicit mask (its SDPA overrides refuse one: "attn_bias is not supported yet"; Hugging Face models build a
+    mask when compiled, as captured, where eager Hugging Face passes ``is_causal``), or a program without a fused
+    attention call (eager attention, ``bmm`` and ``softmax``, which the ring does not rewrite: each rank would
+    attend to its own shard of the sequence only)."""
+    from xdsl.dialects import func
+
+    from flint.plan import PlanError
+    from flint.sharding.engine import where
+
+    if plan.cp <= 1:
+        return
+    fused = [op for f in module.ops if isinstance(f, func.FuncOp) and f.sym_name.data.endswith("_fwd")
+             for op in f.walk() if isinstance(op, AtenOp) and op.overload.split(".")[1].startswith("_scaled_dot_prod")]
+    for op in fused:
+        if op.overload.split(".")[1] not in CP_FORWARD:
+            continue  # refused by name when expanded (expand_attention)
+        mask = next((v for v in op.inputs[3:] if isinstance(v.type, TensorType) and len(_shape(v)) >= 2), None)
+        if mask is not None:
+            raise PlanError("cp", f"'{op.overload}'{where(op)} takes an explicit attention mask ({mask.type}): "
+                            "PyTorch's context_parallel runs attention without one only (is_causal, or no mask: "
+                            "'attn_bias is not supported yet'). Hugging Face models build the mask when compiled, "
+                            "as captured, where eager Hugging Face passes is_causal; plan dp / fsdp / tp for this "
+                            "program", plan.source)
+    if not fused:
+        raise PlanError("cp", "the program has no fused attention call (scaled_dot_product_attention, flash): "
+                        "PyTorch's context_parallel rewrites those into ring attention, and eager attention "
+                        "(bmm, softmax) would attend to each rank's own shard of the sequence only; plan dp / "
+                        "fsdp / tp for this program", plan.source)
+
+
+__all__ = ["check_program", "expand_attention", "query_split"]

@@ -57,6 +57,26 @@ def phi():  # biases everywhere, the output projection's too (column-parallel un
                                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128))
 
 
+def gptj():  # rotary sin / cos and position ids tiled with repeat
+    from transformers import GPTJConfig, GPTJForCausalLM
+
+    return GPTJForCausalLM(GPTJConfig(vocab_size=256, n_embd=64, n_layer=2, n_head=4, n_positions=128, rotary_dim=8))
+
+
+def xglm():  # q/k/v_proj (the Llama-family names), but out_proj, fc1, fc2: no TP preset, no declared plan
+    from transformers import XGLMConfig, XGLMForCausalLM
+
+    return XGLMForCausalLM(XGLMConfig(vocab_size=256, d_model=64, num_layers=2, attention_heads=4, ffn_dim=128,
+                                      max_position_embeddings=128))
+
+
+def bert():  # a masked LM: bidirectional SDPA without a mask (no padding), its own loss
+    from transformers import BertConfig, BertForMaskedLM
+
+    return BertForMaskedLM(BertConfig(vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                      intermediate_size=128, max_position_embeddings=128))
+
+
 def stablelm():  # Llama's module names (the hf-llama TP preset matches), but views by the config's head count
     from transformers import StableLmConfig, StableLmForCausalLM
 
