@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -197,6 +198,27 @@ network = "switch"
     t = {r["inputs"]["workload.plan.tp"]: r["outputs"] for r in rows}
     assert t[2]["peak_memory_bytes"] < t[1]["peak_memory_bytes"]  # TP splits the blocks' weights
     assert t[2]["exposed_comm_us"] > 0
+    # cp: shard-expand refuses the compiled model's masked attention, and the captured path has no cp; the failure
+    # names both reasons (it named the capture's only, hiding why the planned path, which builds cp, did not)
+    p = _write(tmp_path, """
+name = "hf-cp"
+[workload]
+model = "m.py:llama"
+world_size = 4
+seq_len = 32
+[workload.plan]
+dp_shard = -1
+tp = 2
+cp = 2
+[system]
+network = "switch"
+""", "cp.toml")
+    assert explore_main([str(p), "--out", str(tmp_path / "out-cp"), "--cache", str(cache), "--no-progress",
+                         "--no-report"]) == 0
+    (row,) = _rows(tmp_path / "out-cp" / "results.db")
+    assert row["status"] == "error" and re.search(r"^shard-expand: plan field 'cp': .* explicit attention mask .*; "
+                                                  r"then the captured path: capture: plan field 'cp': capture does not "
+                                                  r"support it", row["error"]), row["error"]
     p = _write(tmp_path, f"""
 name = "cnn"
 [workload]
@@ -245,6 +267,18 @@ def test_supported_counts_either_way_in():
     assert check(cp, {}) is None  # context parallelism: shard-expand builds it, capture does not
     why = check({**cp, "workload.path": "captured"}, {})
     assert why is not None and why[0] == "supported" and "cp" in why[1]
+
+
+def test_expert_count_of_any_hugging_face_config_prunes_ep():
+    """A Hugging Face MoE's experts per layer, under whichever name its config gives them (Qwen2-MoE: num_experts,
+    with no num_local_experts alias), bound ep before any capture; only Mixtral's num_local_experts was read, so
+    ep = 8 over 4 experts went on to a capture and failed there."""
+    from flint.explore.constraints import check
+
+    point = {"workload.model": f"{HF_MODELS}:qwen2_moe", "workload.world_size": 8, "workload.seq_len": 32,
+             "workload.global_batch": 8, "workload.plan.dp_shard": -1, "workload.plan.ep": 8}
+    why = check(point, {})
+    assert why == ("degrees_divide", "plan field 'ep': 8 does not divide the model's 4 experts"), why
 
 
 def test_unknown_axis_on_the_command_line(tmp_path, capsys):

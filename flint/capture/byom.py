@@ -799,7 +799,7 @@ def planned_tp_rules(model: nn.Module) -> tuple[tuple[tuple[str, int], ...] | No
     the built-in rules apply (a model a preset names, or one without a declared plan)."""
     if detect_tp_preset(model) is not None:
         return None, ""
-    if (experts := _n_experts(model)) is not None:
+    if (experts := config_experts(model)) is not None:
         from flint.sharding.rules import MOE_TP_REFUSED
 
         return None, f"{type(model).__name__} has {experts} experts per layer: its {MOE_TP_REFUSED}"
@@ -836,7 +836,7 @@ def planned_tp_rules(model: nn.Module) -> tuple[tuple[tuple[str, int], ...] | No
     return tuple(rules.items()), ""
 
 
-def _n_experts(model: nn.Module) -> int | None:
+def config_experts(model: nn.Module) -> int | None:
     """The experts per MoE layer a Hugging Face config gives (Mixtral's num_local_experts, Qwen3-MoE's and
     OLMoE's num_experts, DeepSeek's n_routed_experts), None for a dense model."""
     for key in ("num_local_experts", "n_experts", "num_experts", "n_routed_experts"):
@@ -896,7 +896,7 @@ def preset_parallelize(plan, model: nn.Module, blocks_path: str | None,
         from torch.distributed._composable import replicate
 
         if plan.tp > 1:
-            if _n_experts(model) is not None:
+            if config_experts(model) is not None:
                 raise CaptureError("tp", "capturing tensor parallelism of mixture-of-experts layers is not "
                                    "implemented; use 'dp' or 'fsdp' for MoE models")
             preset = detect_tp_preset(model)

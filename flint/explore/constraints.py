@@ -54,19 +54,23 @@ def _param_count(model: str, layers: int | None) -> int:
 # the shape fields checked against a plan: (ours, the zoo config's, Hugging Face's config's)
 _SHAPE_FIELDS = (("n_layers", "n_layers", "num_hidden_layers"), ("n_heads", "n_heads", "num_attention_heads"),
                  ("n_kv_heads", "n_kv_heads", "num_key_value_heads"), ("hidden", "dim", "hidden_size"),
-                 ("ffn_hidden", "ffn_dim", "intermediate_size"), ("n_experts", "n_experts", "num_local_experts"))
+                 ("ffn_hidden", "ffn_dim", "intermediate_size"), ("n_experts", "n_experts", None))
 
 
 @cache
 def _model_shape(model: str, layers: int | None) -> dict[str, int]:
+    from flint.capture.byom import config_experts
+
     cfg = _factory(model, layers)[1]
     # a model file's Hugging Face model: its config's names (a zoo preset's config needs no model built)
     hf = getattr(_built(model, layers), "config", None) if cfg is None else None
     out = {}
     for ours, zoo, theirs in _SHAPE_FIELDS:
-        v = getattr(cfg, zoo, None) if cfg is not None else getattr(hf, theirs, None)
+        v = getattr(cfg, zoo, None) if cfg is not None else getattr(hf, theirs, None) if theirs else None
         if isinstance(v, int) and not isinstance(v, bool):
             out[ours] = v
+    if hf is not None and (experts := config_experts(_built(model, layers))):
+        out["n_experts"] = experts  # num_local_experts (Mixtral), num_experts (Qwen3-MoE), n_routed_experts, ...
     if "hidden" not in out and isinstance(getattr(cfg, "d_model", None), int):
         out["hidden"] = cfg.d_model
     return out

@@ -504,7 +504,12 @@ class Evaluator:
                 else:
                     self._remember(self._expanded, key, expanded, 4)
                     return Program(key, "planned", "", hit), expanded.clone
-        text, hit = self._captured_text(w, single=False)
+        try:
+            text, hit = self._captured_text(w, single=False)
+        except FlintError as e:
+            if not note:
+                raise
+            raise FlintError(f"{note}; then the captured path: {e}") from None  # why neither way in builds it
         where = str(self.cache.path(w.captured_key))
         return Program(w.captured_key, "captured", note or "", hit), lambda: parse_program(text, where)
 
