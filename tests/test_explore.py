@@ -178,7 +178,7 @@ def test_explore_model_files(tmp_path, cache):
     example_inputs() gives its batch (float32, so the model dtype too) runs on the captured path
     (convolutions have no sharding rule), saying why."""
     (tmp_path / "m.py").write_text(LLAMA_FILE)
-    p = _write(tmp_path, """
+    space = """
 name = "hf"
 [workload]
 model = "m.py:llama"
@@ -189,7 +189,8 @@ dp_shard = -1
 tp = [1, 2]
 [system]
 network = "switch"
-""")
+"""
+    p = _write(tmp_path, space)
     out = tmp_path / "out"
     assert explore_main([str(p), "--out", str(out), "--cache", str(cache), "--no-progress", "--no-report"]) == 0
     rows = _rows(out / "results.db")
@@ -200,19 +201,7 @@ network = "switch"
     assert t[2]["exposed_comm_us"] > 0
     # cp: shard-expand refuses the compiled model's masked attention, and the captured path has no cp; the failure
     # names both reasons (it named the capture's only, hiding why the planned path, which builds cp, did not)
-    p = _write(tmp_path, """
-name = "hf-cp"
-[workload]
-model = "m.py:llama"
-world_size = 4
-seq_len = 32
-[workload.plan]
-dp_shard = -1
-tp = 2
-cp = 2
-[system]
-network = "switch"
-""", "cp.toml")
+    p = _write(tmp_path, space.replace('"hf"', '"hf-cp"').replace("tp = [1, 2]", "tp = 2\ncp = 2"), "cp.toml")
     assert explore_main([str(p), "--out", str(tmp_path / "out-cp"), "--cache", str(cache), "--no-progress",
                          "--no-report"]) == 0
     (row,) = _rows(tmp_path / "out-cp" / "results.db")
