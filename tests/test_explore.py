@@ -176,7 +176,7 @@ def test_explore_model_files(tmp_path, cache):
     """A Hugging Face causal LM from a model file, swept over TP on the planned path: one single-device
     capture, every plan expanded from it (no point falls back to the captured path). A CNN whose file's
     example_inputs() gives its batch (float32, so the model dtype too) runs on the captured path
-    (convolutions have no sharding rule), saying why."""
+    (batch norm has no sharding rule: DDP's per-rank statistics and buffer broadcast are not built), saying why."""
     (tmp_path / "m.py").write_text(LLAMA_FILE)
     space = """
 name = "hf"
@@ -223,7 +223,7 @@ network = "switch"
     assert explore_main([str(p), "--out", str(out), "--cache", str(cache), "--no-progress", "--no-report"]) == 0
     (row,) = _rows(out / "results.db")
     assert row["status"] == "ok", row
-    assert row["outputs"]["path"] == "captured" and "convolution" in row["outputs"]["path_note"]
+    assert row["outputs"]["path"] == "captured" and "batch_norm" in row["outputs"]["path_note"]
 
 
 def test_planned_path_refusals_name_the_plan_field():

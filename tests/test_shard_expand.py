@@ -350,15 +350,15 @@ def test_hugging_face_sequence_parallel_is_refused_not_expanded_wrong():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["gpt2", "opt", "phi3", "gemma2", "bloom", "falcon", "t5", "gpt_oss", "deepseek_v3",
-                                  "qwen2_moe", "gptj"])
+                                  "qwen2_moe", "gptj", "mamba"])
 def test_more_hugging_face_families_expand_under_fsdp(name):
     """More Hugging Face families expand (Falcon's and T5's math attention: _safe_softmax; T5's decoder
     input shift: slice_scatter / select_scatter; gpt-oss's grouped-GEMM experts with biases, a row per routed
     token gathered from a per-expert table, and ops ATen tags pointwise that rules.toml does not list,
     logical_and; DeepSeek-V3's new_empty_strided; Qwen2-MoE's shared-expert gate, a one-row weight that FSDP
     shards with padding, which the optimizer's elementwise ops used to gather: "dim 0 of size 1 is not divisible
-    over ['dp_shard']"; GPT-J's rotary tables tiled with repeat, which had no rule): the same FLOPs as PyTorch's
-    FSDP2 recipe captured at
+    over ['dp_shard']"; GPT-J's rotary tables tiled with repeat, Mamba's depthwise convolution and softplus
+    backward, none of which had a rule): the same FLOPs as PyTorch's FSDP2 recipe captured at
     world size 2, and the same collectives (FSDP2's root group, like the head, is not gathered again in
     backward). Where the planned path differs (see the README): GPT-2's part around its blocks is one unit
     where the capture has two ([ln_f, lm_head] as its TP preset names them, and the root with wpe: one
@@ -390,6 +390,34 @@ def test_more_hugging_face_families_expand_under_fsdp(name):
     fewer = {"gpt2": 1, "t5": 2}.get(name, 0)
     expected = {k: n + units.get(k, 0) * fewer for k, n in cap.collectives.items() if k in cap_bytes}
     assert dict(exp.collectives) == {**expected, **({masked: 2} if name == "t5" else {})}
+
+
+@pytest.mark.slow
+def test_convolutions_expand_over_the_batch_and_agree_with_fsdp():
+    """Convolutions (and their backward) split over the batch, weights whole, weight and bias gradients pending sums
+    reduced with the others: a small conv net under FSDP 2 runs what PyTorch's FSDP2 recipe runs (FLOPs,
+    collectives, kernels). Its first convolution's input needs no gradient, so that backward returns the weight
+    and bias gradients only (output_mask [False, True, True]): they are not read as grad_input. Convolutions had
+    no rule (a model with them took the captured path)."""
+    from captures import _byom_factory
+
+    from flint.capture import capture_step
+    from flint.capture.byom import parse_inputs
+    from flint.importer import import_step
+
+    inputs = parse_inputs("x=8x3x16x16:float32,target=8:int64")
+    one = capture_step(_byom_factory("convnet"), inputs, world_size=1, plan="dp", dtype="float32")
+    m = import_step(one)
+    CanonicalizeDistPass().apply(Context(), m)
+    ShardAnnotatePass(dp_shard=2).apply(Context(), m)
+    ShardExpandPass().apply(Context(), m)
+    m.verify()
+    cm = import_step(capture_step(_byom_factory("convnet"), inputs, world_size=2, plan="fsdp", dtype="float32"))
+    CanonicalizeDistPass().apply(Context(), cm)
+    exp, cap = summarize_program(m), summarize_program(cm)
+    assert exp.flops == cap.flops and dict(exp.collectives) == dict(cap.collectives)
+    assert dict(exp.collective_bytes) == dict(cap.collective_bytes)
+    assert _kernels(m) == _kernels(cm)
 
 
 def test_unknown_op_is_named_with_its_location():

@@ -1013,6 +1013,32 @@ class FunctionExpander:
         partial = tuple(dict.fromkeys(sg.partial + tuple(x for ax in lead for x in ax)))
         return Rule([Sharding(lead + (feat,), sg.partial), Sharding(lead)], [Sharding((rows, feat), partial)])
 
+    def rule_convolution(self, op: AtenOp) -> Rule:
+        """``convolution`` and its backward over the batch (dim 0 of input and output: DP / FSDP split it), the
+        channels and spatial dims whole, the weight and bias whole (FSDP gathers them); the weight and bias
+        gradients contract over the batch: pending sums over its axes, reduced with the other gradients. A
+        split of any other dim (a sequence split over ``cp``, a channel split) is gathered first."""
+        name = op.overload.split(".")[1]
+        x = op.inputs[0]
+        batch = tuple(a for a in self.sharding(x).dims[0]) if shape_of(x) else ()
+
+        def lead(v) -> Sharding:
+            return Sharding((batch,) + ((),) * (len(shape_of(v)) - 1))
+
+        if name == "convolution":
+            return Rule([lead(x)] + [Sharding.replicated(len(shape_of(v))) for v in op.inputs[1:]],
+                        [lead(op.outputs[0])])
+        grad, inp, weight = op.inputs[0], op.inputs[1], op.inputs[2]
+        # the results output_mask asks for, in order: grad_input (absent where the input needs none), grad_weight,
+        # grad_bias
+        wanted = [bool(m) for m in int_list(_arg(op, "output_mask")) or [1, 1, 1]]
+        kinds = [k for k, m in zip(("input", "weight", "bias"), wanted) if m]
+        if len(kinds) != len(op.outputs):
+            raise ExpandError(f"'{op.overload}'{where(op)}: {len(op.outputs)} results for output_mask {wanted}")
+        return Rule([lead(grad), lead(inp), Sharding.replicated(len(shape_of(weight)))],
+                    [lead(r) if k == "input" else Sharding.replicated(len(shape_of(r))).with_partial(batch)
+                     for k, r in zip(kinds, op.outputs)], batch)
+
     def rule_layer_norm(self, op: AtenOp) -> Rule:
         name = op.overload.split(".")[1]
         norm = len(int_list(_arg(op, "normalized_shape")) or [1])

@@ -77,6 +77,12 @@ def bert():  # a masked LM: bidirectional SDPA without a mask (no padding), its 
                                       intermediate_size=128, max_position_embeddings=128))
 
 
+def mamba():  # a state-space model: depthwise conv1d over the sequence, the selective scan's loop, no attention
+    from transformers import MambaConfig, MambaForCausalLM
+
+    return MambaForCausalLM(MambaConfig(vocab_size=256, hidden_size=64, num_hidden_layers=2, state_size=8))
+
+
 def stablelm():  # Llama's module names (the hf-llama TP preset matches), but views by the config's head count
     from transformers import StableLmConfig, StableLmForCausalLM
 
@@ -245,6 +251,25 @@ class CNN(nn.Module):
 
 def cnn():
     return CNN()
+
+
+class ConvNet(nn.Module):
+    """Convolutions without batch norm (the planned path's): the first one's input needs no gradient
+    (convolution_backward's grad_input is None); the same inputs as the CNN."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.conv2 = nn.Conv2d(8, 8, 3, stride=2, padding=1)
+        self.fc = nn.Linear(8 * 8 * 8, 10)
+
+    def forward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        h = F.relu(self.conv2(F.relu(self.conv1(x))))
+        return F.cross_entropy(self.fc(h.flatten(1)), target)
+
+
+def convnet():
+    return ConvNet()
 
 
 class Encoder(nn.Module):
