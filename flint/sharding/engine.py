@@ -81,6 +81,21 @@ def _arg(op: AtenOp, name: str) -> Attribute | None:
     return op.args.data.get(name) if op.args is not None else None
 
 
+def _returned_as_is(v: SSAValue) -> bool:
+    """Whether ``v`` reaches only the function's return, through views and casts: a dtype cast of a gradient on
+    its way out (a norm's ``1 + weight`` computed in float32, its gradient cast back), which carries a pending
+    TP sum to where DTensor reduces it, the parameter's own gradient in its own dtype."""
+    for use in v.uses:
+        op = use.operation
+        if isinstance(op, AtenOp) and op.overload.split(".")[1] in ("_to_copy", "view", "_unsafe_view", "reshape") \
+                or op.name == "shard.shard":  # the annotation of the gradient returned
+            if not _returned_as_is(op.results[0]):
+                return False
+        elif op.name != "func.return":
+            return False
+    return bool(v.uses)
+
+
 def _norm(d: int, rank: int) -> int:
     return d + rank if d < 0 else d
 
@@ -562,7 +577,8 @@ class FunctionExpander:
         gradients; any other op reduces them first (the module boundary)."""
         return kind in ("reshape", "transpose") or (
             (self.tp_style == "megatron" or self.sequence_parallel) and kind == "pointwise" and len(op.inputs) >= 2
-            and op.overload.split(".")[1] in ("add", "add_", "sub", "sub_"))
+            and op.overload.split(".")[1] in ("add", "add_", "sub", "sub_")) or (
+            op.overload.split(".")[1] == "_to_copy" and _returned_as_is(op.outputs[0]))
 
     def _emit_like(self, op: AtenOp, target: str, inputs, t: TensorType, **args) -> SSAValue:
         """Emit ``target`` on ``inputs`` with result type ``t``, carrying ``op``'s phase, module and location."""

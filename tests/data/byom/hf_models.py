@@ -77,6 +77,15 @@ def bert():  # a masked LM: bidirectional SDPA without a mask (no padding), its 
                                       intermediate_size=128, max_position_embeddings=128))
 
 
+def gemma3():  # per-head q/k norms computing 1 + weight in float32 (their gradients cast back to bf16), sliding window
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    return Gemma3ForCausalLM(Gemma3TextConfig(vocab_size=256, hidden_size=64, intermediate_size=128,
+                                              num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                              head_dim=16, max_position_embeddings=128,
+                                              sliding_window=16)).to(torch.bfloat16)
+
+
 def mamba():  # a state-space model: depthwise conv1d over the sequence, the selective scan's loop, no attention
     from transformers import MambaConfig, MambaForCausalLM
 
