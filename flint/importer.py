@@ -29,6 +29,7 @@ norms) runs before the optimizer parts, in forward order, and ``@grad_clip``
 from __future__ import annotations
 
 import operator
+import os
 import re
 from typing import Any, Iterable
 
@@ -102,13 +103,15 @@ def tensor_type(t: torch.Tensor, where: str) -> TensorType:
 
 
 def _user_line(node: torch.fx.Node) -> tuple[str, int] | None:
-    """The innermost frame of ``stack_trace`` (the user's model code)."""
+    """The innermost frame of ``stack_trace`` (the user's model code): not torch's, nor Flint's capture machinery
+    (its stand-in for ``scaled_dot_product_attention``, which calls the fused kernel for the model's line)."""
     trace = node.meta.get("stack_trace") or ""
     frames = re.findall(r'File "([^"]+)", line (\d+)', trace)
     if not frames:
         return None
     torch_dir = torch.__file__.rsplit("/", 1)[0]
-    user = [f for f in frames if not f[0].startswith(torch_dir)]
+    capture_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "capture") + os.sep
+    user = [f for f in frames if not f[0].startswith(torch_dir) and not f[0].startswith(capture_dir)]
     file, line = (user or frames)[-1]
     return file, int(line)
 

@@ -253,7 +253,8 @@ def test_hugging_face_model_under_cp_moves_no_tokens():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name,why", [
-    ("llama", r"'aten._scaled_dot_product_flash_attention_for_cpu.default' at .* \(module 'block.self_attn'\) takes "
+    ("llama", r"'aten._scaled_dot_product_flash_attention_for_cpu.default' at [^ ]*/transformers/[^ ]*\.py:\d+:0 "
+              r"\(module 'block.self_attn'\) takes "
               r"an explicit attention mask \(tensor<2x1x32x32xi1>\): PyTorch's context_parallel runs attention "
               r"without one only"),
     ("gpt_oss", r"the program has no fused attention call .* eager attention \(bmm, softmax\) would attend to each "
@@ -261,7 +262,7 @@ def test_hugging_face_model_under_cp_moves_no_tokens():
 def test_cp_where_pytorch_runs_no_ring_attention_is_refused(name, why):
     """cp on a program PyTorch's context_parallel does not run as ring attention is refused before any work: an
     attention with an explicit mask (Hugging Face Llama, compiled, builds its causal mask; PyTorch's ring refuses an
-    attention bias), and eager attention (gpt-oss: bmm, softmax, sinks), which the ring does not rewrite. Both
+    attention bias; the error names the model's line, not the capture's stand-in for SDPA), and eager attention (gpt-oss: bmm, softmax, sinks), which the ring does not rewrite. Both
     expanded: the mask whole against the rank's sequence shard, the attention priced as not causal; the eager
     attention's K/V all-gathered over cp, which no PyTorch run does."""
     from captures import single_device_byom
