@@ -29,6 +29,7 @@ from flint.sharding.rules import (
     rules_for,
     zero_storage_sharding,
 )
+from flint.sharding.engine import shape_of
 from flint.sharding.spec import Sharding
 
 PARAM_ATTR = "flint.param"
@@ -265,10 +266,6 @@ def program_max_norm(module: ModuleOp) -> float | None:
     return plan.max_norm if plan is not None else 0.0
 
 
-def _shape(v: SSAValue) -> list[int]:
-    return list(v.type.get_shape()) if isinstance(v.type, TensorType) else []
-
-
 _WEIGHT_PATH = ("t", "transpose", "permute", "view", "_unsafe_view", "reshape", "_to_copy", "clone", "detach", "alias")
 
 
@@ -286,10 +283,10 @@ def _weight_uses(arg: SSAValue, dim: int | None):
                 yield op, use.index, d
             elif name in _WEIGHT_PATH and len(op.outputs) == 1:
                 out = op.outputs[0]
-                if name in ("t", "transpose") and len(_shape(v)) == 2:
+                if name in ("t", "transpose") and len(shape_of(v)) == 2:
                     todo.append((out, None if d is None else 1 - d))
                 else:
-                    todo.append((out, d if _shape(out) == _shape(v) and name != "permute" else None))
+                    todo.append((out, d if shape_of(out) == shape_of(v) and name != "permute" else None))
 
 
 def check_tp_pairs(fn: func.FuncOp, rules: Rules, plan: Plan) -> None:
@@ -305,7 +302,7 @@ def check_tp_pairs(fn: func.FuncOp, rules: Rules, plan: Plan) -> None:
     row: set = set()
     for i, arg in enumerate(fn.body.block.args):
         role, param = _role(fn, i)
-        if role != "parameter" or not param or rules.is_expert(param) or len(_shape(arg)) != 2:
+        if role != "parameter" or not param or rules.is_expert(param) or len(shape_of(arg)) != 2:
             continue
         d = rules.tp_dim(param)
         for op, index, pos in _weight_uses(arg, d):

@@ -1036,7 +1036,7 @@ class FunctionExpander:
         split of any other dim (a sequence split over ``cp``, a channel split) is gathered first."""
         name = op.overload.split(".")[1]
         x = op.inputs[0]
-        batch = tuple(a for a in self.sharding(x).dims[0]) if shape_of(x) else ()
+        batch = self.sharding(x).dims[0]
 
         def lead(v) -> Sharding:
             return Sharding((batch,) + ((),) * (len(shape_of(v)) - 1))
