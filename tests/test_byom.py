@@ -878,3 +878,30 @@ def test_probing_hugging_face_tp_plan_without_tp_prints_nothing():
     finally:
         log.removeHandler(handler)
         log.setLevel(level)
+
+
+def _attention(step):
+    """The block's forward flash-attention node."""
+    return next(n for n in step.part("block").fwd.nodes()
+                if n.op == "call_function" and "flash_attention" in str(n.target) and "backward" not in str(n.target))
+
+
+@pytest.mark.slow
+def test_hf_causal_mask_is_decided_as_eager_decides_it():
+    """Hugging Face's mask creation asks whether the position ids pack several sequences per row. Traced, it
+    cannot read them, so the capture built an explicit [B, 1, S, S] bool mask and repeated the K/V heads itself
+    (SDPA's enable_gqa wants no mask), where eager, whose position ids the model builds as arange, finds no
+    packing and calls SDPA with is_causal and the K/V heads as they are (and PyTorch's context_parallel, which
+    takes no mask, can run it). The capture now runs what eager runs; a position_ids input keeps the mask (its
+    values are unknown), as does a sliding window shorter than the sequence (Mistral's 16 of 32), as in eager."""
+    from captures import single_device_byom
+
+    attn = _attention(single_device_byom("llama", 2)[0])
+    query, key = (a.meta["val"] for a in attn.args[:2])
+    assert attn.args[4] is True and attn.kwargs.get("attn_mask") is None
+    assert (query.shape[1], key.shape[1]) == (4, 2)  # 4 query heads, 2 K/V heads: not repeated
+    shapes = {"input_ids": (2, 32), "labels": (2, 32), "position_ids": (2, 32)}
+    given = _attention(capture_step(_byom_factory("llama"), shapes, world_size=1, plan="dp"))
+    assert tuple(given.kwargs["attn_mask"].meta["val"].shape) == (2, 1, 32, 32)
+    window = _attention(single_device_byom("mistral", 2)[0])
+    assert tuple(window.kwargs["attn_mask"].meta["val"].shape) == (2, 1, 32, 32)

@@ -135,12 +135,18 @@ def test_calibration_axis_resolves_names_and_paths_and_names_what_is_wrong(tmp_p
 HF_MODELS = Path(__file__).parent / "data" / "byom" / "hf_models.py"  # defines example_inputs() (the CNN's)
 
 LLAMA_FILE = """
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
 
 
 def llama():
     return LlamaForCausalLM(LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128))
+
+
+def mistral():  # a sliding window shorter than the tests' 32 tokens
+    return MistralForCausalLM(MistralConfig(vocab_size=256, hidden_size=64, intermediate_size=128,
+                                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                            max_position_embeddings=128, sliding_window=16))
 """
 
 
@@ -199,12 +205,20 @@ network = "switch"
     t = {r["inputs"]["workload.plan.tp"]: r["outputs"] for r in rows}
     assert t[2]["peak_memory_bytes"] < t[1]["peak_memory_bytes"]  # TP splits the blocks' weights
     assert t[2]["exposed_comm_us"] > 0
-    # cp: shard-expand refuses the compiled model's masked attention, and the captured path has no cp; the failure
-    # names both reasons (it named the capture's only, hiding why the planned path, which builds cp, did not)
+    # cp: the capture calls SDPA as eager does (is_causal, no mask), so the planned path runs the ring
     p = _write(tmp_path, space.replace('"hf"', '"hf-cp"').replace("tp = [1, 2]", "tp = 2\ncp = 2"), "cp.toml")
     assert explore_main([str(p), "--out", str(tmp_path / "out-cp"), "--cache", str(cache), "--no-progress",
                          "--no-report"]) == 0
     (row,) = _rows(tmp_path / "out-cp" / "results.db")
+    assert row["status"] == "ok" and row["outputs"]["path"] == "planned", row
+    # Mistral's sliding window (16 of 32 tokens) masks its attention, as in eager: shard-expand refuses cp, and
+    # the captured path has no cp; the failure names both reasons (it named the capture's only, hiding why the
+    # planned path, which builds cp, did not)
+    p = _write(tmp_path, space.replace('"hf"', '"window-cp"').replace('"m.py:llama"', '"m.py:mistral"')
+               .replace("tp = [1, 2]", "cp = 2"), "window.toml")
+    assert explore_main([str(p), "--out", str(tmp_path / "out-window"), "--cache", str(cache), "--no-progress",
+                         "--no-report"]) == 0
+    (row,) = _rows(tmp_path / "out-window" / "results.db")
     assert row["status"] == "error" and re.search(r"^shard-expand: plan field 'cp': .* explicit attention mask .*; "
                                                   r"then the captured path: capture: plan field 'cp': capture does not "
                                                   r"support it", row["error"]), row["error"]

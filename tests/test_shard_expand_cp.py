@@ -241,19 +241,67 @@ def test_hugging_face_model_under_cp_moves_no_tokens():
     traffic. The loss gradient (nll_loss_backward, then log_softmax's backward reading the saved output) lost where
     the flattened tokens' split came from and went back to [batch, seq] split on the batch: 9 all-to-alls over cp
     in backward."""
+    m = _expand_byom("bert", {"cp": 2})
+    assert {kind for kind, _, _ in summarize_program(m).collectives} == {"all_gather", "reduce_scatter", "send"}
+
+
+def _expand_byom(name: str, plan_fields: dict) -> ModuleOp:
+    """The single-device capture of tests/data/byom/hf_models.py's ``name`` (2 x 32 tokens) expanded."""
     from captures import single_device_byom
 
-    m = single_device_byom("bert", 2)[1].clone()
+    m = single_device_byom(name, 2)[1].clone()
     CanonicalizeDistPass().apply(Context(), m)
-    ShardAnnotatePass(cp=2).apply(Context(), m)
+    ShardAnnotatePass(**plan_fields).apply(Context(), m)
     ShardExpandPass().apply(Context(), m)
     m.verify()
+    VerifyP2PPass().apply(Context(), m)
+    return m
+
+
+@pytest.mark.slow
+def test_hugging_face_decoder_under_cp_runs_the_causal_ring():
+    """A Hugging Face decoder (Llama: 4 query heads, 2 K/V heads of 16, 2 layers, float32) under cp = 2. Its
+    capture calls SDPA as eager Hugging Face does (is_causal, no mask, the K/V heads as they are: test_byom), so
+    PyTorch's ring runs it: the K/V gradient passes round the ring once per rank and layer in float32, 2 heads
+    wide (not repeated to 4), and the causal work and every other FLOP are conserved (head-tail balance). Before,
+    the capture built an explicit mask, which cp refused (and before that, expanded against each rank's shard
+    and priced as not causal). With FSDP over dp_shard too, the loss's targets (Hugging Face shifts the labels
+    inside the model: gathered over cp, padded, sliced) take the logits' split of their [batch * seq] rows (batch
+    over dp_shard, sequence over cp): an all-to-all over dp_shard moved them onto the sequence before."""
+    from captures import single_device_byom
+
+    single = single_device_byom("llama", 2)[1]
+    m = _expand_byom("llama", {"cp": 2})
+    got = summarize_program(m)
+    kv_elems = 2 * 2 * 2 * (32 // 2) * 16  # K and V: batch 2, 2 heads, 16 local tokens, head dim 16
+    assert got.collectives[("send", ("cp",), "bwd")] == got.sends == got.recvs == 2 * 2
+    assert got.collective_bytes[("send", ("cp",), "bwd")] == 2 * 2 * kv_elems * F32
+    one_counted, one_causal, one_other = _attention_work(single)
+    counted, causal, other = _attention_work(m)
+    assert other * 2 == one_other and causal * 2 == pytest.approx(one_causal, rel=1e-12)
+    assert counted * 2 * 2 * 2 == one_counted * 3
+    with_fsdp = summarize_program(_expand_byom("llama", {"cp": 2, "dp_shard": 2}))
+    assert {kind for kind, _, _ in with_fsdp.collectives} == {"all_gather", "reduce_scatter", "send"}
+
+
+@pytest.mark.slow
+def test_hugging_face_grouped_gemm_moe_under_cp():
+    """Hugging Face's grouped-GEMM experts (Mixtral) under cp x FSDP: each rank routes its own tokens (no
+    all-to-all), every FLOP but attention's is a quarter of the single device's, the causal work too. Refused
+    before (the traced mask)."""
+    from captures import single_device_byom
+
+    single = single_device_byom("mixtral", 2)[1]
+    m = _expand_byom("mixtral", {"cp": 2, "dp_shard": 2})
     assert {kind for kind, _, _ in summarize_program(m).collectives} == {"all_gather", "reduce_scatter", "send"}
+    _, one_causal, one_other = _attention_work(single)
+    _, causal, other = _attention_work(m)
+    assert other * 4 == one_other and causal * 4 == pytest.approx(one_causal, rel=1e-12)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name,why", [
-    ("llama", r"'aten._scaled_dot_product_flash_attention_for_cpu.default' at [^ ]*/transformers/[^ ]*\.py:\d+:0 "
+    ("mistral", r"'aten._scaled_dot_product_flash_attention_for_cpu.default' at [^ ]*/transformers/[^ ]*\.py:\d+:0 "
               r"\(module 'block.self_attn'\) takes "
               r"an explicit attention mask \(tensor<2x1x32x32xi1>\): PyTorch's context_parallel runs attention "
               r"without one only"),
@@ -261,8 +309,10 @@ def test_hugging_face_model_under_cp_moves_no_tokens():
                 r"rank's own shard of the sequence only")])
 def test_cp_where_pytorch_runs_no_ring_attention_is_refused(name, why):
     """cp on a program PyTorch's context_parallel does not run as ring attention is refused before any work: an
-    attention with an explicit mask (Hugging Face Llama, compiled, builds its causal mask; PyTorch's ring refuses an
-    attention bias; the error names the model's line, not the capture's stand-in for SDPA), and eager attention (gpt-oss: bmm, softmax, sinks), which the ring does not rewrite. Both
+    attention with an explicit mask (Mistral's sliding window of 16 tokens, shorter than the 32, which eager
+    Hugging Face masks too; PyTorch's ring refuses an attention bias; the error names the model's line, not the
+    capture's stand-in for SDPA), and eager attention (gpt-oss: bmm, softmax, sinks), which the ring does not
+    rewrite. Both
     expanded: the mask whole against the rank's sequence shard, the attention priced as not causal; the eager
     attention's K/V all-gathered over cp, which no PyTorch run does."""
     from captures import single_device_byom

@@ -180,10 +180,12 @@ def test_expected_differences_rules():
     assert explain("elementwise", "optim", "aten::reciprocal").key == "optimizer"
     assert explain("gemm", "fwd", "aten::mm") is None  # an mm difference is never "expected"
     assert explain("all_gather", "fwd", "_c10d_functional::all_gather_into_tensor") is None
-    # Hugging Face's traced-mask ops are explained for Hugging Face models only
-    assert explain("elementwise", "fwd", "aten::bitwise_and", "fsdp", "hf-llama-tiny").key == "hf-traced-mask"
-    assert explain("reduction", "fwd", "aten::all", "fsdp", "hf-llama-tiny").key == "hf-traced-mask"
-    assert explain("elementwise", "fwd", "aten::bitwise_and", "fsdp", "llama-tiny") is None
+    # eager Hugging Face's packed-sequence check is explained for Hugging Face models only; the traced mask
+    # (le, bitwise_and) is no longer built, so nothing explains it
+    assert explain("reduction", "fwd", "aten::cumsum", "fsdp", "hf-llama-tiny").key == "hf-packed-check"
+    assert explain("reduction", "fwd", "aten::all", "fsdp", "hf-llama-tiny").key == "hf-packed-check"
+    assert explain("reduction", "fwd", "aten::cumsum", "fsdp", "llama-tiny") is None
+    assert explain("elementwise", "fwd", "aten::bitwise_and", "fsdp", "hf-llama-tiny") is None
     assert explain("reduction", "bwd", "aten::sum", "fsdp", "llama-tiny") is None
     # a recomputed forward's mean (eager: sum + div) only where activation checkpointing recomputes
     assert explain("reduction", "bwd", "aten::sum", "fsdp", "llama-tiny", ac=True).key == "recomputed-mean"

@@ -386,6 +386,36 @@ def check_inputs(model: nn.Module, names: Sequence[str], loss_targets: Sequence[
 LOSSES = ("auto", "cross_entropy", "mse", "sum")
 
 
+@contextmanager
+def eager_mask_decisions(input_names: Sequence[str]) -> Iterator[None]:
+    """Hugging Face's attention masks decided as an eager run decides them, for inputs without ``position_ids``.
+
+    With no ``attention_mask``, Hugging Face's mask creation (``transformers.masking_utils``) asks
+    ``find_packed_sequence_indices(position_ids)`` whether the batch packs several sequences per row; "no" lets
+    SDPA run ``is_causal`` without a mask (and ``enable_gqa`` instead of repeating K/V heads). The answer reads
+    the values, which a traced run cannot, so under ``torch.compile`` it is always "maybe" and an explicit
+    ``[B, 1, S, S]`` mask is built. Where the model builds ``position_ids`` itself (``arange``, no such input),
+    eager's answer is known: no packing. Flint's capture gives that answer, so the step is the one an eager run
+    (and PyTorch's ``context_parallel``, which takes no mask) executes. A ``position_ids`` input keeps the traced
+    behaviour: its values are unknown. No-op when transformers is not loaded or has no such function.
+    """
+    mu = sys.modules.get("transformers.masking_utils")
+    find = getattr(mu, "find_packed_sequence_indices", None)
+    if find is None or "position_ids" in input_names:
+        yield
+        return
+    mu.find_packed_sequence_indices = _no_packed_sequences
+    try:
+        yield
+    finally:
+        mu.find_packed_sequence_indices = find
+
+
+def _no_packed_sequences(position_ids: torch.Tensor) -> None:
+    """``find_packed_sequence_indices`` for ``position_ids`` the model built as ``arange``: one sequence a row."""
+    return None
+
+
 def loss_of(out: Any, targets: Mapping[str, torch.Tensor], loss: str) -> torch.Tensor:
     """The scalar to differentiate: the model's own loss, or ``loss`` of its logits / output."""
     own = getattr(out, "loss", None) if not isinstance(out, torch.Tensor) else None

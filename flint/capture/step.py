@@ -37,7 +37,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.optim.adamw import adamw
 
 from flint.capture import opclass
-from flint.capture.byom import _STDLIB
+from flint.capture.byom import _STDLIB, eager_mask_decisions
 from flint.capture.composite import composite_autograd, no_rng_state_on_meta
 from flint.capture.errors import CaptureError
 from flint.capture.float8 import apply_float8
@@ -877,10 +877,11 @@ def capture_step(
         if batch_shapes is None:
             raise CaptureError("inputs", "a pipeline needs the batch shapes (the first stage's input and the "
                                "loss target)")
-        step = capture_pipeline(model_factory, parallelize, plan, mesh, batch_shapes,
-                                torch_dtype=_DTYPES.get(dtype, dtype) if isinstance(dtype, str) else dtype,
-                                optimizer=optimizer, capture_part=capture_part,
-                                plan_name=getattr(parallelize, "__name__", plan_name))
+        with eager_mask_decisions(batch_shapes):
+            step = capture_pipeline(model_factory, parallelize, plan, mesh, batch_shapes,
+                                    torch_dtype=_DTYPES.get(dtype, dtype) if isinstance(dtype, str) else dtype,
+                                    optimizer=optimizer, capture_part=capture_part,
+                                    plan_name=getattr(parallelize, "__name__", plan_name))
         step.partitioner = partitioner
         return step
     if not custom and plan.pp > 1:  # before any work: the schedule must be one torch runs
@@ -934,10 +935,11 @@ def capture_step(
                 from flint.capture.byom import planned_tp_rules
 
                 tp_rules, tp_refused = planned_tp_rules(model)
-            parts, local, notes = capture_generic(
-                model, dm, mesh, specs, parallelize=fn, plan=None if custom else plan, loss=loss, repeat=repeat,
-                capture_part=capture_part, param_dtype=param_dtype, data_axes=data_axes,
-                local_batch=_local_batch, optimizer=optimizer, buffers=buffers)
+            with eager_mask_decisions(specs):
+                parts, local, notes = capture_generic(
+                    model, dm, mesh, specs, parallelize=fn, plan=None if custom else plan, loss=loss,
+                    repeat=repeat, capture_part=capture_part, param_dtype=param_dtype, data_axes=data_axes,
+                    local_batch=_local_batch, optimizer=optimizer, buffers=buffers)
             axes = group_axes(dm)
             _check_groups(parts, axes)
             torch._dynamo.reset()

@@ -357,8 +357,9 @@ def expand_attention(ex: "FunctionExpander", op: AtenOp) -> bool:
 
 def check_program(module, plan) -> None:
     """Refuse ``cp`` where PyTorch's ``context_parallel`` runs no ring attention: an attention call with an
-    explicit mask (its SDPA overrides refuse one: "attn_bias is not supported yet"; Hugging Face models build a
-    mask when compiled, as captured, where eager Hugging Face passes ``is_causal``), or a program without a fused
+    explicit mask (its SDPA overrides refuse one: "attn_bias is not supported yet"; Hugging Face models build one
+    for a sliding window shorter than the sequence, padding, or a ``position_ids`` input whose packing the capture
+    cannot read), or a program without a fused
     attention call (eager attention, ``bmm`` and ``softmax``, which the ring does not rewrite: each rank would
     attend to its own shard of the sequence only)."""
     from xdsl.dialects import func
@@ -377,8 +378,9 @@ def check_program(module, plan) -> None:
         if mask is not None:
             raise PlanError("cp", f"'{op.overload}'{where(op)} takes an explicit attention mask ({mask.type}): "
                             "PyTorch's context_parallel runs attention without one only (is_causal, or no mask: "
-                            "'attn_bias is not supported yet'). Hugging Face models build the mask when compiled, "
-                            "as captured, where eager Hugging Face passes is_causal; plan dp / fsdp / tp for this "
+                            "'attn_bias is not supported yet'). Hugging Face models build one for a sliding window "
+                            "shorter than the sequence, padding (an attention_mask input) or a position_ids input "
+                            "(packed sequences, which the capture cannot rule out); plan dp / fsdp / tp for this "
                             "program", plan.source)
     if not fused:
         raise PlanError("cp", "the program has no fused attention call (scaled_dot_product_attention, flash): "

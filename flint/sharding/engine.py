@@ -335,13 +335,15 @@ class FunctionExpander:
     def bind(self, old: SSAValue, new: SSAValue, s: Sharding) -> None:
         self.env[old] = (new, s)
 
-    def value(self, old: SSAValue, want: Sharding, why: str) -> SSAValue:
+    def value(self, old: SSAValue, want: Sharding, why: str, hint: dict | None = None) -> SSAValue:
+        """``old`` resharded to ``want``; ``hint`` says where a merged dim's axes come from in the operand that
+        set ``want`` (the logits whose ``[batch * seq]`` rows a loss's targets must match)."""
         new, s = self.env[old]
         if s.partial and not want.partial and old in self.reduced:
             new, s = self.reduced[old]  # reduce a partial value once; later users start from that
         out = None
         if s != want and (new, want) not in self.cache:
-            out = self._from_upstream(old, want, 4)
+            out = self._from_upstream(old, want, 4, hint)
             if out is not None:
                 self.cache[(new, want)] = out
         if out is None:
@@ -350,8 +352,9 @@ class FunctionExpander:
             self.reduced[old] = (out, want)
         return out
 
-    def _view_input_sharding(self, op: AtenOp, want: Sharding) -> Sharding | None:
-        """The sharding of a view / transpose's input that yields ``want`` (None if there is none)."""
+    def _view_input_sharding(self, op: AtenOp, want: Sharding, hint: dict | None = None) -> Sharding | None:
+        """The sharding of a view / transpose's input that yields ``want`` (None if there is none); a merged dim's
+        axes go back where the view's own record puts them, else where ``hint`` (``want``'s) does."""
         kind = self.rules.op_kind(op.overload)
         a, b = shape_of(op.inputs[0]), shape_of(op.outputs[0])
         if kind == "transpose":
@@ -372,7 +375,8 @@ class FunctionExpander:
             return Sharding(tuple(dims), want.partial)
         if kind == "reshape":
             merged = self.env.get(op.outputs[0])
-            need, back, _ = self.reshape_sharding(want, b, a, self.hints.get(merged[0]) if merged else None)
+            own = self.hints.get(merged[0]) if merged else None
+            need, back, _ = self.reshape_sharding(want, b, a, {**(hint or {}), **(own or {})})
             if need != want:
                 return None
             _, again, _ = self.reshape_sharding(back, a, b)
@@ -394,7 +398,7 @@ class FunctionExpander:
         except (KeyError, ValueError):
             return False
 
-    def _from_upstream(self, old: SSAValue, want: Sharding, depth: int) -> SSAValue | None:
+    def _from_upstream(self, old: SSAValue, want: Sharding, depth: int, hint: dict | None = None) -> SSAValue | None:
         """Reuse a collective already done on the input of the view / transpose producing ``old``:
         re-apply the view to that input's resharded value (DTensor redistributes once, at the
         module boundary, and every user of the value sees it). A gather of an up-cast value
@@ -408,14 +412,14 @@ class FunctionExpander:
         elif self.rules.op_kind(op.overload) not in ("reshape", "transpose"):
             return None
         else:
-            in_want = self._view_input_sharding(op, want)
+            in_want = self._view_input_sharding(op, want, hint)
         if in_want is None:
             return None
         inp = op.inputs[0]
         inew, ins = self.env[inp]
         if ins == in_want:
             return None
-        src = self.cache.get((inew, in_want)) or self._from_upstream(inp, in_want, depth - 1)
+        src = self.cache.get((inew, in_want)) or self._from_upstream(inp, in_want, depth - 1, hint)
         if src is None:
             src = self.reshard(inew, shape_of(inp), ins, in_want, f"'{op.overload}'{where(op)}")
             if src is inew:
@@ -502,7 +506,7 @@ class FunctionExpander:
         why = f"'{op.overload}'{where(op)}"
         operands = []
         for i, (v, s) in enumerate(zip(op.inputs, rule.operands)):
-            nv = self.value(v, s, why)
+            nv = self.value(v, s, why, next((self.hints[o] for o in operands if o in self.hints), None))
             if kind in ("matmul", "attention") and nv is not self.env[v][0]:
                 self.gemm_variant.setdefault(v, nv)
             operands.append(nv)

@@ -499,13 +499,13 @@ class MoEExpander(FunctionExpander):
         tokens = self._order(tuple(s.dims[0]) + tuple(s.dims[1]))
         return Rule([Sharding(((), tokens, ()), s.partial)], [Sharding((tokens, ()), s.partial)])
 
-    def _from_upstream(self, old: SSAValue, want: Sharding, depth: int) -> SSAValue | None:
+    def _from_upstream(self, old: SSAValue, want: Sharding, depth: int, hint: dict | None = None) -> SSAValue | None:
         """The MoE input is gathered once at its entry view; its token slices come from that (local)."""
         op = old.owner
         if self.tp_axes and isinstance(op, AtenOp) and self.rules.op_kind(op.overload) == "reshape" and \
                 self._moe_entry(op):
             return None
-        return super()._from_upstream(old, want, depth)
+        return super()._from_upstream(old, want, depth, hint)
 
     def _moe_exit(self, op: AtenOp) -> bool:
         """A ``[tokens, hidden] -> [batch, seq, hidden]`` view: the MoE output (or input gradient) leaving it."""

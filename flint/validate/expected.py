@@ -58,11 +58,13 @@ _LOSS_PARALLEL = (
     "handlers call them; Flint's capture traces the same handlers through AOTAutograd, whose joint graph is "
     "decomposed (the backward as exp / sub / where chains) and partitioned (masks recomputed or saved). "
     "The three loss all-reduces and every GEMM match on both sides. ")
-_HF_TRACED_MASK = (
-    "Hugging Face's mask creation cannot read position_ids under torch.compile (find_packed_sequence_indices "
-    "skips its data-dependent 'no packed sequences' check when traced), so the traced model builds an explicit "
-    "bool mask, causal (le) and same-sequence (bitwise_and), and calls SDPA with it; eager finds no packing "
-    "(aten::all) and calls SDPA with is_causal=True and no mask. ")
+_HF_PACKED_CHECK = (
+    "Hugging Face's mask creation asks find_packed_sequence_indices whether the position ids pack several "
+    "sequences per row: eager computes their diff (sub), ne and cumsum and checks the last column (eq, all), finds "
+    "one sequence a row and calls SDPA with is_causal=True, no mask and the K/V heads as they are (enable_gqa). "
+    "torch.compile cannot read the values; where the model builds its position ids (arange, no such input), "
+    "Flint's capture is given eager's answer (flint.capture.byom.eager_mask_decisions) and calls the same SDPA, "
+    "without these few ops on [batch, seq] integers (which a traced run computes to build an explicit mask). ")
 
 EXPECTED: tuple[Expected, ...] = (
     Expected("optimizer", "elementwise", r"aten::\w+", "optim",
@@ -94,14 +96,8 @@ EXPECTED: tuple[Expected, ...] = (
              "add_); AOTAutograd's joint graph is functionalized and decomposed (norm and mean backward as "
              "explicit mul/div/add chains), and its min-cut partitioner "
              "recomputes cheap forward ops such as silu in the backward instead of saving them."),
-    Expected("hf-traced-mask", "elementwise", r"aten::(le|bitwise_and)", "fwd",
-             _HF_TRACED_MASK + "Same attention kernel and count on both sides.", models=_HF),
-    Expected("hf-traced-mask", "reduction", r"aten::all", "fwd", _HF_TRACED_MASK, models=_HF),
-    Expected("hf-traced-mask-gqa", "reduction", r"aten::sum", "bwd",
-             "With that explicit mask, Hugging Face's sdpa_attention does not pass enable_gqa (use_gqa_in_sdpa "
-             "wants no mask) and repeats the key/value heads itself (repeat_kv: expand + reshape); the expand's "
-             "backward sums the gradient over the repeated heads, one sum for K and one for V per block. Eager "
-             "(no mask) passes enable_gqa=True and has no expand.", models=_HF),
+    Expected("hf-packed-check", "elementwise", r"aten::(sub|ne|eq)", "fwd", _HF_PACKED_CHECK, models=_HF),
+    Expected("hf-packed-check", "reduction", r"aten::(cumsum|all)", "fwd", _HF_PACKED_CHECK, models=_HF),
     Expected("loss-parallel-handlers", "elementwise", r"aten::(add|sub|exp|where|ne|ge|lt|bitwise_or)", None,
              _LOSS_PARALLEL, loss_parallel=True),
     Expected("loss-parallel-handlers", "reduction", r"aten::(_log_softmax_backward_data|nll_loss_backward)", "bwd",
