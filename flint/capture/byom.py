@@ -923,7 +923,7 @@ def preset_parallelize(plan, model: nn.Module, blocks_path: str | None,
 
     def parallelize(model: nn.Module, mesh) -> None:
         import torch.distributed.fsdp as fsdp_mod
-        from torch.distributed._composable import replicate
+        from torch.distributed._composable.replicate_with_fsdp import replicate
 
         if plan.tp > 1:
             if config_experts(model) is not None:
@@ -981,7 +981,7 @@ def preset_parallelize(plan, model: nn.Module, blocks_path: str | None,
                                "Flint has no recipe for: torch's replicate takes no reduce dtype; use dp_shard "
                                "(FSDP2's MixedPrecisionPolicy) or --parallelize", where_defined(model))
         elif plan.dp_replicate > 1:
-            wrap = lambda m: replicate(m, device_mesh=mesh["dp_replicate"])  # noqa: E731
+            wrap = lambda m: replicate(m, mesh=mesh["dp_replicate"])  # noqa: E731
         else:
             return
         grouped: set[int] = set()
@@ -992,17 +992,21 @@ def preset_parallelize(plan, model: nn.Module, blocks_path: str | None,
 
         emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
         out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-        if emb is not None and not (out is not None and out.weight is emb.weight):
+        tied = emb is not None and out is not None and out.weight is emb.weight
+        if emb is not None and not tied:
             group(emb)
         if blocks_path is not None:
             for block in model.get_submodule(blocks_path).children():
                 group(block)
         preset = detect_tp_preset(model)
         if preset is not None:
-            # final norm and output as one group, not resharded after forward, as torchtitan does
+            # final norm and output as one group, not resharded after forward, as torchtitan does; a tied input
+            # embedding joins them: FSDP2 refuses one parameter in two groups ("is shared with a parameter already
+            # managed by another FSDP group"), which the root would otherwise make it
             table = TP_PRESETS[preset]
             extra = {"reshard_after_forward": False} if plan.dp_shard > 1 else {}
-            group([model.get_submodule(table["norm"]), model.get_submodule(table["head"])], **extra)
+            head = [model.get_submodule(table["norm"]), model.get_submodule(table["head"])]
+            group(([emb] if tied else []) + head, **extra)
         for side in stages or ():
             # the stage's modules not grouped yet: torchtitan's fully_shard on each stage's model part, the root
             # of its stage, which FSDP2 does not reshard after forward (as the root group without stages)

@@ -95,8 +95,11 @@ def _kill(proc: subprocess.Popen) -> None:
 def _error_text(run_dir: Path, rank: int, stderr_path: Path) -> str:
     err = run_dir / f"error.{rank}.txt"
     if err.exists():
+        # the exception's lines: from the traceback's last unindented line (a Flint error goes on, indented,
+        # with where it points: "  at file:line", which alone said nothing)
         lines = [ln for ln in err.read_text().strip().splitlines() if ln.strip()]
-        return lines[-1].strip() if lines else "unknown error"
+        start = max((i for i, ln in enumerate(lines) if not ln[:1].isspace()), default=len(lines) - 1)
+        return " ".join(ln.strip() for ln in lines[start:]) if lines else "unknown error"
     tail = stderr_path.read_text(errors="replace").strip().splitlines()[-5:] if stderr_path.exists() else []
     return " | ".join(ln.strip() for ln in tail) or "exited without an error message"
 
