@@ -417,7 +417,7 @@ def test_hf_models_capture(name, plan, world, tp):
     colls = step.summary().collectives
     if plan == "dp":
         # one gradient all-reduce per group: 2 blocks and two more (untied embedding, [final norm, output] as
-        # torchtitan groups them, root left empty; GPT-2: [ln_f, lm_head + tied wte], root with wpe; Mixtral,
+        # torchtitan groups them, root left empty; GPT-2: [wte, ln_f, lm_head] (tied), root with wpe; Mixtral,
         # no TP preset: embedding, root with norm and output)
         assert {k for k in colls} == {("all_reduce", ("dp_replicate",), "bwd")}
         assert colls[("all_reduce", ("dp_replicate",), "bwd")] == 4
