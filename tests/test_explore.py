@@ -660,3 +660,21 @@ def test_summary_names_why_points_were_pruned_and_what_mfu_counts(tmp_path):
     assert ("| `degrees_divide` | 1 | plan field 'ac_every': applies only to activation_checkpoint = "
             "\"selective-layer\" |") in md
     assert "`mfu` counts the FLOPs the step runs, activation checkpointing's recompute included" in md
+
+
+def test_a_line_without_series_plots_without_a_legend_warning(tmp_path):
+    """A report line whose x is the only varied axis is one unlabelled line: matplotlib warned "No artists with
+    labels found to put in legend" on every such run (flint explore over ep alone)."""
+    import warnings
+
+    from flint.explore.report import _plots, dataframe
+
+    space = load_space(_write(tmp_path, BASE.replace('series = "system.nic.bandwidth_gbits_per_s"\n', "")))
+    rows = [{"point_id": str(bw), "inputs": {"system.bandwidth_gbits_per_s.switch": bw}, "status": "ok",
+             "outputs": {"iteration_time_us": 1e5 / bw, "exposed_comm_us": 1.0, "mfu": 0.3,
+                         "peak_memory_bytes": 2**30, "mem_params_bytes": 2**29, "fits": True, "gpus": 8}}
+            for bw in (100, 400)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        paths = _plots(dataframe(rows, space), space, tmp_path)
+    assert (tmp_path / "line-bandwidth_gbits_per_s-switch.png") in paths

@@ -319,7 +319,7 @@ def test_hugging_face_moe_under_tp_is_refused_on_both_paths():
 
 
 @pytest.mark.slow
-def test_hugging_face_moe_planned_path_refuses_tp_and_moe_parallelism():
+def test_hugging_face_moe_planned_path_refuses_tp():
     """Mixtral's grouped-GEMM experts expand under data parallelism (the agreement test); under tp the
     refusal names the experts and the way out, without sending the user to a capture that refuses too."""
     from captures import single_device_byom
@@ -332,6 +332,74 @@ def test_hugging_face_moe_planned_path_refuses_tp_and_moe_parallelism():
                                         r"fsdp for it$"):
         ShardAnnotatePass(dp_shard=2, tp=2).apply(Context(), m)
     assert str(m) == before
+
+
+@pytest.mark.slow
+def test_hugging_face_grouped_gemm_moe_under_ep():
+    """Hugging Face's grouped-GEMM experts (Mixtral, bf16: 2 layers of 4 experts, top-2, 4 x 32 tokens) under ep
+    run as transformers' AllToAllEP: each MoE layer's forward exchanges the token counts, sends the rank's sorted
+    rows to their experts' ranks and brings the outputs back (3 all_to_alls), its backward the reverse pair (2);
+    the grouped GEMMs run this rank's experts only, and every FLOP is the single device's over the ranks. The
+    expert weights are their own FSDP unit over dp_shard_mod_ep (none when ep = dp_shard: they are stored split
+    over ep). Refused before ("expert parallelism needs a mixture-of-experts model"). gpt-oss's per-expert bias
+    table and a capacity factor are refused by name."""
+    from captures import single_device_byom
+
+    from flint.ir.aten import AtenOp
+    from flint.sharding.engine import ExpandError
+
+    single = single_device_byom("mixtral", 4)[1]
+    one = summarize_program(single)
+
+    def expand(name="mixtral", **fields):
+        m = (single if name == "mixtral" else single_device_byom(name, 4)[1]).clone()
+        CanonicalizeDistPass().apply(Context(), m)
+        ShardAnnotatePass(**fields).apply(Context(), m)
+        ShardExpandPass().apply(Context(), m)
+        m.verify()
+        return m
+
+    fsdp = summarize_program(expand(dp_shard=2))
+    ep = expand(dp_shard=2, ep=2)
+    s = summarize_program(ep)
+    assert s.flops * 2 == one.flops
+    axis = ("dp_shard_in_ep",)
+    assert {k: n for k, n in s.collectives.items() if k[0] == "all_to_all"} == \
+        {("all_to_all", axis, "fwd"): 6, ("all_to_all", axis, "bwd"): 4}
+    rows = 128 * 64 * 2  # a rank's 128 token-expert pairs of 64 bf16
+    assert s.collective_bytes[("all_to_all", axis, "fwd")] == 2 * (4 * 8 + 2 * rows)  # counts: 4 int64
+    assert s.collective_bytes[("all_to_all", axis, "bwd")] == 2 * 2 * rows
+    grouped = [op for op in ep.walk() if isinstance(op, AtenOp) and op.overload == "aten._grouped_mm.default"]
+    assert {op.inputs[1].type.get_shape()[0] for op in grouped if len(op.inputs[1].type.get_shape()) == 3} == {2}
+    # FSDP's gathers no longer carry the experts (gate_up 4 x 256 x 64, down 4 x 64 x 128 per layer, half a rank's)
+    experts = 2 * (4 * 256 * 64 + 4 * 64 * 128) * 2 // 2
+    assert fsdp.collective_bytes[("all_gather", ("dp_shard",), "fwd")] - \
+        s.collective_bytes[("all_gather", axis, "fwd")] == experts
+    s4 = summarize_program(expand(dp_shard=4, ep=2))
+    assert s4.flops * 4 == one.flops
+    mod = ("dp_shard_mod_ep",)
+    assert (s4.collectives[("all_gather", mod, "fwd")], s4.collectives[("all_gather", mod, "bwd")],
+            s4.collectives[("reduce_scatter", mod, "bwd")]) == (2, 2, 2)
+    assert s4.collective_bytes[("all_gather", mod, "fwd")] == experts // 2
+    with pytest.raises(PlanError, match="plan field 'capacity_factor': 1.25: Hugging Face's grouped-GEMM experts "
+                                        "run expert parallelism as transformers' AllToAllEP, which is dropless"):
+        expand(dp_shard=2, ep=2, capacity_factor=1.25)
+    with pytest.raises(ExpandError, match=r"'aten.index.Tensor' at .*moe.py:\d+:0 \(module 'block.mlp.experts'\): "
+                                          r"a per-expert table indexed by the routed expert ids \(gpt-oss's expert "
+                                          r"biases\) under ep is not built"):
+        expand("gpt_oss", dp_shard=2, ep=2)
+    # balanced routing sends a rank's rows in equal parts: 2 x 3 tokens, top-3, over dp = 2 leaves 9 per rank
+    from captures import _byom_factory
+
+    from flint.capture import capture_step
+    from flint.importer import import_step
+
+    odd = import_step(capture_step(lambda: _byom_factory("mixtral")(top_k=3), {"input_ids": (2, 3), "labels": (2, 3)},
+                                   world_size=1, plan="dp"))
+    CanonicalizeDistPass().apply(Context(), odd)
+    with pytest.raises(PlanError, match=r"plan field 'ep': 2 does not divide a rank's 9 routed token-expert pairs "
+                                        r"\(18 over dp = 2\)"):
+        ShardAnnotatePass(dp_shard=2, ep=2).apply(Context(), odd)
 
 
 @pytest.mark.slow

@@ -331,7 +331,8 @@ def _plots(df, space: Space, out: Path) -> list[Path]:
     ax.set_xticks(list(x), shown["label"], rotation=60, ha="right", fontsize=7)
     ax.set_ylabel("memory at the peak, per rank (GiB)")
     ax.set_title(f"{space.name}: peak memory breakdown")
-    ax.legend(fontsize=8)
+    if ax.get_legend_handles_labels()[1]:
+        ax.legend(fontsize=8)
     paths.append(_save(fig, out / "memory.png"))
 
     for ln in space.lines:
@@ -361,7 +362,7 @@ def _plots(df, space: Space, out: Path) -> list[Path]:
         ax.set_ylabel(ln.y.replace("_us", " (ms)") if ln.y.endswith("_us") else
                       ln.y.replace("_bytes", " (GiB)") if ln.y.endswith("_bytes") else ln.y)
         ax.set_title(ln.title or f"{space.name}: {ln.y} vs {_short(ln.x)}")
-        if ln.series or vary:
+        if ax.get_legend_handles_labels()[1]:  # one unlabelled line (only x varies): no legend
             ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
         stem = f"line-{_short(ln.x).replace('.', '-')}" + ("" if ln.y == "iteration_time_us" else f"-{ln.y}")

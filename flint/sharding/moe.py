@@ -51,8 +51,24 @@ reduction at the MoE output (and one of its input gradient in backward):
   slice of the tokens (torchtitan's dispatcher with ``sp_size = tp``) and
   scatters the result into zeros, which is the tp partial sum.
 
+Hugging Face's grouped-GEMM experts (``_grouped_mm`` over the rank's tokens sorted by expert, offsets the
+cumsum of their ``histc`` counts) under ``ep`` run as transformers' ``AllToAllEP`` (``DistributedConfig(ep_size=...)``,
+the training path of its ``ep_dispatch_experts`` style): the rank's sorted token rows go to their experts' ranks
+with one ``all_to_all`` over the ``ep`` axes before the first expert GEMM, and the expert output comes back with a
+second one before the routing weights multiply it; backward runs the reverse pair. Between the two, values are in
+the *expert layout*: the same local shape (routing is balanced, so every rank receives as many rows as it sends),
+rows of this rank's experts from every rank of the ep group; a hint (``EXPERT_ROWS``, the rows dim) marks them, and
+the forward hands it to the backward with the values it saves. An op that mixes them with token-laid values (the
+routing-weight product, the un-sort) gets them combined first; a grouped GEMM gets its token rows dispatched. The
+token counts per expert are exchanged first (``all_to_all`` of ``n_experts`` counts; transformers then reads the
+split sizes back to the host, which is not in the trace), and each rank's GEMM offsets are the cumsum of its local
+experts' received counts. The expert weights are split over ``ep`` and are their own FSDP unit over
+``expert_fsdp``, as transformers' ``apply_fully_sharded_data_parallelism`` shards them on its ``efsdp`` mesh.
+
 Not built: ``ep`` together with ``cp``, and ``etp > 1`` where FSDP shards
-the experts on dim 1; :func:`check_plan` refuses them by name.
+the experts on dim 1; :func:`check_plan` refuses them by name. Hugging Face's grouped-GEMM experts under ``ep``:
+not with ``tp`` (refused for their MoE layers on both paths), not with a ``capacity_factor`` (transformers'
+all-to-all is dropless), not with expert biases (gpt-oss: refused by name).
 """
 
 from __future__ import annotations
@@ -62,7 +78,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from xdsl.dialects import func
-from xdsl.dialects.builtin import ArrayAttr, IntegerAttr, ModuleOp, TensorType, i64
+from xdsl.dialects.builtin import ArrayAttr, IntegerAttr, ModuleOp, StringAttr, TensorType, i64
 from xdsl.ir import SSAValue
 
 from flint.ir import dist
@@ -191,6 +207,18 @@ def check_plan(plan: Plan, n_experts: int | None, module: ModuleOp | None = None
     if plan.ep > 1 and plan.cp > 1:
         raise PlanError("ep", "expert parallelism borrowing context-parallel ranks (ep with cp > 1) is not built "
                         "in shard-expand", src)
+    grouped = grouped_experts_of(module, load_rules()) if module is not None and plan.ep > 1 else None
+    if grouped is not None:
+        if plan.capacity_factor != 1.0:
+            raise PlanError("capacity_factor", f"{plan.capacity_factor:g}: Hugging Face's grouped-GEMM experts run "
+                            "expert parallelism as transformers' AllToAllEP, which is dropless (every routed token "
+                            "reaches its expert); capacity buffers apply to Flint's MoE layers", src)
+        pairs = assignments_of(module, load_rules())
+        rows = pairs // plan.dp if pairs is not None and pairs % plan.dp == 0 else None
+        if rows is not None and rows % plan.ep:
+            raise PlanError("ep", f"{plan.ep} does not divide a rank's {rows} routed token-expert pairs "
+                            f"({pairs} over dp = {plan.dp}), which balanced routing sends in equal parts to the "
+                            "ep ranks", src)
 
 
 # ----------------------------------------------------------------- the expander
@@ -199,6 +227,10 @@ def check_plan(plan: Plan, n_experts: int | None, module: ModuleOp | None = None
 # Marks (in FunctionExpander.hints, which the forward hands to the backward for saved values) a value laid
 # out per expert: [experts over ep, rows, ...] (an expert bmm's result and what is computed from it).
 EXPERT_LAYOUT = "flint.moe.expert_layout"
+
+# Marks (in FunctionExpander.hints) a value of Hugging Face's grouped-GEMM experts laid out per expert under ep
+# (dispatched rows of this rank's experts); the value is the dim holding the rows.
+EXPERT_ROWS = "flint.moe.expert_rows"
 
 # scatters that build a tensor from its zero fill (linear in the values scattered)
 _SCATTERS = ("index_add", "index_put", "scatter")
@@ -242,6 +274,8 @@ class MoEExpander(FunctionExpander):
     # where the axes of a merged [batch * seq] dim came from (engine hints), by its dims' global sizes: the MoE
     # output takes its input's token split back when the routing's gathers and sums lost the record
     token_hints: dict = field(default_factory=dict)
+    _cur: AtenOp | None = None  # the op being expanded (Hugging Face's experts under ep: see value)
+    _cur_rows: int | None = None  # its results' rows dim if it runs in the expert layout
 
     def _mark(self, old: SSAValue, key: str) -> None:
         new = self.env[old][0]
@@ -260,10 +294,18 @@ class MoEExpander(FunctionExpander):
         self.phase = op.phase.data if op.phase is not None else None
         # the tp token slice is torchtitan's t[offset:offset + local], a view, not DTensor's cloned shard
         self.view_slices = bool(self.slice_axes) and self.rules.op_kind(op.overload) == "token_local"
+        grouped_ep = self._grouped_ep()
+        if grouped_ep:
+            self._cur, self._cur_rows = op, self._expert_rows_of(op)
         try:
             super().expand_op(op)
         finally:
             self.view_slices = False
+            self._cur = None
+        if grouped_ep:
+            for r in op.outputs:
+                if r in self.env and isinstance(r.type, TensorType):
+                    self._set_rows(self.env[r][0], self._cur_rows)
         name = op.overload.split(".")[1]
         if self.rules.op_kind(op.overload) == "reshape" and op.outputs[0] in self.env:
             for sizes, axes in _by_sizes(self.hints.get(self.env[op.outputs[0]][0])).items():
@@ -288,6 +330,133 @@ class MoEExpander(FunctionExpander):
         """Inside the MoE, tp partial sums pass through every op whose rule is linear in them (views, the
         routing-score product, sums, scatters, the router's backward): one reduction at the boundary."""
         return super().carries_partial(op, kind) or any(self._moe_partial(v) for v in op.inputs)
+
+    # ------------------------------------- Hugging Face's grouped-GEMM experts under ep (module docstring)
+
+    def _grouped_ep(self) -> bool:
+        return bool(self.ep_axes) and self.grouped is not None
+
+    def _rows(self, new: SSAValue) -> int | None:
+        """The dim of ``new`` holding expert-layout rows (dispatched to this rank's experts); None: token layout."""
+        h = self.hints.get(new)
+        return h.get(EXPERT_ROWS) if h else None
+
+    def _set_rows(self, new: SSAValue, d: int | None) -> None:
+        h = {k: v for k, v in (self.hints.get(new) or {}).items() if k != EXPERT_ROWS}
+        if d is not None:
+            h[EXPERT_ROWS] = d
+        if h:
+            self.hints[new] = h
+        else:
+            self.hints.pop(new, None)
+
+    def _expert_rows_of(self, op: AtenOp) -> int | None:
+        """The rows dim of ``op``'s results if it runs in the expert layout: a grouped GEMM of token rows by
+        expert weights, or an op on expert-layout values that keeps their rows (elementwise with operands that
+        broadcast along the rows, a split / cat along another dim, a 2-D transpose, a fill of their shape, a reduction
+        or view keeping dim 0); None otherwise (its expert-layout operands are combined first)."""
+        kind = self.rules.op_kind(op.overload)
+        if kind == "grouped_mm":
+            return 0 if len(op.inputs) > 1 and len(shape_of(op.inputs[1])) == 3 else None
+        tensors = [v for v in op.inputs if isinstance(v.type, TensorType) and v in self.env]
+        rows = [(v, self._rows(self.env[v][0])) for v in tensors]
+        dims = {d for _, d in rows if d is not None}
+        if len(dims) != 1:
+            return None
+        d = dims.pop()
+        lead = shape_of(next(v for v, r in rows if r is not None))
+        out = shape_of(op.outputs[0]) if op.outputs and isinstance(op.outputs[0].type, TensorType) else None
+        if out is None:
+            return None
+        if kind == "transpose" and len(lead) == 2 and len(out) == 2:
+            return 1 - d
+        if kind == "like":
+            return d if out == lead else None  # a fill shaped otherwise (new_zeros of the token rows) is not
+        if kind == "pointwise":
+            at = d + len(out) - len(lead)  # the rows dim of the (broadcast) result
+            for v, r in rows:
+                shp = shape_of(v)
+                k = at - (len(out) - len(shp))
+                if r is None and 0 <= k < len(shp) and shp[k] != 1:
+                    return None  # a token-laid operand along the rows
+                if r is not None and r != k:
+                    return None
+            return at
+        if any(r is None for _, r in rows):
+            return None
+        dim = _arg(op, "dim")
+        if kind == "dim_local" and isinstance(dim, IntegerAttr) and _norm(dim.value.data, len(lead)) != d:
+            return d
+        if kind in ("reshape", "reduce") and d == 0 and out and out[0] == lead[0] and not (
+                kind == "reduce" and (dim is None or (isinstance(dim, ArrayAttr) and any(
+                    _norm(x.value.data, len(lead)) == 0 for x in dim.data)))):
+            return 0
+        return None
+
+    def value(self, old: SSAValue, want: Sharding, why: str, hint: dict | None = None) -> SSAValue:
+        """Under ep, Hugging Face's grouped GEMMs take their token rows dispatched to the experts' ranks and
+        their offsets from the exchanged counts; an op outside the expert layout takes its operands combined."""
+        op = self._cur
+        if op is None:
+            return super().value(old, want, why, hint)
+        grouped = self.rules.op_kind(op.overload) == "grouped_mm"
+        if grouped and len(op.inputs) > 2 and old is op.inputs[2]:
+            return self._local_offsets(old)
+        if grouped and len(op.inputs) > 2 and old is op.inputs[0]:
+            self._local_offsets(op.inputs[2])  # the counts go first, as the split sizes of the token exchange
+        new = super().value(old, want, why, hint)
+        d = self._rows(new)
+        if grouped:
+            if len(shape_of(op.inputs[1])) == 3:
+                need = 0 if old is op.inputs[0] else None  # tokens x expert weights
+            else:
+                need = 1 if old is op.inputs[0] else 0  # the weight gradient: [k, rows] x [rows, n]
+            return self._ep_exchange(new, need, "dispatch") if need is not None and d is None else new
+        if d is not None and self._cur_rows is None:
+            return self._ep_exchange(new, d, "combine")
+        return new
+
+    def _ep_exchange(self, new: SSAValue, d: int, kind: str) -> SSAValue:
+        """transformers' AllToAllEP exchange of ``new``'s rows (dim ``d``) over the ep axes: ``dispatch`` to the
+        experts' ranks, ``combine`` back; equal parts both ways (balanced routing). A transposed token value is
+        dispatched as the value it transposes (one exchange serves the GEMM and the weight gradient)."""
+        key = (f"ep-{kind}", new)
+        if key in self.cache:
+            return self.cache[key]
+        src = new.owner
+        if kind == "dispatch" and d == 1 and isinstance(src, AtenOp) and len(src.inputs) == 1 and \
+                self.rules.op_kind(src.overload) == "transpose" and len(shape_of(src.inputs[0])) == 2 and \
+                self._rows(src.inputs[0]) is None:
+            out = self._aten("aten.t.default", [self._ep_exchange(src.inputs[0], 0, kind)], new.type)
+        else:
+            out = self._coll(dist.AllToAllOp(new, self.grid, self._ids(self.ep_axes), dist.FutureType(new.type),
+                                             split_dim=d, concat_dim=d))
+        if new in self.hints:
+            self.hints[out] = dict(self.hints[new])
+        self._set_rows(out, d if kind == "dispatch" else None)
+        self.cache[key] = out
+        return out
+
+    def _local_offsets(self, old: SSAValue) -> SSAValue:
+        """A grouped GEMM's offsets under ep: the cumsum of this rank's experts' token counts received from
+        every rank of the ep group (after the counts' all_to_all); saved for backward as they are."""
+        new, s = self.env[old]
+        ep = tuple(self.ep_axes)
+        if s.dims and s.dims[0] == ep:
+            return new  # the forward's, saved
+        key = ("ep-offs", new)
+        if key in self.cache:
+            return self.cache[key]
+        counts = self._exchange_counts()
+        e, n = counts.type.get_shape()[0], self._n(ep)
+        et = counts.type.element_type
+        per_rank = self._aten("aten.view.default", [counts], TensorType(et, [n, e // n]), size=[n, e // n])
+        local = self._aten("aten.sum.dim_IntList", [per_rank], TensorType(et, [e // n]), dim=[0])
+        op = AtenOp("aten.cumsum.default", [local], [TensorType(old.type.element_type, [e // n])],
+                    args={"dim": IntegerAttr(0, i64), "dtype": StringAttr("torch.int32")}, phase=self.phase)
+        self.emit(op)
+        self.cache[key] = op.outputs[0]
+        return op.outputs[0]
 
     # ------------------------------------------------------- linear MoE ops
 
@@ -401,6 +570,10 @@ class MoEExpander(FunctionExpander):
         rows = shape_of(op.inputs[0])[0]
         if rows != experts:
             return False
+        if self.ep_axes:
+            raise ExpandError(f"'{op.overload}'{where(op)}: a per-expert table indexed by the routed expert ids "
+                              "(gpt-oss's expert biases) under ep is not built: its rows would follow the experts "
+                              "to their ranks (expand a plan without ep)")
         if experts in (tokens, self.assignments):
             raise ExpandError(f"'{op.overload}'{where(op)}: dim 0 of size {experts} is both the experts and the "
                               f"tokens ({tokens}) or token-expert pairs ({self.assignments}): ambiguous; capture "
@@ -435,10 +608,23 @@ class MoEExpander(FunctionExpander):
         gradient ``[k, tokens] x [tokens, n] -> [experts, k, n]`` contracts over the tokens: a pending sum over
         the token axes, reduced with the other gradients."""
         a, b = op.inputs[0], op.inputs[1]
+        ra, rb = len(shape_of(a)), len(shape_of(b))
+        if self._grouped_ep():
+            # under ep (transformers' AllToAllEP): this rank's experts on the rows dispatched to them (see value),
+            # the offsets its own; the weight gradient is theirs, a pending sum over the token axes outside ep
+            ep = tuple(self.ep_axes)
+            offs = [Sharding.split(len(shape_of(v)), {0: ep}) for v in op.inputs[2:]]
+            if ra == 2 and rb == 3:
+                axes = self._token_split(op, a, 0)
+                return Rule([Sharding((axes, ())), Sharding.split(3, {0: ep})] + offs, [Sharding((axes, ()))])
+            if ra == 2 and rb == 2:
+                axes = self._token_split(op, a, 1) or self._token_split(op, b, 0)
+                rest = tuple(x for x in axes if x not in ep)
+                return Rule([Sharding(((), axes)), Sharding((axes, ()))] + offs, [Sharding((ep, (), ()), rest)],
+                            rest)
         rest = [Sharding.replicated(len(shape_of(v))) for v in op.inputs[2:]]
         for v in op.inputs[2:]:
             self._token_split(op, v, 0)
-        ra, rb = len(shape_of(a)), len(shape_of(b))
         if ra == 2 and rb == 3:
             axes = self._token_split(op, a, 0)
             self._token_split(op, b, 0)  # whole for the GEMM: an FSDP shard (dim 0) is gathered
@@ -537,6 +723,15 @@ class MoEExpander(FunctionExpander):
     def saved_value(self, old: SSAValue) -> tuple[SSAValue, Sharding]:
         """An expert output the forward combined is saved combined (torchtitan's autograd saves the
         routed output after the combine all_to_all for the score product's backward)."""
+        if self._grouped_ep():
+            new, s = self.env[old]
+            if ("ep-offs", new) in self.cache:
+                return self.cache[("ep-offs", new)], Sharding.split(s.rank, {0: tuple(self.ep_axes)})
+            # a value the forward dispatched or combined is saved as the experts' GEMMs / the routing product
+            # used it (transformers' autograd saves the exchanged tensors)
+            for kind in ("dispatch", "combine"):
+                if (f"ep-{kind}", new) in self.cache and not s.partial:
+                    return self.cache[(f"ep-{kind}", new)], s
         new, s = super().saved_value(old)
         ep = set(self.ep_axes)
         if ep and s.rank == 3 and set(s.dims[0]) == ep:
@@ -611,17 +806,19 @@ class MoEExpander(FunctionExpander):
             return self._aten("aten.constant_pad_nd.default", [v], t, pad=[0, 0, 0, rows - r])
         return self._aten("aten.slice.Tensor", [v], t, dim=1, start=0, end=rows)
 
-    def _exchange_counts(self) -> None:
-        """torchtitan's first all_to_all: the number of tokens for each expert (forward only)."""
+    def _exchange_counts(self) -> SSAValue:
+        """torchtitan's (and transformers' AllToAllEP's) first all_to_all: the number of tokens for each expert
+        (forward only); returns the counts received."""
         if self.expert_ids is None:
             raise ExpandError("shard-expand: expert-parallel dispatch without a routing sort before it "
                               "(the token counts per expert come from the selected experts)")
         e = self.n_experts
         counts = self._aten("aten.histc.default", [self.expert_ids], TensorType(self.expert_ids.type.element_type, [e]),
                             bins=e, min=0, max=e)
-        self._coll(dist.AllToAllOp(counts, self.grid, self._ids(self.ep_axes), dist.FutureType(counts.type),
-                                   split_dim=0, concat_dim=0))
+        received = self._coll(dist.AllToAllOp(counts, self.grid, self._ids(self.ep_axes),
+                                              dist.FutureType(counts.type), split_dim=0, concat_dim=0))
         self.counts_sent = True
+        return received
 
     def _dispatch(self, v: SSAValue, gshape: Sequence[int], dst: Sharding) -> SSAValue:
         """[experts, rows/dp, h] -> [experts/ep, rows/(dp/ep), h]: pad to capacity, all_to_all, drop padding."""

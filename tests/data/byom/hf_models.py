@@ -176,11 +176,11 @@ def gpt_neox_misnamed():  # a plan whose rules match no module of the blocks (Hu
     return gpt_neox({"layers.*.attention.qkv": "colwise", "layers.*.attention.out": "rowwise"})
 
 
-def mixtral():
+def mixtral(top_k: int = 2):
     from transformers import MixtralConfig, MixtralForCausalLM
 
     cfg = MixtralConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                        num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
+                        num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=top_k,
                         max_position_embeddings=128)
     # grouped_mm: static shapes (what a real run uses; the eager loop routes with nonzero()),
     # and in bfloat16, the dtype torch._grouped_mm takes off-GPU
