@@ -68,7 +68,10 @@ experts' received counts. The expert weights are split over ``ep`` and are their
 Not built: ``ep`` together with ``cp``, and ``etp > 1`` where FSDP shards
 the experts on dim 1; :func:`check_plan` refuses them by name. Hugging Face's grouped-GEMM experts under ``ep``:
 not with ``tp`` (refused for their MoE layers on both paths), not with a ``capacity_factor`` (transformers'
-all-to-all is dropless), not with expert biases (gpt-oss: refused by name).
+all-to-all is dropless), not with expert biases (gpt-oss: refused by name); and the receiving rank's own pass of
+transformers' experts forward over the rows it received (their expert ids built from the counts, a second sort and
+gather by expert, the unit routing weights, the un-sort and sum over one slot) is not in the program: the experts'
+GEMMs run on the received rows as they arrive.
 """
 
 from __future__ import annotations

@@ -1,0 +1,92 @@
+"""A real training step of a Hugging Face MoE model under transformers' own expert parallelism, for the test
+that checks shard-expand's ep of Hugging Face's grouped-GEMM experts against it
+(tests/test_shard_expand.py::test_hugging_face_ep_collectives_match_transformers_run).
+
+Run by ``torchrun --standalone --nproc-per-node N hf_ep_run.py FSDP EP`` on gloo: Mixtral (tests/data/byom/
+hf_models.py) distributed by transformers 5.23 (``DistributedConfig(fsdp_size=FSDP, ep_size=EP)``:
+``AllToAllEP`` and FSDP2, experts on their ``efsdp`` mesh), a global batch of 4 x 32 tokens, AdamW. Routing is
+made balanced, as Flint models it (the router's GEMM and softmax are Mixtral's; expert ``(t * top_k + j) % E``
+is chosen for token ``t``'s ``j``-th slot). The second step's collectives, by kind and phase (forward, backward,
+optimizer): count and input bytes, printed as JSON by rank 0.
+"""
+
+import json
+import os
+import sys
+from collections import Counter
+
+import torch
+import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
+
+# op -> (kind, index of its input tensor)
+KIND = {"c10d.alltoall_base_": ("all_to_all", 1), "_c10d_functional.all_to_all_single": ("all_to_all", 0),
+        "c10d._allgather_base_": ("all_gather", 1), "c10d._reduce_scatter_base_": ("reduce_scatter", 1),
+        "c10d.allreduce_": ("all_reduce", 0), "c10d.allgather_": ("all_gather", 1),
+        "c10d.reduce_scatter_": ("reduce_scatter", 1), "c10d.alltoall_": ("all_to_all", 1),
+        "c10d.broadcast_": ("broadcast", 0)}
+
+
+class Collectives(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.phase = "fwd"
+        self.count, self.bytes, self.unknown = Counter(), Counter(), Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = str(func.overloadpacket)
+        if name in KIND:
+            kind, i = KIND[name]
+            t = args[i]
+            while isinstance(t, (list, tuple)):
+                t = t[0]
+            self.count[f"{kind} {self.phase}"] += 1
+            self.bytes[f"{kind} {self.phase}"] += t.numel() * t.element_size()
+        elif name.startswith("c10d.") or name.startswith("_c10d_functional.") and "wait" not in name and \
+                "wrap" not in name:
+            self.unknown[name] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def balanced_router(self, hidden_states):
+    hidden_states = hidden_states.reshape(-1, self.hidden_dim)
+    logits = torch.nn.functional.linear(hidden_states, self.weight)
+    probs = torch.nn.functional.softmax(logits.float(), dim=-1)
+    slot = torch.arange(probs.shape[0]).unsqueeze(1) * self.top_k + torch.arange(self.top_k)
+    idx = slot % self.num_experts
+    top = torch.gather(probs, 1, idx)
+    return logits, top / top.sum(dim=-1, keepdim=True), idx
+
+
+def main():
+    fsdp, ep = int(sys.argv[1]), int(sys.argv[2])
+    dist.init_process_group("gloo")
+    from transformers import MixtralForCausalLM
+    from transformers.distributed import DistributedConfig
+    from transformers.models.mixtral import modeling_mixtral
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "byom"))
+    import hf_models
+
+    modeling_mixtral.MixtralTopKRouter.forward = balanced_router
+    cfg, _, mesh = MixtralForCausalLM.prepare_distribute_model(DistributedConfig(fsdp_size=fsdp, ep_size=ep))
+    torch.manual_seed(0)
+    model = MixtralForCausalLM.maybe_distribute_model(hf_models.mixtral(), cfg, mesh)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ids = torch.randint(0, 256, (4 // fsdp, 32))
+    for _ in range(2):  # the first step initializes the optimizer state
+        seen = Collectives()
+        with seen:
+            loss = model(input_ids=ids, labels=ids).loss
+            seen.phase = "bwd"
+            loss.backward()
+            seen.phase = "optim"
+            opt.step()
+        opt.zero_grad()
+    if dist.get_rank() == 0:
+        print(json.dumps({"count": seen.count, "bytes": seen.bytes, "unknown": seen.unknown}, sort_keys=True))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
