@@ -403,13 +403,15 @@ def test_hugging_face_grouped_gemm_moe_under_ep():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fsdp,ep,ac", [(2, 2, "none"), (4, 2, "none"), (2, 2, "full")])
-def test_hugging_face_ep_collectives_match_transformers_run(fsdp, ep, ac):
+@pytest.mark.parametrize("fsdp,ep,ac,replicate", [(2, 2, "none", 1), (4, 2, "none", 1), (2, 2, "full", 1),
+                                                 (2, 2, "none", 2)])
+def test_hugging_face_ep_collectives_match_transformers_run(fsdp, ep, ac, replicate):
     """shard-expand's ep of Hugging Face's grouped-GEMM experts against a real training step of transformers' own
     expert parallelism on gloo (tests/data/hf_ep_run.py: Mixtral under DistributedConfig(fsdp_size, ep_size),
     AllToAllEP and FSDP2, routing made balanced as Flint models it): every collective's count and input bytes per
     phase agree exactly: the counts all_to_all, the dispatch and combine forward and backward, FSDP2's gathers and
-    reduce-scatters, and at ep 2 of 4 the experts' own over dp_shard_mod_ep (transformers' efsdp mesh). With full
+    reduce-scatters, at ep 2 of 4 the experts' own over dp_shard_mod_ep (transformers' efsdp mesh), and under HSDP
+    (dp_replicate 2) the all-reduces over the replicas, the experts' too. With full
     activation checkpointing (Hugging Face's gradient_checkpointing_enable, every layer; Flint's single-device
     capture with activation_checkpoint = "full") both repeat each layer's three forward exchanges in backward."""
     import dataclasses
@@ -425,8 +427,9 @@ def test_hugging_face_ep_collectives_match_transformers_run(fsdp, ep, ac):
     from flint.importer import import_step
 
     script = Path(__file__).parent / "data" / "hf_ep_run.py"
-    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={fsdp}",
-                          str(script), str(fsdp), str(ep), ac], capture_output=True, text=True, timeout=600)
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                          f"--nproc-per-node={fsdp * replicate}", str(script), str(fsdp), str(ep), ac, str(replicate)],
+                         capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-4000:]
     real = json.loads(next(line for line in run.stdout.splitlines() if line.startswith("{")))
     assert real["unknown"] == {}
@@ -436,7 +439,7 @@ def test_hugging_face_ep_collectives_match_transformers_run(fsdp, ep, ac):
         plan = dataclasses.replace(from_recipe("dp", 1), activation_checkpoint=ac)
         m = import_step(capture_step(_byom_factory("mixtral"), {"input_ids": (4, 32), "labels": (4, 32)}, plan=plan))
     CanonicalizeDistPass().apply(Context(), m)
-    ShardAnnotatePass(dp_shard=fsdp, ep=ep).apply(Context(), m)
+    ShardAnnotatePass(dp_replicate=replicate, dp_shard=fsdp, ep=ep).apply(Context(), m)
     ShardExpandPass().apply(Context(), m)
     s = summarize_program(m)
     count, nbytes = Counter(), Counter()

@@ -2,10 +2,11 @@
 that checks shard-expand's ep of Hugging Face's grouped-GEMM experts against it
 (tests/test_shard_expand.py::test_hugging_face_ep_collectives_match_transformers_run).
 
-Run by ``torchrun --standalone --nproc-per-node N hf_ep_run.py FSDP EP [AC]`` on gloo: Mixtral (tests/data/
-byom/hf_models.py) distributed by transformers 5.23 (``DistributedConfig(fsdp_size=FSDP, ep_size=EP)``:
-``AllToAllEP`` and FSDP2, experts on their ``efsdp`` mesh), a global batch of 4 x 32 tokens, AdamW; with AC
-``full``, Hugging Face's ``gradient_checkpointing_enable`` (every decoder layer, non-reentrant). Routing is
+Run by ``torchrun --standalone --nproc-per-node N hf_ep_run.py FSDP EP AC REPLICATE`` on gloo (N = FSDP x
+REPLICATE): Mixtral (tests/data/byom/hf_models.py) distributed by transformers 5.23 (``DistributedConfig(
+fsdp_size=FSDP, ep_size=EP, dp_replicate_size=REPLICATE)``: ``AllToAllEP`` and FSDP2 (HSDP with REPLICATE > 1),
+experts on their ``efsdp`` mesh), a global batch of 4 x 32 tokens, AdamW; with AC ``full``, Hugging Face's
+``gradient_checkpointing_enable`` (every decoder layer, non-reentrant; ``none``: without). Routing is
 made balanced, as Flint models it (the router's GEMM and softmax are Mixtral's; expert ``(t * top_k + j) % E``
 is chosen for token ``t``'s ``j``-th slot). The second step's collectives, by kind and phase (forward, backward,
 optimizer): count and input bytes, printed as JSON by rank 0.
@@ -60,7 +61,7 @@ def balanced_router(self, hidden_states):
 
 
 def main():
-    fsdp, ep = int(sys.argv[1]), int(sys.argv[2])
+    fsdp, ep, ac, replicate = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
     dist.init_process_group("gloo")
     from transformers import MixtralForCausalLM
     from transformers.distributed import DistributedConfig
@@ -70,14 +71,15 @@ def main():
     import hf_models
 
     modeling_mixtral.MixtralTopKRouter.forward = balanced_router
-    cfg, _, mesh = MixtralForCausalLM.prepare_distribute_model(DistributedConfig(fsdp_size=fsdp, ep_size=ep))
+    config = DistributedConfig(fsdp_size=fsdp, ep_size=ep, dp_replicate_size=replicate)
+    cfg, _, mesh = MixtralForCausalLM.prepare_distribute_model(config)
     torch.manual_seed(0)
     model = hf_models.mixtral()
-    if sys.argv[3:] == ["full"]:
+    if ac == "full":
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model = MixtralForCausalLM.maybe_distribute_model(model, cfg, mesh)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    ids = torch.randint(0, 256, (4 // fsdp, 32))
+    ids = torch.randint(0, 256, (4 // (fsdp * replicate), 32))
     for _ in range(2):  # the first step initializes the optimizer state
         seen = Collectives()
         with seen:
