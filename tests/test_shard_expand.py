@@ -403,12 +403,14 @@ def test_hugging_face_grouped_gemm_moe_under_ep():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fsdp,ep,ac,replicate", [(2, 2, "none", 1), (4, 2, "none", 1), (2, 2, "full", 1),
-                                                 (2, 2, "none", 2)])
-def test_hugging_face_ep_collectives_match_transformers_run(fsdp, ep, ac, replicate):
+@pytest.mark.parametrize("name,fsdp,ep,ac,replicate", [
+    ("mixtral", 2, 2, "none", 1), ("mixtral", 4, 2, "none", 1), ("mixtral", 2, 2, "full", 1),
+    ("mixtral", 2, 2, "none", 2), ("qwen3_moe", 2, 2, "none", 1), ("deepseek_v3", 2, 2, "none", 1)])
+def test_hugging_face_ep_collectives_match_transformers_run(name, fsdp, ep, ac, replicate):
     """shard-expand's ep of Hugging Face's grouped-GEMM experts against a real training step of transformers' own
-    expert parallelism on gloo (tests/data/hf_ep_run.py: Mixtral under DistributedConfig(fsdp_size, ep_size),
-    AllToAllEP and FSDP2, routing made balanced as Flint models it): every collective's count and input bytes per
+    expert parallelism on gloo (tests/data/hf_ep_run.py: Mixtral, Qwen3-MoE, DeepSeek-V3 (a dense first layer, a
+    shared expert, grouped routing) under DistributedConfig(fsdp_size, ep_size), AllToAllEP and FSDP2, routing made
+    balanced as Flint models it): every collective's count and input bytes per
     phase agree exactly: the counts all_to_all, the dispatch and combine forward and backward, FSDP2's gathers and
     reduce-scatters, at ep 2 of 4 the experts' own over dp_shard_mod_ep (transformers' efsdp mesh), and under HSDP
     (dp_replicate 2) the all-reduces over the replicas, the experts' too. With full
@@ -428,16 +430,17 @@ def test_hugging_face_ep_collectives_match_transformers_run(fsdp, ep, ac, replic
 
     script = Path(__file__).parent / "data" / "hf_ep_run.py"
     run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                          f"--nproc-per-node={fsdp * replicate}", str(script), str(fsdp), str(ep), ac, str(replicate)],
+                          f"--nproc-per-node={fsdp * replicate}", str(script), name, str(fsdp), str(ep), ac,
+                          str(replicate)],
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-4000:]
     real = json.loads(next(line for line in run.stdout.splitlines() if line.startswith("{")))
     assert real["unknown"] == {}
     if ac == "none":
-        m = single_device_byom("mixtral", 4)[1].clone()
+        m = single_device_byom(name, 4)[1].clone()
     else:
         plan = dataclasses.replace(from_recipe("dp", 1), activation_checkpoint=ac)
-        m = import_step(capture_step(_byom_factory("mixtral"), {"input_ids": (4, 32), "labels": (4, 32)}, plan=plan))
+        m = import_step(capture_step(_byom_factory(name), {"input_ids": (4, 32), "labels": (4, 32)}, plan=plan))
     CanonicalizeDistPass().apply(Context(), m)
     ShardAnnotatePass(dp_replicate=replicate, dp_shard=fsdp, ep=ep).apply(Context(), m)
     ShardExpandPass().apply(Context(), m)

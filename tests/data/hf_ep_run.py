@@ -2,14 +2,14 @@
 that checks shard-expand's ep of Hugging Face's grouped-GEMM experts against it
 (tests/test_shard_expand.py::test_hugging_face_ep_collectives_match_transformers_run).
 
-Run by ``torchrun --standalone --nproc-per-node N hf_ep_run.py FSDP EP AC REPLICATE`` on gloo (N = FSDP x
-REPLICATE): Mixtral (tests/data/byom/hf_models.py) distributed by transformers 5.23 (``DistributedConfig(
-fsdp_size=FSDP, ep_size=EP, dp_replicate_size=REPLICATE)``: ``AllToAllEP`` and FSDP2 (HSDP with REPLICATE > 1),
-experts on their ``efsdp`` mesh), a global batch of 4 x 32 tokens, AdamW; with AC ``full``, Hugging Face's
-``gradient_checkpointing_enable`` (every decoder layer, non-reentrant; ``none``: without). Routing is
-made balanced, as Flint models it (the router's GEMM and softmax are Mixtral's; expert ``(t * top_k + j) % E``
-is chosen for token ``t``'s ``j``-th slot). The second step's collectives, by kind and phase (forward, backward,
-optimizer): count and input bytes, printed as JSON by rank 0.
+Run by ``torchrun --standalone --nproc-per-node N hf_ep_run.py MODEL FSDP EP AC REPLICATE`` on gloo (N = FSDP x
+REPLICATE): MODEL, a factory of tests/data/byom/hf_models.py (``mixtral``, ``qwen3_moe``, ``deepseek_v3``),
+distributed by transformers 5.23 (``DistributedConfig(fsdp_size=FSDP, ep_size=EP, dp_replicate_size=REPLICATE)``:
+``AllToAllEP`` and FSDP2 (HSDP with REPLICATE > 1), experts on their ``efsdp`` mesh), a global batch of 4 x 32
+tokens, AdamW; with AC ``full``, Hugging Face's ``gradient_checkpointing_enable`` (every decoder layer,
+non-reentrant; ``none``: without). Routing is made balanced, as Flint models it: the router's GEMM and softmax
+run, and expert ``(t * top_k + j) % E`` is chosen for token ``t``'s ``j``-th slot. The second step's
+collectives, by kind and phase (forward, backward, optimizer): count and input bytes, printed as JSON by rank 0.
 """
 
 import json
@@ -51,33 +51,36 @@ class Collectives(TorchDispatchMode):
 
 
 def balanced_router(self, hidden_states):
-    hidden_states = hidden_states.reshape(-1, self.hidden_dim)
-    logits = torch.nn.functional.linear(hidden_states, self.weight)
+    """A router's forward (Mixtral's, Qwen3-MoE's, DeepSeek-V3's: ``weight`` ``[experts, hidden]``, ``top_k``,
+    returning logits, weights, expert ids) with the experts chosen balanced."""
+    hidden_states = hidden_states.reshape(-1, self.weight.shape[1])
+    logits = torch.nn.functional.linear(hidden_states, self.weight.to(hidden_states.dtype))
     probs = torch.nn.functional.softmax(logits.float(), dim=-1)
     slot = torch.arange(probs.shape[0]).unsqueeze(1) * self.top_k + torch.arange(self.top_k)
-    idx = slot % self.num_experts
+    idx = slot % self.weight.shape[0]
     top = torch.gather(probs, 1, idx)
     return logits, top / top.sum(dim=-1, keepdim=True), idx
 
 
 def main():
-    fsdp, ep, ac, replicate = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+    name, fsdp, ep, ac, replicate = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
     dist.init_process_group("gloo")
-    from transformers import MixtralForCausalLM
     from transformers.distributed import DistributedConfig
-    from transformers.models.mixtral import modeling_mixtral
 
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "byom"))
     import hf_models
 
-    modeling_mixtral.MixtralTopKRouter.forward = balanced_router
-    config = DistributedConfig(fsdp_size=fsdp, ep_size=ep, dp_replicate_size=replicate)
-    cfg, _, mesh = MixtralForCausalLM.prepare_distribute_model(config)
     torch.manual_seed(0)
-    model = hf_models.mixtral()
+    model = getattr(hf_models, name)()
+    routers = {type(m) for n, m in model.named_modules() if n.endswith("mlp.gate") and hasattr(m, "top_k")}
+    assert routers, f"{name}: no router (a mlp.gate with top_k)"
+    for router in routers:
+        router.forward = balanced_router
     if ac == "full":
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model = MixtralForCausalLM.maybe_distribute_model(model, cfg, mesh)
+    config = DistributedConfig(fsdp_size=fsdp, ep_size=ep, dp_replicate_size=replicate)
+    cfg, _, mesh = type(model).prepare_distribute_model(config)
+    model = type(model).maybe_distribute_model(model, cfg, mesh)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     ids = torch.randint(0, 256, (4 // (fsdp * replicate), 32))
     for _ in range(2):  # the first step initializes the optimizer state
