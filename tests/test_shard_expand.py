@@ -410,12 +410,12 @@ def test_hugging_face_ep_collectives_match_transformers_run(name, fsdp, ep, ac, 
     """shard-expand's ep of Hugging Face's grouped-GEMM experts against a real training step of transformers' own
     expert parallelism on gloo (tests/data/hf_ep_run.py: Mixtral, Qwen3-MoE, DeepSeek-V3 (a dense first layer, a
     shared expert, grouped routing) under DistributedConfig(fsdp_size, ep_size), AllToAllEP and FSDP2, routing made
-    balanced as Flint models it): every collective's count and input bytes per
-    phase agree exactly: the counts all_to_all, the dispatch and combine forward and backward, FSDP2's gathers and
-    reduce-scatters, at ep 2 of 4 the experts' own over dp_shard_mod_ep (transformers' efsdp mesh), and under HSDP
-    (dp_replicate 2) the all-reduces over the replicas, the experts' too. With full
-    activation checkpointing (Hugging Face's gradient_checkpointing_enable, every layer; Flint's single-device
-    capture with activation_checkpoint = "full") both repeat each layer's three forward exchanges in backward."""
+    balanced as Flint models it): every collective's count and input bytes per phase agree exactly: the counts
+    all_to_all, the dispatch and combine forward and backward, FSDP2's gathers and reduce-scatters, at ep 2 of 4
+    the experts' own over dp_shard_mod_ep (transformers' efsdp mesh), and under HSDP (dp_replicate 2) the
+    all-reduces over the replicas, the experts' too. With full activation checkpointing (Hugging Face's
+    gradient_checkpointing_enable, every layer; Flint's single-device capture with activation_checkpoint = "full")
+    both repeat each layer's three forward exchanges in backward."""
     import dataclasses
     import json
     import subprocess

@@ -185,6 +185,12 @@ def test_expected_differences_rules():
     assert explain("reduction", "fwd", "aten::cumsum", "fsdp", "hf-llama-tiny").key == "hf-packed-check"
     assert explain("reduction", "fwd", "aten::all", "fsdp", "hf-llama-tiny").key == "hf-packed-check"
     assert explain("reduction", "fwd", "aten::cumsum", "fsdp", "llama-tiny") is None
+    # ... and only as many as the check runs once per forward (two sub, one each of the rest): a difference per
+    # layer, or on Flint's side, is not it
+    assert explain("elementwise", "fwd", "aten::sub", "fsdp", "hf-llama-tiny", more=2).key == "hf-packed-check"
+    assert explain("elementwise", "fwd", "aten::sub", "fsdp", "hf-llama-tiny", more=4) is None
+    assert explain("elementwise", "fwd", "aten::ne", "fsdp", "hf-llama-tiny", more=2) is None
+    assert explain("reduction", "fwd", "aten::cumsum", "fsdp", "hf-llama-tiny", more=-1) is None
     assert explain("elementwise", "fwd", "aten::bitwise_and", "fsdp", "hf-llama-tiny") is None
     assert explain("reduction", "bwd", "aten::sum", "fsdp", "llama-tiny") is None
     # a recomputed forward's mean (eager: sum + div) only where activation checkpointing recomputes

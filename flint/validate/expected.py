@@ -24,7 +24,9 @@ class Expected:
     regex on the base operator name; ``plans`` (None: any) a regex on the recipe;
     ``models`` (None: any) a regex on the model preset; a ``loss_parallel`` rule
     explains only cases that run the plan's ``loss_parallel``, a ``clip`` rule only cases that clip the
-    gradients' norm (the plan's ``max_norm``), an ``ac`` rule only cases with activation checkpointing.
+    gradients' norm (the plan's ``max_norm``), an ``ac`` rule only cases with activation checkpointing. A rule
+    with ``most`` explains a difference only where the executed side runs 1 to ``most`` more of the operator
+    than Flint (a fixed number of ops per step, not one per layer); without counts it is not checked.
     """
 
     key: str
@@ -37,10 +39,12 @@ class Expected:
     loss_parallel: bool = False
     clip: bool = False
     ac: bool = False
+    most: int | None = None
 
     def matches(self, cls: str, phase: str, op: str, plan: str = "", model: str = "",
-                loss_parallel: bool = False, clip: bool = False, ac: bool = False) -> bool:
+                loss_parallel: bool = False, clip: bool = False, ac: bool = False, more: int | None = None) -> bool:
         return (cls == self.cls and (self.phase is None or phase == self.phase)
+                and (self.most is None or more is None or 0 < more <= self.most)
                 and (loss_parallel or not self.loss_parallel) and (clip or not self.clip) and (ac or not self.ac)
                 and re.fullmatch(self.op, op) is not None
                 and (self.plans is None or re.fullmatch(self.plans, plan) is not None)
@@ -64,7 +68,8 @@ _HF_PACKED_CHECK = (
     "one sequence a row and calls SDPA with is_causal=True, no mask and the K/V heads as they are (enable_gqa). "
     "torch.compile cannot read the values; where the model builds its position ids (arange, no such input), "
     "Flint's capture is given eager's answer (flint.capture.byom.eager_mask_decisions) and calls the same SDPA, "
-    "without these few ops on [batch, seq] integers (which a traced run computes to build an explicit mask). ")
+    "without these few ops on [batch, seq] integers (which a traced run computes to build an explicit mask): "
+    "once per forward, two sub and one each of ne, cumsum, eq and all; a larger difference is not this. ")
 
 EXPECTED: tuple[Expected, ...] = (
     Expected("optimizer", "elementwise", r"aten::\w+", "optim",
@@ -96,8 +101,9 @@ EXPECTED: tuple[Expected, ...] = (
              "add_); AOTAutograd's joint graph is functionalized and decomposed (norm and mean backward as "
              "explicit mul/div/add chains), and its min-cut partitioner "
              "recomputes cheap forward ops such as silu in the backward instead of saving them."),
-    Expected("hf-packed-check", "elementwise", r"aten::(sub|ne|eq)", "fwd", _HF_PACKED_CHECK, models=_HF),
-    Expected("hf-packed-check", "reduction", r"aten::(cumsum|all)", "fwd", _HF_PACKED_CHECK, models=_HF),
+    Expected("hf-packed-check", "elementwise", r"aten::sub", "fwd", _HF_PACKED_CHECK, models=_HF, most=2),
+    Expected("hf-packed-check", "elementwise", r"aten::(ne|eq)", "fwd", _HF_PACKED_CHECK, models=_HF, most=1),
+    Expected("hf-packed-check", "reduction", r"aten::(cumsum|all)", "fwd", _HF_PACKED_CHECK, models=_HF, most=1),
     Expected("loss-parallel-handlers", "elementwise", r"aten::(add|sub|exp|where|ne|ge|lt|bitwise_or)", None,
              _LOSS_PARALLEL, loss_parallel=True),
     Expected("loss-parallel-handlers", "reduction", r"aten::(_log_softmax_backward_data|nll_loss_backward)", "bwd",
@@ -130,12 +136,13 @@ def base_op(name: str) -> str:
 
 
 def explain(cls: str, phase: str, op: str, plan: str = "", model: str = "",
-            loss_parallel: bool = False, clip: bool = False, ac: bool = False) -> Expected | None:
+            loss_parallel: bool = False, clip: bool = False, ac: bool = False,
+            more: int | None = None) -> Expected | None:
     """The first rule explaining an op-level difference of ``model`` under recipe ``plan`` (with the plan's
-    ``loss_parallel`` or not, clipping the gradients' norm or not, checkpointing activations or not), or
-    ``None``."""
-    return next((e for e in EXPECTED if e.matches(cls, phase, base_op(op), plan, model, loss_parallel, clip, ac)),
-                None)
+    ``loss_parallel`` or not, clipping the gradients' norm or not, checkpointing activations or not; ``more``:
+    how many more of the operator the executed step runs than Flint's), or ``None``."""
+    return next((e for e in EXPECTED
+                 if e.matches(cls, phase, base_op(op), plan, model, loss_parallel, clip, ac, more)), None)
 
 
 @dataclass(frozen=True)

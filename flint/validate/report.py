@@ -170,7 +170,7 @@ def markdown(results: Sequence[CaseResult], *, command: str, chart: str | None,
                 continue  # compared by count and bytes above; the two sides name them differently
             for phase, op, a, b in op_deltas(res.flint, res.ranks[0], cls):
                 rule = explain(cls, phase, op, res.case.plan, res.case.model, res.case.loss_parallel,
-                               res.case.max_norm > 0, res.case.ac != "none")
+                               res.case.max_norm > 0, res.case.ac != "none", more=b - a)
                 if rule:
                     reasons[rule.key] = rule.reason
                 rows.append(f"| {_SHORT[cls]} | {phase} | `{op}` | {a} | {b} | {rule.key if rule else '**unexplained**'} |")
