@@ -344,8 +344,12 @@ class MoEExpander(FunctionExpander):
         h = self.hints.get(new)
         return h.get(EXPERT_ROWS) if h else None
 
-    def _set_rows(self, new: SSAValue, d: int | None) -> None:
-        h = {k: v for k, v in (self.hints.get(new) or {}).items() if k != EXPERT_ROWS}
+    def _set_rows(self, new: SSAValue, d: int | None, like: SSAValue | None = None) -> None:
+        """Mark ``new``'s rows dim ``d`` (None: token layout), its other hints those of ``like`` (default: its own)."""
+        base = self.hints.get(new if like is None else like)
+        if like is None and (base or {}).get(EXPERT_ROWS) == d:
+            return
+        h = {k: v for k, v in (base or {}).items() if k != EXPERT_ROWS}
         if d is not None:
             h[EXPERT_ROWS] = d
         if h:
@@ -434,9 +438,7 @@ class MoEExpander(FunctionExpander):
         else:
             out = self._coll(dist.AllToAllOp(new, self.grid, self._ids(self.ep_axes), dist.FutureType(new.type),
                                              split_dim=d, concat_dim=d))
-        if new in self.hints:
-            self.hints[out] = dict(self.hints[new])
-        self._set_rows(out, d if kind == "dispatch" else None)
+        self._set_rows(out, d if kind == "dispatch" else None, like=new)
         self.cache[key] = out
         return out
 
@@ -455,11 +457,10 @@ class MoEExpander(FunctionExpander):
         et = counts.type.element_type
         per_rank = self._aten("aten.view.default", [counts], TensorType(et, [n, e // n]), size=[n, e // n])
         local = self._aten("aten.sum.dim_IntList", [per_rank], TensorType(et, [e // n]), dim=[0])
-        op = AtenOp("aten.cumsum.default", [local], [TensorType(old.type.element_type, [e // n])],
-                    args={"dim": IntegerAttr(0, i64), "dtype": StringAttr("torch.int32")}, phase=self.phase)
-        self.emit(op)
-        self.cache[key] = op.outputs[0]
-        return op.outputs[0]
+        offs = self._aten("aten.cumsum.default", [local], TensorType(old.type.element_type, [e // n]), dim=0,
+                          dtype="torch.int32")
+        self.cache[key] = offs
+        return offs
 
     # ------------------------------------------------------- linear MoE ops
 
@@ -793,8 +794,8 @@ class MoEExpander(FunctionExpander):
         return None
 
     def _aten(self, target: str, inputs, out_t: TensorType, **args) -> SSAValue:
-        attrs = {k: ArrayAttr([IntegerAttr(x, i64) for x in v]) if isinstance(v, (list, tuple)) else IntegerAttr(v, i64)
-                 for k, v in args.items()}
+        attrs = {k: ArrayAttr([IntegerAttr(x, i64) for x in v]) if isinstance(v, (list, tuple)) else
+                 StringAttr(v) if isinstance(v, str) else IntegerAttr(v, i64) for k, v in args.items()}
         op = AtenOp(target, list(inputs), [out_t], args=attrs, phase=self.phase)
         self.emit(op)
         return op.outputs[0]
