@@ -54,6 +54,7 @@ from xdsl.dialects.builtin import (
     Signedness,
     StringAttr,
     TensorType,
+    UnitAttr,
     UnknownLoc,
     f16,
     f32,
@@ -72,7 +73,7 @@ from flint.ir import dist
 from flint.cost.flops import LIST_SIZES, is_multi_tensor
 from flint.ir.aten import CLIP_FUNCTION, AtenOp, set_schedule
 from flint.plan import attach
-from flint.passes.lower_to_chakra import ROLE_ATTR
+from flint.passes.lower_to_chakra import FROZEN_ATTR, ROLE_ATTR
 
 GRID = "mesh"
 PARAM_ATTR = "flint.param"
@@ -194,6 +195,8 @@ class _GraphImporter:
             attrs: dict[str, Attribute] = {ROLE_ATTR: StringAttr(role.kind if role else "unknown")}
             if role is not None and role.param:
                 attrs[PARAM_ATTR] = StringAttr(role.param)
+            if role is not None and role.frozen:
+                attrs[FROZEN_ATTR] = UnitAttr()
             arg_types.append(tensor_type(val, f"{self.fn_name} placeholder '{n.name}'"))
             arg_attrs.append(DictionaryAttr(attrs))
             placeholders.append(n)

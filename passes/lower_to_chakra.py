@@ -27,6 +27,16 @@ from flint.passes.scheduling import data_parallel_axes
 # previous part of the step.
 RESIDENT_ROLES = frozenset({"parameter", "buffer", "input", "exp_avg", "exp_avg_sq", "step"})
 ROLE_ATTR = "flint.role"
+# a parameter argument that gets no gradient (``requires_grad=False``: a frozen weight, a router's correction
+# bias): AOTAutograd returns no result for it, so backward results skip it when paired with the forward's arguments
+FROZEN_ATTR = "flint.frozen"
+
+
+def frozen_args(fn: func.FuncOp) -> frozenset[int]:
+    """Indices of ``fn``'s arguments marked :data:`FROZEN_ATTR`."""
+    attrs = fn.arg_attrs.data if fn.arg_attrs is not None else ()
+    return frozenset(i for i, a in enumerate(attrs) if FROZEN_ATTR in a.data)
+
 
 # dist collective -> (Chakra kind, how to count comm_size). Kinds ASTRA-sim
 # does not implement are lowered to one it does with the same data volume:

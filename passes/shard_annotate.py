@@ -17,7 +17,7 @@ from flint.chakra.from_ir import AXIS_NAMES_ATTR
 from flint.errors import FlintError
 from flint.ir import dist
 from flint.ir.aten import CLIP_FUNCTION, AtenOp, get_schedule, optimizer_form_of
-from flint.passes.lower_to_chakra import ROLE_ATTR
+from flint.passes.lower_to_chakra import ROLE_ATTR, frozen_args
 from flint.plan import PROGRAM_FIELDS, Plan, PlanError, attach, plan_of
 from flint.sharding.rules import (
     Rules,
@@ -524,11 +524,14 @@ def _result_targets(fn: func.FuncOp, phase: str, plan: Plan, rules: Rules,
     fwd = _forward_of(fn)
     if fwd is None:
         return out
-    wanted = [(r, p, a.type) for i, a in enumerate(fwd.body.block.args) for r, p in [_role(fwd, i)]
-              if r in ("activation", "parameter")]
+    args = fwd.body.block.args
+    frozen = frozen_args(fwd)
+    wanted = [(r, p, a.type) for i, a in enumerate(args) for r, p in [_role(fwd, i)]
+              if r in ("activation", "parameter") and i not in frozen]
     if len(wanted) != len(results):
         raise FlintError(f"shard-annotate: @{fn.sym_name.data} returns {len(results)} gradients but "
-                         f"@{fwd.sym_name.data} has {len(wanted)} differentiable arguments")
+                         f"@{fwd.sym_name.data} has {len(wanted)} arguments that need one (activations and "
+                         "parameters that are not frozen)")
     for i, ((role, param, t), v) in enumerate(zip(wanted, results)):
         if v.type != t:
             raise FlintError(f"shard-annotate: result {i} of @{fn.sym_name.data} ({v.type}) is not the "

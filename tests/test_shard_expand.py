@@ -156,7 +156,9 @@ def _plan_file(fields) -> str:
 @pytest.mark.parametrize("name,recipe,world,tp", [("llama", "dp", 2, 1), ("mistral", "fsdp", 2, 1),
                                                    ("qwen2", "fsdp+tp", 4, 2), ("qwen3", "fsdp+tp", 4, 2),
                                                    ("gemma2", "fsdp+tp", 4, 2), ("phi", "fsdp+tp", 4, 2),
-                                                   ("mixtral", "fsdp", 2, 1), ("gemma3", "fsdp+tp", 4, 2)])
+                                                   ("mixtral", "fsdp", 2, 1), ("gemma3", "fsdp+tp", 4, 2),
+                                                   ("llama_frozen_attention", "dp", 2, 1),
+                                                   ("llama_frozen_attention", "fsdp+tp", 4, 2)])
 def test_hugging_face_causal_lm_planned_path_agrees_with_captured_path(name, recipe, world, tp):
     """A Hugging Face causal LM (its own loss: labels padded with constant_pad_nd, ATen's cross-entropy
     nll_loss; rotary cos / sin broadcast over the batch into every block) expands, and agrees with
@@ -178,7 +180,11 @@ def test_hugging_face_causal_lm_planned_path_agrees_with_captured_path(name, rec
     torch._grouped_mm): each rank counts and routes its own tokens; expansion used to stop at histc (no rule).
     Gemma-3 (bf16): its per-head q/k norms compute 1 + weight in float32, and their weight gradients, partial over
     tp, are cast back to bf16 on their way out; they are all-reduced there, in bf16, as DTensor reduces a
-    parameter's gradient (they were all-reduced in float32 before the cast: twice the bytes)."""
+    parameter's gradient (they were all-reduced in float32 before the cast: twice the bytes).
+    Llama with its attention weights frozen (requires_grad=False, fine-tuning the MLPs): their gradients are neither
+    computed nor reduced nor stepped, on either path (the planned path failed, "@block_bwd returns 6 gradients but
+    @block_fwd has 10 differentiable arguments"; the captured recipe made them trainable again: all-reduced and
+    stepped under DDP)."""
     from captures import captured_byom, single_device_byom
 
     from flint.importer import import_step
@@ -213,6 +219,32 @@ def test_hugging_face_causal_lm_planned_path_agrees_with_captured_path(name, rec
                                                       ("block_bwd", "aten.sum.dim_IntList"): 1}
         mine = theirs
     assert mine == theirs
+
+
+def test_frozen_parameters_get_no_gradient_and_no_optimizer_step():
+    """A parameter with requires_grad=False (a frozen weight) is captured as a parameter marked flint.frozen: the
+    backward returns no gradient for it (AOTAutograd's None), the optimizer does not step it, and shard-annotate
+    pairs the backward's gradients with the forward's other differentiable arguments (it counted the frozen ones
+    and failed: "@block_bwd returns 6 gradients but @block_fwd has 10 differentiable arguments")."""
+    from captures import single_device_byom
+    from xdsl.dialects import func
+
+    from flint.passes.lower_to_chakra import frozen_args
+    from flint.passes.shard_annotate import _role
+
+    m = single_device_byom("llama_frozen_attention", 4)[1].clone()
+    funcs = {f.sym_name.data: f for f in m.ops if isinstance(f, func.FuncOp)}
+    frozen = {_role(f, i)[1] for f in funcs.values() if f.sym_name.data.endswith("_fwd") for i in frozen_args(f)}
+    assert frozen == {f"model.layers.0.self_attn.{p}_proj.weight" for p in "qkvo"}
+    fwd, bwd = funcs["block_fwd"], funcs["block_bwd"]
+    params = [i for i in range(len(fwd.args)) if _role(fwd, i)[0] == "parameter"]
+    assert len(bwd.function_type.outputs.data) == 1 + len(params) - len(frozen)  # the hidden state's and the rest
+    stepped = {_role(f, i)[1] for n, f in funcs.items() if n.endswith("_optim") for i in range(len(f.args))}
+    assert not stepped & frozen and "model.layers.0.mlp.up_proj.weight" in stepped
+    CanonicalizeDistPass().apply(Context(), m)
+    ShardAnnotatePass(dp_shard=2).apply(Context(), m)
+    ShardExpandPass().apply(Context(), m)
+    m.verify()
 
 
 def _kernels(module) -> dict:
@@ -405,17 +437,23 @@ def test_hugging_face_grouped_gemm_moe_under_ep():
 @pytest.mark.slow
 @pytest.mark.parametrize("name,fsdp,ep,ac,replicate", [
     ("mixtral", 2, 2, "none", 1), ("mixtral", 4, 2, "none", 1), ("mixtral", 2, 2, "full", 1),
-    ("mixtral", 2, 2, "none", 2), ("qwen3_moe", 2, 2, "none", 1), ("deepseek_v3", 2, 2, "none", 1)])
-def test_hugging_face_ep_collectives_match_transformers_run(name, fsdp, ep, ac, replicate):
-    """shard-expand's ep of Hugging Face's grouped-GEMM experts against a real training step of transformers' own
-    expert parallelism on gloo (tests/data/hf_ep_run.py: Mixtral, Qwen3-MoE, DeepSeek-V3 (a dense first layer, a
-    shared expert, grouped routing) under DistributedConfig(fsdp_size, ep_size), AllToAllEP and FSDP2, routing made
-    balanced as Flint models it): every collective's count and input bytes per phase agree exactly: the counts
+    ("mixtral", 2, 2, "none", 2), ("qwen3_moe", 2, 2, "none", 1), ("deepseek_v3", 2, 2, "none", 1),
+    ("granitemoe", 2, 2, "none", 1), ("phimoe", 2, 2, "none", 1), ("llama_frozen_attention", 2, 1, "none", 1),
+    ("llama_frozen_attention", 1, 1, "none", 2), ("llama_frozen_attention", 2, 1, "none", 2)])
+def test_hugging_face_collectives_match_transformers_run(name, fsdp, ep, ac, replicate):
+    """shard-expand against a real training step of transformers' own FSDP2 and expert parallelism on gloo
+    (tests/data/hf_distributed_run.py: the model under DistributedConfig(fsdp_size, ep_size, dp_replicate_size)).
+    Expert parallelism of Hugging Face's grouped-GEMM experts: Mixtral, Qwen3-MoE, DeepSeek-V3 (a dense first
+    layer, a shared expert, grouped routing), Granite-MoE (its experts under block_sparse_moe: ep was refused as
+    "needs a mixture-of-experts model") and PhiMoE (its router selects with max, not topk: ep used to gather the
+    experts whole instead of dispatching, no all_to_all at all) under AllToAllEP and FSDP2, routing made
+    balanced as Flint models it: every collective's count and input bytes per phase agree exactly: the counts
     all_to_all, the dispatch and combine forward and backward, FSDP2's gathers and reduce-scatters, at ep 2 of 4
     the experts' own over dp_shard_mod_ep (transformers' efsdp mesh), and under HSDP (dp_replicate 2) the
     all-reduces over the replicas, the experts' too. With full activation checkpointing (Hugging Face's
     gradient_checkpointing_enable, every layer; Flint's single-device capture with activation_checkpoint = "full")
-    both repeat each layer's three forward exchanges in backward."""
+    both repeat each layer's three forward exchanges in backward. Frozen weights (Llama's attention, under FSDP2,
+    DDP-like replicas and HSDP): gathered with their group, never reduced."""
     import dataclasses
     import json
     import subprocess
@@ -428,7 +466,7 @@ def test_hugging_face_ep_collectives_match_transformers_run(name, fsdp, ep, ac, 
     from flint.capture import capture_step
     from flint.importer import import_step
 
-    script = Path(__file__).parent / "data" / "hf_ep_run.py"
+    script = Path(__file__).parent / "data" / "hf_distributed_run.py"
     run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                           f"--nproc-per-node={fsdp * replicate}", str(script), name, str(fsdp), str(ep), ac,
                           str(replicate)],
@@ -474,7 +512,8 @@ def test_hugging_face_sequence_parallel_is_refused_not_expanded_wrong():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["gpt2", "opt", "phi3", "gemma2", "bloom", "falcon", "t5", "gpt_oss", "deepseek_v3",
-                                  "qwen2_moe", "gptj", "mamba"])
+                                  "qwen2_moe", "gptj", "mamba", "llama_frozen_attention", "ernie4_5_moe",
+                                  "granitemoe", "phimoe"])
 def test_more_hugging_face_families_expand_under_fsdp(name):
     """More Hugging Face families expand (Falcon's and T5's math attention: _safe_softmax; T5's decoder
     input shift: slice_scatter / select_scatter; gpt-oss's grouped-GEMM experts with biases, a row per routed
@@ -484,7 +523,11 @@ def test_more_hugging_face_families_expand_under_fsdp(name):
     over ['dp_shard']"; GPT-J's rotary tables tiled with repeat, Mamba's depthwise convolution and softplus
     backward, none of which had a rule): the same FLOPs as PyTorch's FSDP2 recipe captured at
     world size 2, and the same collectives (FSDP2's root group, like the head, is not gathered again in
-    backward). Where the planned path differs (see the README): GPT-2's part around its blocks is one unit
+    backward). Frozen weights (Llama's attention frozen; ERNIE 4.5 MoE's router score-correction bias, a parameter
+    with requires_grad=False) are gathered with their group and neither reduced nor stepped, as FSDP2 runs them
+    (expansion used to fail on the gradient they lack). Granite-MoE's experts live under block_sparse_moe; PhiMoE's
+    router samples in training (exponential, rand_like, uniform_: no rule before). Where the planned path
+    differs (see the README): GPT-2's part around its blocks is one unit
     where the capture has two ([ln_f, lm_head] as its TP preset names them, and the root with wpe: one
     gather and one reduce-scatter more, the same bytes), T5's position-bias gradient is all-reduced where a
     `where` masks it, and T5's decoder layers are units of their own in the capture only."""

@@ -364,6 +364,44 @@ class _GatherReduceIn(torch.autograd.Function):
         return (None, None, None, None, *grads)
 
 
+class _GatherSomeTrainable(torch.autograd.Function):
+    """FSDP2's unshard of a group holding frozen parameters (``requires_grad=False``) beside trainable ones: the
+    forward all-gathers every shard (cast to ``param_dtype``) and copies the parameters out, as for any group; the
+    frozen ones' copies need no gradient, and the backward reduce-scatters (avg, in ``reduce_dtype`` when given)
+    only the trainable parameters' gradients, packed with one ``cat`` (``foreach_reduce`` over
+    ``fsdp_params_with_grad``)."""
+
+    @staticmethod
+    def forward(ctx, group_size: int, group_name: str, param_dtype: torch.dtype | None,  # noqa: ANN001
+                reduce_dtype: torch.dtype | None, trainable: tuple[bool, ...], *shards: torch.Tensor):
+        ctx.group = (group_size, group_name)
+        ctx.reduce_dtype = reduce_dtype
+        ctx.trainable = trainable
+        ctx.shards = [(s.shape, s.dtype) for s in shards]
+        ctx.device = shards[0].device
+        ctx.set_materialize_grads(False)
+        flat = torch.cat([(s if param_dtype is None else s.to(param_dtype)).reshape(-1) for s in shards])
+        full = funcol.wait_tensor(torch.ops._c10d_functional.all_gather_into_tensor(flat, group_size, group_name))
+        chunks = torch.split_with_sizes_copy(full.view(group_size, -1), [s.numel() for s in shards], dim=1)
+        ctx.mark_non_differentiable(*(c for c, t in zip(chunks, trainable) if not t))
+        return tuple(chunks)
+
+    @staticmethod
+    def backward(ctx, *grads: torch.Tensor | None):  # noqa: ANN001
+        size = ctx.group[0]
+        kept = [(g if g is not None else torch.zeros((size, math.prod(shape)), dtype=dtype, device=ctx.device))
+                .reshape(size, -1)
+                for g, t, (shape, dtype) in zip(grads, ctx.trainable, ctx.shards) if t]
+        flat = torch.cat(kept, dim=1).reshape(-1)
+        if ctx.reduce_dtype is not None and ctx.reduce_dtype != flat.dtype:
+            flat = flat.to(ctx.reduce_dtype)
+        flat = funcol.wait_tensor(torch.ops._c10d_functional.reduce_scatter_tensor(flat, "avg", *ctx.group))
+        shards = [sd for sd, t in zip(ctx.shards, ctx.trainable) if t]
+        reduced = iter(g.view(shape) if g.dtype == dtype else g.view(shape).to(dtype)
+                       for g, (shape, dtype) in zip(flat.split([math.prod(sh) for sh, _ in shards]), shards))
+        return (None, None, None, None, None, *(next(reduced) if t else None for t in ctx.trainable))
+
+
 class _BackwardUnshard(torch.autograd.Function):
     """FSDP2's pre-backward all-gather for groups whose backward does not read the weights.
 
@@ -555,10 +593,11 @@ class ParamGroup(nn.Module):
             if mode == "fsdp":
                 rows = local.shape[0]
                 shard_rows = -(-rows // self.dp_size)
-                leaf = nn.Parameter(torch.empty((shard_rows, *local.shape[1:]), dtype=local.dtype, device=local.device))
+                leaf = nn.Parameter(torch.empty((shard_rows, *local.shape[1:]), dtype=local.dtype, device=local.device),
+                                    requires_grad=p.requires_grad)
                 sharding[shard_axis] = 0
             else:
-                leaf = nn.Parameter(local.detach())
+                leaf = nn.Parameter(local.detach(), requires_grad=p.requires_grad)
             key = name.replace(".", "__")
             self.local[key] = leaf
             self.names.append(name)
@@ -575,21 +614,35 @@ class ParamGroup(nn.Module):
                 object.__setattr__(holder, leaf_name, leaf.detach())
 
     def _unshard(self, *shards: torch.Tensor) -> list[torch.Tensor]:
-        if self.reduce_dtype is not None:  # MixedPrecisionPolicy.reduce_dtype: the gradient reduced in it
-            param_dtype = self.param_dtype or shards[0].dtype
-            full = _GatherReduceIn.apply(self.dp_size, self.group_name, param_dtype, self.reduce_dtype, *shards)
-            full = full.view(self.dp_size, -1)
+        trainable = tuple(s.requires_grad for s in shards)
+        if any(trainable) and not all(trainable):  # frozen parameters beside trainable ones
+            chunks = _GatherSomeTrainable.apply(self.dp_size, self.group_name, self.param_dtype, self.reduce_dtype,
+                                                trainable, *shards)
         else:
-            if self.param_dtype is not None:  # FSDP2 MixedPrecisionPolicy: gather in param_dtype
-                shards = tuple(s.to(self.param_dtype) for s in shards)
-            flat = torch.cat([s.reshape(-1) for s in shards])
-            full = funcol.all_gather_tensor_autograd(flat, 0, self.group_name).view(self.dp_size, -1)
-        # FSDP2's copy-out (torch.split_with_sizes_copy, into each unsharded parameter); its backward
-        # is one cat into the flat reduce-scatter input, as FSDP2's chunk_cat (one slice_backward
-        # per parameter would materialize the whole flat buffer once per parameter)
-        chunks = torch.split_with_sizes_copy(full, [s.numel() for s in shards], dim=1)
+            if self.reduce_dtype is not None:  # MixedPrecisionPolicy.reduce_dtype: the gradient reduced in it
+                param_dtype = self.param_dtype or shards[0].dtype
+                full = _GatherReduceIn.apply(self.dp_size, self.group_name, param_dtype, self.reduce_dtype, *shards)
+                full = full.view(self.dp_size, -1)
+            else:
+                if self.param_dtype is not None:  # FSDP2 MixedPrecisionPolicy: gather in param_dtype
+                    shards = tuple(s.to(self.param_dtype) for s in shards)
+                flat = torch.cat([s.reshape(-1) for s in shards])
+                full = funcol.all_gather_tensor_autograd(flat, 0, self.group_name).view(self.dp_size, -1)
+            # FSDP2's copy-out (torch.split_with_sizes_copy, into each unsharded parameter); its backward
+            # is one cat into the flat reduce-scatter input, as FSDP2's chunk_cat (one slice_backward
+            # per parameter would materialize the whole flat buffer once per parameter)
+            chunks = torch.split_with_sizes_copy(full, [s.numel() for s in shards], dim=1)
         out = [c.reshape(-1, *shape[1:]) for c, shape in zip(chunks, self.local_shapes)]
         return [o if o.shape[0] == shape[0] else o[: shape[0]] for o, shape in zip(out, self.local_shapes)]
+
+    def _all_reduced(self, group_name: str, leaves: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The leaves, their gradients all-reduced over ``group_name`` in backward: the trainable ones only, as
+        DDP and FSDP2's HSDP reduce only parameters with a gradient (a frozen one passes unchanged)."""
+        trainable = [leaf for leaf in leaves if leaf.requires_grad]
+        if not trainable:
+            return list(leaves)
+        reduced = iter(_GradAllReduce.apply(group_name, self.reduce_dtype, *trainable))
+        return [next(reduced) if leaf.requires_grad else leaf for leaf in leaves]
 
     def __getattr__(self, name: str) -> Any:
         return wrapped_attr(self, name, self.__dict__.get("_modules", {}).get("module"))
@@ -598,13 +651,13 @@ class ParamGroup(nn.Module):
         leaves = [self.local[n.replace(".", "__")] for n in self.names]
         if self.mode == "fsdp":
             if self.replicate_group is not None:
-                leaves = list(_GradAllReduce.apply(self.replicate_group, self.reduce_dtype, *leaves))
+                leaves = self._all_reduced(self.replicate_group, leaves)
             if self.reshard_after_forward:
                 values = checkpoint(self._unshard, *leaves, use_reentrant=False, context_fn=_RECOMPUTE)
             else:
                 values = self._unshard(*leaves)
         else:
-            values = _GradAllReduce.apply(self.group_name, self.reduce_dtype, *leaves)
+            values = self._all_reduced(self.group_name, leaves)
         params = {}
         for name, value, spec in zip(self.names, values, self.specs):
             if spec is not None:

@@ -60,6 +60,8 @@ class Role:
     gradient of a forward output), ``gradient`` (of a parameter, optimizer
     input), ``master`` (the optimizer's fp32 copy of a parameter: plan field
     ``master_dtype``), ``exp_avg`` / ``exp_avg_sq`` (AdamW state) or ``step``.
+    A ``frozen`` parameter (``requires_grad=False``) has no gradient: its backward returns none, the optimizer
+    does not step it, data parallelism does not reduce it (FSDP2 still gathers it with its group).
     """
 
     kind: str
@@ -68,6 +70,7 @@ class Role:
     param: str | None = None
     global_shape: tuple[int, ...] | None = None
     sharding: dict[str, int] = field(default_factory=dict)
+    frozen: bool = False  # a parameter with requires_grad=False: no gradient, no optimizer state
 
 
 @dataclass
@@ -409,7 +412,8 @@ def _fwd_roles(cap: _Capture, infos: dict[int, ParamInfo], buffers: dict[int, st
             example_id = id(example) if example is not None else None
         if example_id in infos:
             info = infos[example_id]
-            roles[node.name] = Role("parameter", shape, dtype, info.name, info.global_shape, dict(info.sharding))
+            roles[node.name] = Role("parameter", shape, dtype, info.name, info.global_shape, dict(info.sharding),
+                                    frozen=not example.requires_grad)
         elif example_id in buffers:
             roles[node.name] = Role("buffer", shape, dtype, buffers[example_id])
         elif (aligned or example is not None) and source.startswith("L[") and "self" not in source.split("]")[0]:

@@ -48,7 +48,7 @@ from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, StringAttr
 from xdsl.ir import Operation, SSAValue
 from xdsl.utils.exceptions import VerifyException
 
-from flint.passes.lower_to_chakra import RESIDENT_ROLES, ROLE_ATTR
+from flint.passes.lower_to_chakra import RESIDENT_ROLES, ROLE_ATTR, frozen_args
 
 PART_ATTR = "flint.backward_part"
 OF_ATTR = "flint.backward_of"
@@ -75,8 +75,10 @@ def input_grad_results(fwd: func.FuncOp, bwd: func.FuncOp) -> list[int]:
     roles = _roles(fwd)
     results = list(bwd.function_type.outputs.data)
     out, k = [], 0
-    for arg, role in zip(fwd.body.block.args, roles):
-        if k < len(results) and role in ("parameter", "activation", None, "unknown") and results[k] == arg.type:
+    frozen = frozen_args(fwd)
+    for i, (arg, role) in enumerate(zip(fwd.body.block.args, roles)):
+        if k < len(results) and role in ("parameter", "activation", None, "unknown") and i not in frozen \
+                and results[k] == arg.type:
             if role == "activation":
                 out.append(k)
             k += 1

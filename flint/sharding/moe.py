@@ -158,9 +158,10 @@ def assignments_of(module: ModuleOp, rules: Rules) -> int | None:
     return None
 
 
-def grouped_experts_of(module: ModuleOp, rules: Rules) -> tuple[int, int] | None:
+def grouped_experts_of(module: ModuleOp, rules: Rules) -> tuple[int, int | None] | None:
     """(experts, routed tokens) of Hugging Face's grouped-GEMM MoE layers: dim 0 of a ``_grouped_mm``'s expert
-    weights and of the router's ``topk`` output; None without such layers."""
+    weights and of the router's ``topk`` output (None where the router selects otherwise: PhiMoE's sparsemixer
+    takes two ``max``); None without such layers."""
     experts = tokens = None
     for fn in module.ops:
         if not isinstance(fn, func.FuncOp):
@@ -173,7 +174,7 @@ def grouped_experts_of(module: ModuleOp, rules: Rules) -> tuple[int, int] | None
                 experts = shapes[1][0]
             elif op.overload.split(".")[1] == "topk" and op.outputs and len(shape_of(op.outputs[0])) == 2:
                 tokens = shape_of(op.outputs[0])[0]
-    return (experts, tokens) if experts is not None and tokens is not None else None
+    return (experts, tokens) if experts is not None else None
 
 
 def expert_tp_sizes(module: ModuleOp, rules: Rules) -> list[tuple[str, int, int]]:

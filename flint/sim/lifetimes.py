@@ -161,7 +161,7 @@ from flint.errors import FlintError
 from flint.ir import dist
 from flint.ir.aten import AtenOp, get_schedule, get_schedule_entries
 from flint.passes.fuse_pointwise import IN_KERNEL_ATTR
-from flint.passes.lower_to_chakra import ROLE_ATTR
+from flint.passes.lower_to_chakra import ROLE_ATTR, frozen_args
 from flint.sim.memory import MemoryReport, peak_memory
 
 RESIDENT_CATEGORY = {"parameter": "params", "master": "optimizer", "exp_avg": "optimizer", "exp_avg_sq": "optimizer",
@@ -513,8 +513,10 @@ def _align_grads(f: _Profile, b_results: list) -> set[int]:
     """Backward results that are gradients of the forward's parameters (module docstring)."""
     grads: set[int] = set()
     k = 0
-    for arg, role in zip(f.args, f.roles):
-        if k < len(b_results) and role in ("parameter", "activation", None, "unknown") and b_results[k] == arg.type:
+    frozen = frozen_args(f.fn)
+    for i, (arg, role) in enumerate(zip(f.args, f.roles)):
+        if k < len(b_results) and role in ("parameter", "activation", None, "unknown") and i not in frozen \
+                and b_results[k] == arg.type:
             if role == "parameter":
                 grads.add(k)
             k += 1

@@ -18,6 +18,13 @@ def llama(n_layers: int = 2, dim: int = 64, ffn: int = 128, heads: int = 4, kv_h
                                         rope_theta=500000.0))
 
 
+def llama_frozen_attention():  # fine-tuning the MLPs only: the attention weights frozen (requires_grad=False)
+    model = llama()
+    for layer in model.model.layers:
+        layer.self_attn.requires_grad_(False)
+    return model
+
+
 def qwen2():
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -225,6 +232,37 @@ def deepseek_v3():  # a dense first layer, then MoE layers with a shared expert 
         num_attention_heads=4, num_key_value_heads=4, n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2,
         n_group=2, topk_group=1, first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=32, qk_rope_head_dim=8,
         qk_nope_head_dim=8, v_head_dim=16, max_position_embeddings=128)).to(torch.bfloat16)
+
+
+def ernie4_5_moe():  # the router's score-correction bias: a parameter with requires_grad=False (no gradient)
+    from transformers import Ernie4_5_MoeConfig, Ernie4_5_MoeForCausalLM
+
+    cfg = Ernie4_5_MoeConfig(vocab_size=256, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+                             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, moe_num_experts=4,
+                             moe_k=2, moe_num_shared_experts=1, moe_layer_start_index=0,
+                             max_position_embeddings=128, tie_word_embeddings=False)
+    cfg._experts_implementation = "grouped_mm"
+    return Ernie4_5_MoeForCausalLM(cfg).to(torch.bfloat16)
+
+
+def granitemoe():  # its experts under block_sparse_moe (router, experts), not mlp
+    from transformers import GraniteMoeConfig, GraniteMoeForCausalLM
+
+    cfg = GraniteMoeConfig(vocab_size=256, hidden_size=64, intermediate_size=32, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
+                           max_position_embeddings=128, tie_word_embeddings=False)
+    cfg._experts_implementation = "grouped_mm"
+    return GraniteMoeForCausalLM(cfg).to(torch.bfloat16)
+
+
+def phimoe():  # its router samples in training (sparsemixer: exponential, rand_like, uniform_)
+    from transformers import PhimoeConfig, PhimoeForCausalLM
+
+    cfg = PhimoeConfig(vocab_size=256, hidden_size=64, intermediate_size=32, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
+                       max_position_embeddings=128, tie_word_embeddings=False)
+    cfg._experts_implementation = "grouped_mm"
+    return PhimoeForCausalLM(cfg).to(torch.bfloat16)
 
 
 class MLP(nn.Module):

@@ -1,17 +1,18 @@
-"""A real training step of a Hugging Face MoE model under transformers' own expert parallelism, for the test
-that checks shard-expand's ep of Hugging Face's grouped-GEMM experts against it
-(tests/test_shard_expand.py::test_hugging_face_ep_collectives_match_transformers_run).
+"""A real training step of a Hugging Face model distributed by transformers' own FSDP2 and expert parallelism, for
+the test that checks shard-expand against it
+(tests/test_shard_expand.py::test_hugging_face_collectives_match_transformers_run).
 
-Run by ``torchrun --standalone --nproc-per-node N hf_ep_run.py MODEL FSDP EP AC REPLICATE`` on gloo (N = FSDP x
-REPLICATE): MODEL, a factory of tests/data/byom/hf_models.py (``mixtral``, ``qwen3_moe``, ``deepseek_v3``),
+Run by ``torchrun --standalone --nproc-per-node N hf_distributed_run.py MODEL FSDP EP AC REPLICATE`` on gloo (N = FSDP
+x REPLICATE): MODEL, a factory of tests/data/byom/hf_models.py (MoE models: ``mixtral``, ``qwen3_moe``,
+``deepseek_v3``, ``granitemoe``, ``phimoe``; a dense one with frozen weights: ``llama_frozen_attention``),
 distributed by transformers 5.23 (``DistributedConfig(fsdp_size=FSDP, ep_size=EP, dp_replicate_size=REPLICATE)``:
-``AllToAllEP`` and FSDP2 (HSDP with REPLICATE > 1), experts on their ``efsdp`` mesh), a global batch of 4 x 32
-tokens, AdamW; with AC ``full``, Hugging Face's ``gradient_checkpointing_enable`` (every decoder layer,
-non-reentrant; ``none``: without). Routing is made balanced, as Flint models it: the router's GEMM and softmax
-run, and expert ``(t * top_k + j) % E`` is chosen for token ``t``'s ``j``-th slot. The second step's
-collectives, by kind and phase (forward, backward, optimizer): count and input bytes, printed as JSON by rank 0.
+FSDP2 (HSDP with REPLICATE > 1, DDP-like replicas with FSDP 1), under EP > 1 ``AllToAllEP`` with the experts on
+their ``efsdp`` mesh), a global batch of 4 x 32 tokens, AdamW; with AC ``full``, Hugging Face's
+``gradient_checkpointing_enable`` (every decoder layer, non-reentrant; ``none``: without). An MoE model's routing
+is made balanced, as Flint models it: the router's (``mlp.gate``'s or ``router``'s) GEMM and softmax run, and
+expert ``(t * top_k + j) % E`` is chosen for token ``t``'s ``j``-th slot. The second step's collectives, by kind
+and phase (forward, backward, optimizer): count and input bytes, printed as JSON by rank 0.
 """
-
 import json
 import os
 import sys
@@ -51,8 +52,8 @@ class Collectives(TorchDispatchMode):
 
 
 def balanced_router(self, hidden_states):
-    """A router's forward (Mixtral's, Qwen3-MoE's, DeepSeek-V3's: ``weight`` ``[experts, hidden]``, ``top_k``,
-    returning logits, weights, expert ids) with the experts chosen balanced."""
+    """A router's forward (Mixtral's, Qwen3-MoE's, DeepSeek-V3's, Granite-MoE's, PhiMoE's: ``weight``
+    ``[experts, hidden]``, ``top_k``, returning logits, weights, expert ids) with the experts chosen balanced."""
     hidden_states = hidden_states.reshape(-1, self.weight.shape[1])
     logits = torch.nn.functional.linear(hidden_states, self.weight.to(hidden_states.dtype))
     probs = torch.nn.functional.softmax(logits.float(), dim=-1)
@@ -72,8 +73,8 @@ def main():
 
     torch.manual_seed(0)
     model = getattr(hf_models, name)()
-    routers = {type(m) for n, m in model.named_modules() if n.endswith("mlp.gate") and hasattr(m, "top_k")}
-    assert routers, f"{name}: no router (a mlp.gate with top_k)"
+    routers = {type(m) for n, m in model.named_modules() if n.endswith(("mlp.gate", ".router")) and hasattr(m, "top_k")}
+    assert routers or ep == 1, f"{name}: no router (a mlp.gate or router with top_k)"
     for router in routers:
         router.forward = balanced_router
     if ac == "full":
