@@ -247,6 +247,28 @@ def test_frozen_parameters_get_no_gradient_and_no_optimizer_step():
     m.verify()
 
 
+def test_layers_whose_input_needs_no_gradient_run_before_the_repeated_block():
+    """With the embedding frozen (as LoRA freezes it) the first layer's input needs no gradient: that layer runs
+    in the part before the repeated block (the real step computes no input gradient for it), and the other three
+    are the repeated block (the whole stack was captured as one part, and on the planned path one FSDP unit).
+    Layers that differ in which parameters are trainable are not one repeated block."""
+    from captures import _byom_factory, single_device_byom
+    from xdsl.dialects import func
+
+    from flint.capture.byom import find_layers
+    from flint.ir.aten import get_schedule
+    from flint.passes.shard_annotate import _role
+
+    step, m = single_device_byom("llama_frozen_embedding", 4)
+    assert dict(get_schedule(m))["block_fwd"] == 3
+    assert any("layer(s) 0 captured in the model part, before the repeated block" in n for n in step.notes)
+    first = next(f for f in m.ops if isinstance(f, func.FuncOp) and f.sym_name.data == "first_stage_fwd")
+    assert "model.layers.0.mlp.up_proj.weight" in {_role(first, i)[1] for i in range(len(first.args))}
+    model = _byom_factory("llama")(n_layers=4)
+    model.model.layers[1].requires_grad_(False)
+    assert find_layers(model).keys == ("2", "3")
+
+
 def _kernels(module) -> dict:
     """(function, ATen op) -> count, of the ops that run a kernel (not views)."""
     from collections import Counter
@@ -439,7 +461,8 @@ def test_hugging_face_grouped_gemm_moe_under_ep():
     ("mixtral", 2, 2, "none", 1), ("mixtral", 4, 2, "none", 1), ("mixtral", 2, 2, "full", 1),
     ("mixtral", 2, 2, "none", 2), ("qwen3_moe", 2, 2, "none", 1), ("deepseek_v3", 2, 2, "none", 1),
     ("granitemoe", 2, 2, "none", 1), ("phimoe", 2, 2, "none", 1), ("llama_frozen_attention", 2, 1, "none", 1),
-    ("llama_frozen_attention", 1, 1, "none", 2), ("llama_frozen_attention", 2, 1, "none", 2)])
+    ("llama_frozen_attention", 1, 1, "none", 2), ("llama_frozen_attention", 2, 1, "none", 2),
+    ("llama_frozen_embedding", 2, 1, "none", 1)])
 def test_hugging_face_collectives_match_transformers_run(name, fsdp, ep, ac, replicate):
     """shard-expand against a real training step of transformers' own FSDP2 and expert parallelism on gloo
     (tests/data/hf_distributed_run.py: the model under DistributedConfig(fsdp_size, ep_size, dp_replicate_size)).
@@ -453,7 +476,9 @@ def test_hugging_face_collectives_match_transformers_run(name, fsdp, ep, ac, rep
     all-reduces over the replicas, the experts' too. With full activation checkpointing (Hugging Face's
     gradient_checkpointing_enable, every layer; Flint's single-device capture with activation_checkpoint = "full")
     both repeat each layer's three forward exchanges in backward. Frozen weights (Llama's attention, under FSDP2,
-    DDP-like replicas and HSDP): gathered with their group, never reduced."""
+    DDP-like replicas and HSDP): gathered with their group, never reduced. A frozen embedding (as LoRA freezes it):
+    the first layer, whose input needs no gradient, runs in the part before the repeated block; FSDP2 still
+    gathers the embedding again in backward (its backward prefetch), as the expansion does."""
     import dataclasses
     import json
     import subprocess

@@ -194,7 +194,9 @@ def where_defined(obj: Any) -> str | None:
 
 
 def _signature(module: nn.Module) -> tuple:
-    return (type(module), tuple((n, tuple(p.shape), p.dtype) for n, p in module.named_parameters()),
+    """A layer's structure: its type, its parameters' names, shapes, dtypes and whether they are trainable (a
+    frozen layer is not repeated as a trainable one), and its submodules' types."""
+    return (type(module), tuple((n, tuple(p.shape), p.dtype, p.requires_grad) for n, p in module.named_parameters()),
             tuple(type(m).__name__ for _, m in module.named_modules()))
 
 

@@ -17,8 +17,10 @@ and the layers after its last whole repeat run in the model part. A model
 without a pattern that repeats at least twice is captured whole as one part
 ``model``, and so is one whose layers take a
 second input that needs a gradient (an encoder's output into decoder layers)
-or a hidden state that needs none (:func:`_why_capture_whole`). After the
-backward, every parameter must have a gradient.
+or a hidden state that needs none (:func:`_why_capture_whole`), unless
+only the run's first layers receive one that needs none (a frozen embedding
+or frozen bottom layers): those run in the model part and the rest is the
+run. After the backward, every trainable parameter must have a gradient.
 
 Under a plan, the ``model`` part is two where it can be (:func:`_why_one_part`):
 ``first_stage`` (the forward up to the run, returning the hidden state it
@@ -389,12 +391,19 @@ def _why_capture_whole(layers: Sequence[nn.Module], recorded: Sequence[tuple[Any
     its input gradient, which the layers' output needs in the real step."""
     if why := _second_input_with_gradient(layers, recorded):
         return why
-    b_args, b_kwargs, _ = recorded[0]
-    hidden = next(t for t in tree_flatten((tuple(b_args), dict(b_kwargs)))[0] if isinstance(t, torch.Tensor))
-    if not hidden.requires_grad and any(p.requires_grad for layer in layers for p in layer.parameters()):
+    if _hidden_needs_no_gradient(layers, recorded):
         return (f"the hidden state {type(layers[0]).__name__} receives needs no gradient (nothing trainable "
                 "computes it), so a pass-through's output would need none either")
     return ""
+
+
+def _hidden_needs_no_gradient(layers: Sequence[nn.Module], recorded: Sequence[tuple[Any, Any, Any]]) -> bool:
+    """Whether the hidden state (the first tensor) the first of ``layers`` receives needs no gradient, where the
+    layers have trainable parameters: nothing trainable computes it (a float input straight into the layers, a
+    frozen embedding, frozen layers before them)."""
+    b_args, b_kwargs, _ = recorded[0]
+    hidden = next(t for t in tree_flatten((tuple(b_args), dict(b_kwargs)))[0] if isinstance(t, torch.Tensor))
+    return not hidden.requires_grad and any(p.requires_grad for layer in layers for p in layer.parameters())
 
 
 def _second_input_with_gradient(layers: Sequence[nn.Module], recorded: Sequence[tuple[Any, Any, Any]]) -> str:
@@ -660,6 +669,19 @@ def _capture_generic(model: nn.Module, dm, mesh, inputs: Mapping[str, InputSpec]
     why = (f"; under tensor parallelism, after {applied}: the model's code may assume its projections whole (a "
            "view by its config's head count, say); pass --parallelize with a plan of your own") if applied else ""
     recorded = _record_block_inputs(call, args, first, why) if blocks is not None else None
+    lead: list[str] = []
+    while recorded is not None and not staged and len(run) >= 3 * size and _hidden_needs_no_gradient(first, recorded):
+        # the run's first layers receive a hidden state that needs no gradient (a frozen embedding, frozen first
+        # layers: LoRA, partial fine-tuning): they run in the model part, before the repeated block, whose first
+        # layer then receives one that does (the real step computes no input gradient for them)
+        run, lead = run[size:], lead + list(run[:size])
+        first = [blocks._modules[k] for k in run[:size]]
+        recorded = _record_block_inputs(call, args, first, why)
+    if lead:
+        notes.append(f"{stack.path}: layer(s) {', '.join(lead)} captured in the model part, before "
+                     "the repeated block: the hidden state they receive needs no gradient (nothing trainable "
+                     "computes it: a frozen embedding or frozen layers)")
+    period = run[:size]
     if recorded is not None and (why := _why_capture_whole(first, recorded)):
         notes.append(f"{stack.path} captured whole, not as one repeated layer: {why}")
         blocks = recorded = None

@@ -25,6 +25,12 @@ def llama_frozen_attention():  # fine-tuning the MLPs only: the attention weight
     return model
 
 
+def llama_frozen_embedding():  # the embedding frozen (as LoRA freezes it): the first layer's input needs no gradient
+    model = llama(n_layers=4)
+    model.model.embed_tokens.requires_grad_(False)
+    return model
+
+
 def qwen2():
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
