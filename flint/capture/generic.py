@@ -675,13 +675,13 @@ def _capture_generic(model: nn.Module, dm, mesh, inputs: Mapping[str, InputSpec]
         # layers: LoRA, partial fine-tuning): they run in the model part, before the repeated block, whose first
         # layer then receives one that does (the real step computes no input gradient for them)
         run, lead = run[size:], lead + list(run[:size])
-        first = [blocks._modules[k] for k in run[:size]]
+        period = run[:size]
+        first = [blocks._modules[k] for k in period]
         recorded = _record_block_inputs(call, args, first, why)
     if lead:
         notes.append(f"{stack.path}: layer(s) {', '.join(lead)} captured in the model part, before "
                      "the repeated block: the hidden state they receive needs no gradient (nothing trainable "
                      "computes it: a frozen embedding or frozen layers)")
-    period = run[:size]
     if recorded is not None and (why := _why_capture_whole(first, recorded)):
         notes.append(f"{stack.path} captured whole, not as one repeated layer: {why}")
         blocks = recorded = None

@@ -30,11 +30,21 @@ HF_MODELS: dict[str, tuple[str, dict[str, Any]]] = {
                                     num_attention_heads=16, num_key_value_heads=8, max_position_embeddings=256,
                                     rope_theta=500000.0, rms_norm_eps=1e-5, pad_token_id=0, bos_token_id=0,
                                     eos_token_id=0)),
+    # hf-llama-tiny with 3 layers and its embedding and attention weights frozen (requires_grad=False: fine-tuning
+    # the MLPs and norms), see FROZEN: no weight gradient, reduction or optimizer step of them; the first layer,
+    # whose input needs no gradient, runs before the repeated block
+    "hf-llama-tiny-frozen": ("llama", dict(vocab_size=1024, hidden_size=256, intermediate_size=512,
+                                           num_hidden_layers=3, num_attention_heads=16, num_key_value_heads=8,
+                                           max_position_embeddings=256, rope_theta=500000.0, rms_norm_eps=1e-5)),
     "hf-qwen3-tiny": ("qwen3", dict(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
                                     num_attention_heads=16, num_key_value_heads=8, head_dim=16,
                                     max_position_embeddings=256, rope_theta=500000.0, rms_norm_eps=1e-5,
                                     tie_word_embeddings=False)),
 }
+
+
+# model -> substrings of the parameter names built frozen (requires_grad=False)
+FROZEN: dict[str, tuple[str, ...]] = {"hf-llama-tiny-frozen": ("model.embed_tokens.", ".self_attn.")}
 
 
 def is_hf(name: str) -> bool:
@@ -48,7 +58,11 @@ def build_hf(name: str) -> nn.Module:
     family, fields = HF_MODELS[name]
     config, model = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "gpt2": ("GPT2Config", "GPT2LMHeadModel"),
                      "olmo2": ("Olmo2Config", "Olmo2ForCausalLM"), "qwen3": ("Qwen3Config", "Qwen3ForCausalLM")}[family]
-    return getattr(transformers, model)(getattr(transformers, config)(**fields))
+    built = getattr(transformers, model)(getattr(transformers, config)(**fields))
+    for param_name, p in built.named_parameters():
+        if any(part in param_name for part in FROZEN.get(name, ())):
+            p.requires_grad_(False)
+    return built
 
 
 def hf_factory(name: str) -> Callable[[], nn.Module]:
