@@ -154,8 +154,9 @@ Aten = Dialect("aten", [AtenOp], [])
 #
 # Function arguments carry their role as the arg attribute `flint.role`
 # (the capture's Role.kind: parameter, buffer, input, activation, saved,
-# tangent, gradient, master, exp_avg, exp_avg_sq, step, grad_norm, clip_coef). lower-to-chakra treats
-# parameter / buffer / input / optimizer-state arguments as ready when the
+# tangent, gradient, master, exp_avg, exp_avg_sq, step, grad_norm, clip_coef); a parameter with
+# requires_grad=False is also marked `flint.frozen` (no gradient: passes.lower_to_chakra.frozen_args).
+# lower-to-chakra treats parameter / buffer / input / optimizer-state arguments as ready when the
 # step starts and every other argument as produced by the previous part.
 
 SCHEDULE_ATTR = "flint.schedule"
