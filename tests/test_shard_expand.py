@@ -251,10 +251,13 @@ def test_layers_whose_input_needs_no_gradient_run_before_the_repeated_block():
     """With the embedding frozen (as LoRA freezes it) the first layer's input needs no gradient: that layer runs
     in the part before the repeated block (the real step computes no input gradient for it), and the other three
     are the repeated block (the whole stack was captured as one part, and on the planned path one FSDP unit).
-    Layers that differ in which parameters are trainable are not one repeated block."""
+    Layers that differ in which parameters are trainable are not one repeated block. With pipeline stages in the
+    capture (the stage split is fixed before), such a stack is refused naming pp and the way that works (it was
+    refused by pipeline-split as "2 pipeline stages for 1 repeated blocks", without the reason)."""
     from captures import _byom_factory, single_device_byom
     from xdsl.dialects import func
 
+    from flint.capture import capture_step
     from flint.capture.byom import find_layers
     from flint.ir.aten import get_schedule
     from flint.passes.shard_annotate import _role
@@ -267,6 +270,10 @@ def test_layers_whose_input_needs_no_gradient_run_before_the_repeated_block():
     model = _byom_factory("llama")(n_layers=4)
     model.model.layers[1].requires_grad_(False)
     assert find_layers(model).keys == ("2", "3")
+    with pytest.raises(PlanError, match=r"plan field 'pp': model.layers is captured whole.*needs no gradient.*"
+                                        r"flint capture --world-size 1\) and expand it with pp"):
+        capture_step(_byom_factory("llama_frozen_embedding"), {"input_ids": (8, 32), "labels": (8, 32)},
+                     plan=Plan(dp_shard=2, pp=2, microbatches=4).validate())
 
 
 def _kernels(module) -> dict:

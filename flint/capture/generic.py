@@ -683,6 +683,14 @@ def _capture_generic(model: nn.Module, dm, mesh, inputs: Mapping[str, InputSpec]
                      "the repeated block: the hidden state they receive needs no gradient (nothing trainable "
                      "computes it: a frozen embedding or frozen layers)")
     if recorded is not None and (why := _why_capture_whole(first, recorded)):
+        if staged:
+            from flint.plan import PlanError
+
+            hint = ("; capture it on one device (flint capture --world-size 1) and expand it with pp in the plan "
+                    "(flint expand): there the layers whose input needs no gradient run before the repeated ones"
+                    if _hidden_needs_no_gradient(first, recorded) else "")
+            raise PlanError("pp", f"{stack.path} is captured whole, not as repeated layers that pipeline stages "
+                            f"could hold: {why}{hint}", plan.source)
         notes.append(f"{stack.path} captured whole, not as one repeated layer: {why}")
         blocks = recorded = None
     root = _apply_groups(model, calls, infos)
