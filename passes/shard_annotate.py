@@ -420,14 +420,43 @@ def annotate(module: ModuleOp, plan: Plan, rules: Rules) -> None:
             part_params[part] = [(p, a.type) for i, a in enumerate(fn.body.block.args)
                                  for r, p in [_role(fn, i)] if r == "parameter" and p]
     kept = kept_through_backward(module, plan, part_params)
+    units = dp_units(module) if fsdp_axes(plan) else {}
     for name, fn in funcs.items():
         part, _, phase = name.rpartition("_")
         if phase == "bwd" and fsdp_axes(plan) and part in part_params:
             have = {_role(fn, i)[1] for i in range(len(fn.body.block.args))}
+            skip = _not_gathered_in_backward(funcs[part + "_fwd"], units)
             for p, t in part_params[part]:
-                if p not in have and p not in kept:
+                if p not in have and p not in kept and units.get(p) not in skip:
                     _add_param_arg(fn, p, t)
         _annotate_function(fn, phase, plan, rules, axis_index, part_params.get(part, []), kept)
+
+
+def _not_gathered_in_backward(fwd: func.FuncOp, units: dict[str, str]) -> set[str]:
+    """Units (:func:`dp_units` keys) of a part that takes no activation (the first part: its inputs are the
+    step's) which FSDP2 does not gather again in backward. It gathers a unit before its backward where its
+    output needs a gradient (the first unit, in forward order, with a trainable parameter and every one after
+    it: a hook on the output, FSDPState._pre_backward) and, prefetching, the unit whose forward ran just
+    before the first of those (FSDPParamGroup._backward_prefetch); not the frozen ones before (a frozen
+    embedding and frozen bottom layers of partial fine-tuning: no gradient reaches them)."""
+    args = fwd.body.block.args
+    if any(_role(fwd, i)[0] == "activation" for i in range(len(args))):
+        return set()
+    frozen = frozen_args(fwd)
+    order: list[str] = []
+    trainable: set[str] = set()
+    for i in range(len(args)):
+        role, param = _role(fwd, i)
+        if role == "parameter" and param in units:
+            key = units[param]
+            if key not in order:
+                order.append(key)
+            if i not in frozen:
+                trainable.add(key)
+    first = next((k for k, key in enumerate(order) if key in trainable), None)
+    if first is None:
+        return set()  # nothing trainable here: no backward gathers these (nor is there a backward)
+    return set(order[:max(first - 1, 0)])
 
 
 def kept_through_backward(module: ModuleOp, plan: Plan, part_params: dict) -> frozenset[str]:
@@ -435,13 +464,13 @@ def kept_through_backward(module: ModuleOp, plan: Plan, part_params: dict) -> fr
     forward order that runs once (the zoo's head: final norm and output; a Hugging Face model's part around
     its blocks), as torchtitan wraps ``[norm, output]`` with ``reshard_after_forward=False`` and FSDP2 never
     reshards its root group: the backward starts there, so gathering again would repeat the forward's
-    gather. A token embedding that is its own unit (:func:`embedding_units`) is still resharded."""
+    gather. A token embedding or a layer that is its own unit (:func:`dp_units`) is still resharded."""
     if plan.zero != 3 or not fsdp_axes(plan):
         return frozenset()
     once = [n[:-4] for n, count in get_schedule(module) if n.endswith("_fwd") and count == 1]
     if not once or once[-1] not in part_params:
         return frozenset()  # repeated blocks: one unit per layer, each resharded (the last one too)
-    own = embedding_units(module)
+    own = dp_units(module)
     return frozenset(p for p, _ in part_params[once[-1]] if p not in own)
 
 
@@ -584,6 +613,42 @@ def embedding_units(module: ModuleOp) -> frozenset[str]:
         if len(tables) < len(params):  # a part of embeddings only (the zoo's) is one unit as it is
             own |= tokens
     return frozenset(own)
+
+
+def dp_units(module: ModuleOp) -> dict[str, str]:
+    """Parameters outside the rest of their function's FSDP / DDP unit, each mapped to its own unit's key:
+    the untied input embedding (:func:`embedding_units`, keyed by its name) and the parameters of layers of
+    the repeated blocks' stack that run outside the blocks (a Hugging Face model's leading layers whose input
+    needs no gradient, DeepSeek-V3's dense first layers, the layers after the pattern's last repeat), keyed by
+    the layer (``model.layers.2``): a training script wraps each layer with ``fully_shard`` / ``replicate``.
+    The stack is the path before the first all-digit component of a repeated forward's parameter names."""
+    units = {p: p for p in embedding_units(module)}
+    stacks = set()
+    for name, count in get_schedule(module):
+        fn = next((f for f in module.ops if isinstance(f, func.FuncOp) and f.sym_name.data == name), None)
+        if count < 2 or fn is None or not name.endswith("_fwd"):
+            continue
+        for i in range(len(fn.body.block.args)):
+            role, param = _role(fn, i)
+            parts = param.split(".") if role == "parameter" and param else []
+            j = next((k for k, c in enumerate(parts[:-1]) if c.isdigit()), None)
+            if j is not None:
+                stacks.add(".".join(parts[:j]))
+    if not stacks:
+        return units
+    repeated = {n for n, count in get_schedule(module) if count > 1}
+    for fn in module.ops:
+        if not isinstance(fn, func.FuncOp) or fn.sym_name.data in repeated:
+            continue
+        for i in range(len(fn.body.block.args)):
+            role, param = _role(fn, i)
+            if role != "parameter" or not param or param in units:
+                continue
+            for stack in stacks:
+                rest = param[len(stack) + 1:].split(".") if param.startswith(stack + ".") else []
+                if len(rest) > 1 and rest[0].isdigit():
+                    units[param] = f"{stack}.{rest[0]}"
+    return units
 
 
 def _is_step_input(fn: func.FuncOp, v: SSAValue) -> bool:

@@ -16,7 +16,7 @@ from flint.cost.flops import is_multi_tensor
 from flint.errors import FlintError
 from flint.ir import dist
 from flint.ir.aten import CLIP_FUNCTION, AtenOp, get_schedule, op_tensor_lists
-from flint.passes.shard_annotate import PARAM_ATTR, _role, embedding_units, read_sharding
+from flint.passes.shard_annotate import PARAM_ATTR, _role, dp_units, read_sharding
 from flint.plan import Plan, plan_of
 from flint.sharding.engine import ExpandError, FunctionExpander, demand_pass, shape_of
 from flint.sharding.moe import (assignments_of, gather_experts, grouped_experts_of, make_expander, n_experts_of,
@@ -93,7 +93,7 @@ def expand(module: ModuleOp, plan: Plan, rules: Rules) -> None:
     state = _State(plan, rules, names, sizes)
     state.n_experts, state.assignments = n_experts_of(module, rules), assignments_of(module, rules)
     state.grouped = grouped_experts_of(module, rules)
-    state.own_units = embedding_units(module)
+    state.unit_of = dp_units(module)
     for name in order:
         fn = funcs[name]
         try:
@@ -126,7 +126,7 @@ class _State:
         self.n_experts: int | None = None  # MoE: experts per layer, tokens * top_k (flint.sharding.moe)
         self.assignments: int | None = None
         self.grouped: tuple | None = None  # Hugging Face's grouped-GEMM experts: (experts, routed tokens)
-        self.own_units: frozenset[str] = frozenset()  # parameters that are an FSDP / DDP unit of their own
+        self.unit_of: dict[str, str] = {}  # parameters outside their function's unit -> their own unit's key
         self.clip_axes: set[str] = set()  # axes the gradients of the parts' norm functions are split on
 
     # ------------------------------------------------------------------ one function
@@ -261,11 +261,16 @@ class _State:
         return op.outputs[0]
 
     def _units(self, items: list, param_of) -> list[list]:
-        """A function's data-parallel units, in forward order: its parameters but the untied input
-        embedding, then the embedding (as the captured recipes wrap it: its own ``fully_shard`` /
-        ``replicate``, before the blocks and the root's group)."""
-        rest = [x for x in items if param_of(x) not in self.own_units]
-        return ([rest] if rest else []) + [[x] for x in items if param_of(x) in self.own_units]
+        """A function's data-parallel units, in forward order: its parameters but those of units of their own
+        (:func:`dp_units`), then those units in the order the function takes them: the untied input embedding
+        and layers of the blocks' stack run outside the blocks, as a training script wraps them (its own
+        ``fully_shard`` / ``replicate``, before the blocks and the root's group)."""
+        rest = [x for x in items if param_of(x) not in self.unit_of]
+        own: dict[str, list] = {}
+        for x in items:
+            if param_of(x) in self.unit_of:
+                own.setdefault(self.unit_of[param_of(x)], []).append(x)
+        return ([rest] if rest else []) + list(own.values())
 
     def _unit_gather(self, ex, old: Block, gather, new_args, storage, phase: str) -> None:
         """One all-gather of the unit's flat parameter shards (FSDP2's unshard), then each full parameter."""

@@ -158,7 +158,10 @@ def _plan_file(fields) -> str:
                                                    ("gemma2", "fsdp+tp", 4, 2), ("phi", "fsdp+tp", 4, 2),
                                                    ("mixtral", "fsdp", 2, 1), ("gemma3", "fsdp+tp", 4, 2),
                                                    ("llama_frozen_attention", "dp", 2, 1),
-                                                   ("llama_frozen_attention", "fsdp+tp", 4, 2)])
+                                                   ("llama_frozen_attention", "fsdp+tp", 4, 2),
+                                                   ("llama_frozen_embedding", "fsdp", 2, 1),
+                                                   ("llama_frozen_bottom", "fsdp", 2, 1),
+                                                   ("llama_frozen_bottom", "dp", 2, 1)])
 def test_hugging_face_causal_lm_planned_path_agrees_with_captured_path(name, recipe, world, tp):
     """A Hugging Face causal LM (its own loss: labels padded with constant_pad_nd, ATen's cross-entropy
     nll_loss; rotary cos / sin broadcast over the batch into every block) expands, and agrees with
@@ -184,7 +187,8 @@ def test_hugging_face_causal_lm_planned_path_agrees_with_captured_path(name, rec
     Llama with its attention weights frozen (requires_grad=False, fine-tuning the MLPs): their gradients are neither
     computed nor reduced nor stepped, on either path (the planned path failed, "@block_bwd returns 6 gradients but
     @block_fwd has 10 differentiable arguments"; the captured recipe made them trainable again: all-reduced and
-    stepped under DDP)."""
+    stepped under DDP). With the embedding frozen (LoRA), FSDP2 still gathers it in backward: the first layer's
+    pre-backward prefetches it (its own pre-backward never runs); the captured path used to skip that gather."""
     from captures import captured_byom, single_device_byom
 
     from flint.importer import import_step
@@ -251,7 +255,8 @@ def test_layers_whose_input_needs_no_gradient_run_before_the_repeated_block():
     """With the embedding frozen (as LoRA freezes it) the first layer's input needs no gradient: that layer runs
     in the part before the repeated block (the real step computes no input gradient for it), and the other three
     are the repeated block (the whole stack was captured as one part, and on the planned path one FSDP unit).
-    Layers that differ in which parameters are trainable are not one repeated block. With pipeline stages in the
+    Layers that differ in which parameters are trainable are not one repeated block, and a run of trainable layers
+    is repeated rather than a run of frozen ones as long. With pipeline stages in the
     capture (the stage split is fixed before), such a stack is refused naming pp and the way that works (it was
     refused by pipeline-split as "2 pipeline stages for 1 repeated blocks", without the reason)."""
     from captures import _byom_factory, single_device_byom
@@ -269,6 +274,10 @@ def test_layers_whose_input_needs_no_gradient_run_before_the_repeated_block():
     assert "model.layers.0.mlp.up_proj.weight" in {_role(first, i)[1] for i in range(len(first.args))}
     model = _byom_factory("llama")(n_layers=4)
     model.model.layers[1].requires_grad_(False)
+    assert find_layers(model).keys == ("2", "3")
+    # the bottom two frozen: the trainable run is repeated, not the frozen one (it was, with a backward
+    # through layers no gradient reaches)
+    model.model.layers[0].requires_grad_(False)
     assert find_layers(model).keys == ("2", "3")
     with pytest.raises(PlanError, match=r"plan field 'pp': model.layers is captured whole.*needs no gradient.*"
                                         r"flint capture --world-size 1\) and expand it with pp"):
@@ -469,7 +478,8 @@ def test_hugging_face_grouped_gemm_moe_under_ep():
     ("mixtral", 2, 2, "none", 2), ("qwen3_moe", 2, 2, "none", 1), ("deepseek_v3", 2, 2, "none", 1),
     ("granitemoe", 2, 2, "none", 1), ("phimoe", 2, 2, "none", 1), ("llama_frozen_attention", 2, 1, "none", 1),
     ("llama_frozen_attention", 1, 1, "none", 2), ("llama_frozen_attention", 2, 1, "none", 2),
-    ("llama_frozen_embedding", 2, 1, "none", 1)])
+    ("llama_frozen_embedding", 2, 1, "none", 1), ("llama_frozen_bottom", 2, 1, "none", 1),
+    ("llama_frozen_bottom", 1, 1, "none", 2)])
 def test_hugging_face_collectives_match_transformers_run(name, fsdp, ep, ac, replicate):
     """shard-expand against a real training step of transformers' own FSDP2 and expert parallelism on gloo
     (tests/data/hf_distributed_run.py: the model under DistributedConfig(fsdp_size, ep_size, dp_replicate_size)).

@@ -255,7 +255,7 @@ def find_layers(model: nn.Module) -> LayerStack | None:
     stack. The repeated run is the longest run of a repeating pattern of ``period`` consecutive layers (one:
     identical neighbours; four: Llama 4's dense and MoE layers alternating, every fourth without rotary
     embedding), at least two repeats of it, the shortest period and then the first run on a tie; without one,
-    nothing repeats."""
+    nothing repeats. A run with trainable parameters goes before a longer one of frozen layers."""
     def layers(children: list[nn.Module]) -> bool:
         return _alike(children) or (len({type(c) for c in children}) == 1 and all(
             any(True for _ in c.children()) and any(True for _ in c.parameters()) for c in children))
@@ -265,7 +265,8 @@ def find_layers(model: nn.Module) -> LayerStack | None:
         return None
     path, container = found
     keys, sigs = list(container._modules), [_signature(c) for c in container._modules.values()]
-    best_run = (0, 0, 1)  # (start, repeats, period)
+    trainable = [any(p[3] for p in sig[1]) for sig in sigs]
+    best_run, best = (0, 0, 1), (False, 0, 0, 0)  # (start, repeats, period), its rank
     for period in range(1, len(sigs) // 2 + 1):
         for start in range(period):  # runs aligned to this offset
             i = start
@@ -274,9 +275,11 @@ def find_layers(model: nn.Module) -> LayerStack | None:
                 while j + period <= len(sigs) and sigs[j:j + period] == sigs[i:i + period]:
                     j += period
                 reps = (j - i) // period
-                if reps >= 2 and (reps * period, -period, -i) > (best_run[1] * best_run[2], -best_run[2],
-                                                                   -best_run[0]):
-                    best_run = (i, reps, period)
+                # frozen layers (partial fine-tuning freezes the bottom ones) run forward only where nothing
+                # trainable feeds them: a run with trainable parameters first
+                rank = (any(trainable[i:i + period]), reps * period, -period, -i)
+                if reps >= 2 and rank > best:
+                    best_run, best = (i, reps, period), rank
                 i = j if reps >= 2 else i + period
     start, reps, period = best_run
     if reps < 2:

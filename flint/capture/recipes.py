@@ -52,6 +52,7 @@ from typing import Any
 
 import torch
 import torch.distributed._functional_collectives as funcol
+import torch.utils._pytree as pytree
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
@@ -540,6 +541,25 @@ def wrapped_attr(wrapper: nn.Module, name: str, wrapped: nn.Module | None) -> An
         return getattr(wrapped, name)
 
 
+# FSDP2's comm_ctx.post_forward_order: (group, whether its output needs a gradient) in the order the groups'
+# forwards finished; emptied before each capture (:func:`flint.capture.step._compile_part`)
+POST_FORWARD_ORDER: list[tuple[ParamGroup, bool]] = []
+
+
+def _prefetched(prev: tuple[ParamGroup, bool] | None) -> bool:
+    """Whether the group of ``prev`` (an entry of POST_FORWARD_ORDER), whose output needs no gradient, is
+    gathered in backward by the next group's prefetch (if its parameters were resharded after forward)."""
+    return prev is not None and not prev[1] and prev[0].reshard_after_forward and prev[0].in_part
+
+
+def backward_gathered() -> set[int]:
+    """``id``s of the FSDP groups the captured forward (POST_FORWARD_ORDER) gathers again in backward, as FSDP2
+    would: those whose output needs a gradient (their pre-backward) and those the next one prefetches."""
+    return {id(g) for i, (g, needs_grad) in enumerate(POST_FORWARD_ORDER)
+            if needs_grad or (i + 1 < len(POST_FORWARD_ORDER) and POST_FORWARD_ORDER[i + 1][1]
+                              and _prefetched(POST_FORWARD_ORDER[i]))}
+
+
 class ParamGroup(nn.Module):
     """One data-parallel parameter group (what FSDP2's ``fully_shard`` would wrap).
 
@@ -564,6 +584,7 @@ class ParamGroup(nn.Module):
         self.replicate_group = replicate_mesh.get_group().group_name if replicate_mesh is not None else None
         shard_axis = (dp_mesh.mesh_dim_names or ("dp_shard",))[0]
         self.backward_unshard = False
+        self.in_part = True  # False while another pipeline stage's part is captured (its gathers are not this part's)
         self.reshard_after_forward = reshard_after_forward
         self.param_dtype = param_dtype
         self.reduce_dtype = reduce_dtype  # FSDP2 MixedPrecisionPolicy.reduce_dtype (None: the gradients' own)
@@ -667,11 +688,31 @@ class ParamGroup(nn.Module):
             for alias in self.aliases.get(name, ()):
                 params[alias] = value
         out = torch.func.functional_call(self.module, params, args, kwargs)
-        if self.mode == "fsdp" and self.backward_unshard:
-            dtype = self.param_dtype or leaves[0].dtype
-            out = _BackwardUnshard.apply(out, self.dp_size, self.group_name, dtype,
-                                         *(leaf.detach() for leaf in leaves))
-        return out
+        if self.mode != "fsdp":
+            return out
+        # FSDP2's backward prefetch (FSDPParamGroup._backward_prefetch): a group's pre-backward also gathers the
+        # group that finished its forward just before it. That gather is the only backward one of a resharded
+        # group whose output needs no gradient (a frozen embedding, frozen bottom layers), whose own
+        # pre-backward never runs; the gathers it moves earlier for other groups are the reorder passes' to model
+        flat, spec = pytree.tree_flatten(out)
+        # FSDP2 hooks its pre-backward on the output tensors that need a gradient; the first one carries it here
+        hooked = next((i for i, t in enumerate(flat) if isinstance(t, torch.Tensor) and t.requires_grad), None)
+        prev = POST_FORWARD_ORDER[-1] if POST_FORWARD_ORDER else None
+        POST_FORWARD_ORDER.append((self, hooked is not None))
+        prefetch = hooked is not None and _prefetched(prev)
+        if hooked is None or not (prefetch or self.backward_unshard):
+            return out
+        if prefetch:  # FSDP2 gathers the group itself first, then prefetches (backward runs the outer one first)
+            flat[hooked] = prev[0]._regather_in_backward(flat[hooked])
+        if self.backward_unshard:
+            flat[hooked] = self._regather_in_backward(flat[hooked])
+        return pytree.tree_unflatten(flat, spec)
+
+    def _regather_in_backward(self, out: torch.Tensor) -> torch.Tensor:
+        """``out``, whose gradient's arrival gathers this group's parameters (:class:`_BackwardUnshard`)."""
+        leaves = [self.local[n.replace(".", "__")] for n in self.names]
+        return _BackwardUnshard.apply(out, self.dp_size, self.group_name, self.param_dtype or leaves[0].dtype,
+                                      *(leaf.detach() for leaf in leaves))
 
 
 def apply_data_parallel(model: nn.Module, dp_mesh: DeviceMesh, mode: str, infos: dict[int, ParamInfo],

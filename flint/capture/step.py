@@ -43,8 +43,9 @@ from flint.capture.errors import CaptureError
 from flint.capture.float8 import apply_float8
 from flint.capture.partition import PARTITIONERS, partition_fn
 from flint.capture.fake_dist import device_mesh, fake_world, group_axes
-from flint.capture.recipes import (CAPTURE_FIELDS, RECIPES, REDUCE_DTYPE, ParamGroup, ParamInfo, ac_layers, apply,
-                                   check_ac, loss_context, pattern_stages, pre_backward_unshard)
+from flint.capture.recipes import (CAPTURE_FIELDS, POST_FORWARD_ORDER, RECIPES, REDUCE_DTYPE, ParamGroup, ParamInfo,
+                                   ac_layers, apply, backward_gathered, check_ac, loss_context, pattern_stages,
+                                   pre_backward_unshard)
 from flint.mesh import Mesh
 from flint.models.base import is_staged
 from flint.plan import Plan, PlanError, from_recipe
@@ -354,6 +355,7 @@ def _compile_part(module: nn.Module, args: Sequence[torch.Tensor], part: str,
         # allow_rnn: Dynamo traces nn.LSTM / GRU / RNN into their time steps (its default refuses them)
         with composite_autograd(), no_rng_state_on_meta(), torch._dynamo.config.patch(allow_rnn=True), \
                 _python_data_as_constants():
+            POST_FORWARD_ORDER.clear()
             out = compiled(*args)
             if not isinstance(out, torch.Tensor):
                 raise CaptureError("model", f"part '{part}' returned {type(out).__name__}, not a tensor")
@@ -673,9 +675,9 @@ def _capture_part(name: str, module: nn.Module, args: Sequence[torch.Tensor], in
     others = [(g, g.backward_unshard) for g in module.modules() if isinstance(g, ParamGroup) and g not in groups]
     try:
         for g, _ in others:
-            g.backward_unshard = False
+            g.backward_unshard = g.in_part = False
         cap, out = _compile_part(module, args, name, partitioner)
-        missing = _missing_backward_unshards(groups, cap.bwd)
+        missing = _missing_backward_unshards([g for g in groups if id(g) in backward_gathered()], cap.bwd)
         if missing:
             # FSDP2 re-gathers every resharded group before its backward; AOTAutograd dropped an unused one.
             for g in missing:
@@ -686,7 +688,7 @@ def _capture_part(name: str, module: nn.Module, args: Sequence[torch.Tensor], in
             cap, out = _compile_part(module, args, name, partitioner)
     finally:
         for g, flag in others:
-            g.backward_unshard = flag
+            g.backward_unshard, g.in_part = flag, True
     fsdp_groups = {g.group_name for g in groups if g.mode == "fsdp"}
     if cap.bwd is not None and fsdp_groups:
         pre_backward_unshard(cap.bwd, fsdp_groups)  # FSDP2 gathers before the unit's backward ops
@@ -736,8 +738,9 @@ def _drop_dead(cap: _Capture, roles: dict[str, Role]) -> None:
 
 
 def _missing_backward_unshards(groups: Sequence[ParamGroup], bwd: torch.fx.GraphModule | None) -> list[ParamGroup]:
-    """The FSDP groups among ``groups`` resharded after forward whose all-gather (of their flat shards' size, on
-    their process group) the backward lacks: AOTAutograd drops a re-gather nothing in the backward reads."""
+    """The FSDP groups among ``groups`` (those FSDP2 gathers in backward, :func:`backward_gathered`) resharded
+    after forward whose all-gather (of their flat shards' size, on their process group) the backward lacks:
+    AOTAutograd drops a re-gather nothing in the backward reads."""
     groups = [g for g in groups if g.mode == "fsdp" and g.reshard_after_forward]
     if bwd is None or not groups:
         return []

@@ -31,7 +31,7 @@ DEFAULT_WORLD_SIZES = (2, 4)
 # Frozen weights (embedding and attention, requires_grad=False): no weight-gradient GEMMs, reductions or steps.
 HF_CASES = (("hf-llama-tiny", "fsdp", 2), ("hf-llama-tiny", "tp+sp", 2), ("hf-gpt2-tiny", "tp+sp", 2),
             ("hf-olmo2-tiny", "fsdp+tp", 4), ("hf-qwen3-tiny", "fsdp+tp", 4), ("hf-gpt2-tiny", "fsdp", 2),
-            ("hf-gpt2-tiny", "dp", 2), ("hf-llama-tiny-frozen", "dp", 2))
+            ("hf-gpt2-tiny", "dp", 2), ("hf-llama-tiny-frozen", "dp", 2), ("hf-llama-tiny-frozen", "fsdp", 2))
 # Activation checkpointing (torchtitan's modes, checkpoint_wrapper in the real run): model, recipe, world, mode.
 AC_CASES = (("llama-tiny", "fsdp", 2, "full"), ("llama-tiny", "fsdp", 2, "selective-op"))
 # The plan's loss_parallel (torch's loss_parallel in the real run): model, recipe, world.

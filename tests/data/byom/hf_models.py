@@ -451,3 +451,11 @@ def rnn():
 def example_inputs():
     """Inputs of the CNN (``--model hf_models.py:cnn`` takes them from here)."""
     return {"x": "8x3x16x16:float32", "target": "8:int64"}
+
+
+def llama_frozen_bottom():  # the embedding and the bottom two of six layers frozen (partial fine-tuning)
+    model = llama(n_layers=6)
+    model.model.embed_tokens.requires_grad_(False)
+    for layer in model.model.layers[:2]:
+        layer.requires_grad_(False)
+    return model
