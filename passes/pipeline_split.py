@@ -239,6 +239,8 @@ class PipelineSplitPass(ModulePass):
             names += [f"{p}_bwd" for p in reversed(pre)] if s == 0 else []
             out = []
             for n in names:
+                if n not in funcs:  # a part no gradient reaches (a frozen embedding's) has no backward
+                    continue
                 fn = n if not part else split[n][part == "weight"]
                 if fn:
                     out.append((fn, layers[s] if n == f"{stem}_bwd" else 1, {"nosync": ns}))

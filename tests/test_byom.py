@@ -147,6 +147,54 @@ def test_llama4_alternating_layers_complex_rotary_embedding():
     assert str(Parser(flint_context(), text, "llama4.mlir").parse_module()) == text  # the IR as written parses back
 
 
+def test_enable_input_require_grads_hook_is_left_out_of_the_compiled_parts():
+    """transformers' and peft's enable_input_require_grads (LoRA with gradient checkpointing as peft's docs set it
+    up) hooks requires_grad_() onto the embedding's output, which torch.compile refused ("graph break in part
+    'model': returning intermediate with requires_grad_()"). The parts are compiled without it; the hidden state
+    still enters the layers needing a gradient, so the first layer is repeated with the others and computes its
+    input gradient: the same matmuls as an eager step (recompute included). Where the work outside the layers is
+    one part (tied embeddings) that gradient would be lost: refused, naming the hook and what to do instead.
+    With pipeline stages the first stage runs no backward of the part before the layers, which has none."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from flint.capture.opclass import GEMM
+
+    shapes = {"input_ids": (4, 32), "labels": (4, 32)}
+    step = capture_step(_byom_factory("llama_input_require_grads"), shapes, world_size=1, plan="dp")
+    assert any("(model.embed_tokens: enable_input_require_grads) left out" in n for n in step.notes)
+    assert [(p.name, p.repeat) for p in step.parts] == [("first_stage", 1), ("block", 4), ("last_stage", 1)]
+    flint = sum(p.repeat * sum(1 for n in g.gm.graph.nodes if n.op == "call_function" and classify_aten(n.target)
+                               == GEMM) for p in step.parts for g in (p.fwd, p.bwd) if g is not None)
+
+    class Gemms(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if classify_aten(func) == GEMM:
+                Gemms.count += 1
+            return func(*args, **(kwargs or {}))
+
+    model = _byom_factory("llama_input_require_grads")().train()
+    ids = torch.zeros(shapes["input_ids"], dtype=torch.long)
+    with Gemms():
+        model(input_ids=ids, labels=ids).loss.backward()
+    assert flint == Gemms.count
+    # with pipeline stages: the first stage's part before the layers has no backward (the frozen embedding's),
+    # which pipeline-split scheduled anyway ("flint.schedule names function @first_stage_bwd, which the module
+    # lacks", an internal error)
+    from flint.importer import import_step
+    from flint.ir.aten import get_schedule
+    from flint.plan import Plan
+
+    piped = import_step(capture_step(_byom_factory("llama_input_require_grads"), {k: (16, 32) for k in shapes},
+                                     world_size=4, plan=Plan(dp_shard=2, pp=2, microbatches=4).validate()))
+    first = {name for name, _ in get_schedule(piped, 0)}
+    assert "first_stage_fwd" in first and "block_bwd" in first and "first_stage_bwd" not in first
+    with pytest.raises(CaptureError, match=r"requires_grad_\(\) on a module's output: transformer.wte "
+                                           r"\(.*make_inputs_require_grads\).*captured as one part.*use_reentrant"):
+        capture_step(_byom_factory("gpt2_input_require_grads"), shapes, world_size=1, plan="dp")
+
+
 def test_parse_inputs():
     spec = parse_inputs("input_ids=8x2048:int64, labels=8x2048:int64,x=4x3:bf16,y=2")
     assert spec["input_ids"] == InputSpec((8, 2048), torch.int64)

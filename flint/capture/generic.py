@@ -569,6 +569,43 @@ def _resolve_hf_loss(model: nn.Module) -> None:
             pass
 
 
+def _grad_forcing_hooks(model: nn.Module) -> list[tuple[str, nn.Module, Callable]]:
+    """(module path, module, hook) of each forward hook calling ``requires_grad_()``, as transformers' and
+    peft's ``enable_input_require_grads`` does on the input embedding's output (so that reentrant activation
+    checkpointing sees an input needing a gradient with the embedding frozen)."""
+    return [(name or type(model).__name__, m, fn) for name, m in model.named_modules()
+            for fn in m._forward_hooks.values()
+            if "requires_grad_" in getattr(getattr(fn, "__code__", None), "co_names", ())]
+
+
+def _without_hooks(capture_part: Callable, hooks: Sequence[tuple[str, nn.Module, Callable]]) -> Callable:
+    """``capture_part`` compiling without ``hooks``: torch.compile cannot return what depends on an intermediate
+    made to need a gradient. The eager runs that find the layers keep them, so the hidden state they mark enters
+    the repeated layers needing a gradient, as in the real step (the first layer computes its input gradient);
+    the part before the layers, which the hook's output leaves, then needs none. A model captured as one part
+    (the hidden state passed through inside it, or no repeated layers) would lose that gradient: refused."""
+    def without(name: str, *args: Any, **kwargs: Any) -> Any:
+        where = ", ".join(dict.fromkeys(f"{path} ({getattr(fn, '__qualname__', fn)})" for path, _, fn in hooks))
+        if name == "model":
+            raise CaptureError("model", f"forward hook(s) calling requires_grad_() on a module's output: {where} "
+                               "(transformers' / peft's enable_input_require_grads); torch.compile cannot capture "
+                               "them, and this model's work outside its repeated layers is captured as one part, "
+                               "which would lose the gradient they create. Remove them: they are needed only with "
+                               "reentrant activation checkpointing (gradient_checkpointing_enable("
+                               "gradient_checkpointing_kwargs={'use_reentrant': False}) does without them)")
+        saved = [(m, dict(m._forward_hooks)) for _, m, _ in hooks]
+        try:
+            for _, m, fn in hooks:
+                for key in [k for k, h in m._forward_hooks.items() if h is fn]:
+                    del m._forward_hooks[key]
+            return capture_part(name, *args, **kwargs)
+        finally:
+            for m, before in saved:
+                m._forward_hooks.clear()
+                m._forward_hooks.update(before)
+    return without
+
+
 def capture_generic(model: nn.Module, dm, mesh, inputs: Mapping[str, InputSpec], **kw):
     """(parts, local batch shapes) of ``model`` (see the module docstring). A failure while a
     floating-point input is given a dtype other than the model's says so (the likely cause: a float32
@@ -596,6 +633,9 @@ def _capture_generic(model: nn.Module, dm, mesh, inputs: Mapping[str, InputSpec]
                      data_axes: Sequence[str], local_batch: Callable, optimizer: str | None,
                      buffers: dict[int, str]):
     _resolve_hf_loss(model)
+    forcing = _grad_forcing_hooks(model)
+    if forcing:
+        capture_part = _without_hooks(capture_part, forcing)
     names, var_kw = forward_parameters(model)
     targets = [n for n in inputs if n not in names and not var_kw]
     check_inputs(model, list(inputs), targets if loss != "auto" or targets else ())
@@ -639,6 +679,10 @@ def _capture_generic(model: nn.Module, dm, mesh, inputs: Mapping[str, InputSpec]
     infos = _infos_after_tp(model, before)
     call = CallModel(model, list(inputs), targets, loss)
     notes: list[str] = []
+    if forcing:
+        notes.append(f"forward hook(s) calling requires_grad_() ({', '.join(dict.fromkeys(p for p, _, _ in forcing))}: "
+                     "enable_input_require_grads) left out of the compiled parts: the hidden state they mark "
+                     "enters the repeated layers needing a gradient, as in the real step")
     tail_note = ""  # layers after the pattern's last repeat: where they are captured, once that is known
     size = stack.period if run else 1
     if run:

@@ -459,3 +459,20 @@ def llama_frozen_bottom():  # the embedding and the bottom two of six layers fro
     for layer in model.model.layers[:2]:
         layer.requires_grad_(False)
     return model
+
+
+def llama_input_require_grads():  # LoRA-style set-up: the embedding frozen, Hugging Face's gradient checkpointing,
+    # and enable_input_require_grads (a forward hook calling requires_grad_() on the embedding's output)
+    model = llama(n_layers=4)
+    model.model.embed_tokens.requires_grad_(False)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.enable_input_require_grads()
+    return model
+
+
+def gpt2_input_require_grads():  # the same hook on a model with tied embeddings (its work outside its layers is one
+    # part in the capture)
+    model = gpt2()
+    model.transformer.wte.requires_grad_(False)
+    model.enable_input_require_grads()
+    return model
