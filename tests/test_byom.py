@@ -354,6 +354,29 @@ def test_factory_not_a_module(tmp_path):
     assert f"{os.path.realpath(path)}:1" in err.value.source
 
 
+def test_factory_returning_torch_compile_captures_the_module(tmp_path):
+    """A training script's ``torch.compile(model)``, returned by the factory: the module it wraps is captured, with a
+    note. The capture used to run the OptimizedModule: a Hugging Face Llama so returned failed in inductor on meta
+    tensors ("BackendCompilerFailed: backend='inductor' raised")."""
+    path = _write(tmp_path, """\
+        import torch
+
+        def model_factory():
+            return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+
+        def compiled():
+            return torch.compile(model_factory())
+        """)
+    plain, _ = user_function(path, "--model", "model_factory", "a factory")
+    compiled, _ = user_function(f"{path}:compiled", "--model", "model_factory", "a factory")
+    ops = lambda step: [str(n.target) for p in step.parts for g in p.graphs() for n in g.nodes()]  # noqa: E731
+    a, b = (capture_step(f, {"input": (2, 8)}, world_size=1, plan="dp") for f in (plain, compiled))
+    assert ops(a) == ops(b) and any("mm" in t for t in ops(a))
+    assert a.notes == () and b.notes == ("the model factory returned torch.compile(Sequential): captured is the "
+                                         "module itself, compiled by the capture (its graphs are what torch.compile "
+                                         "runs, before inductor's fusion: the fuse-pointwise pass prices that)",)
+
+
 def test_inputs_must_match_forward(tmp_path):
     path = _write(tmp_path, """\
         import torch

@@ -911,6 +911,13 @@ def capture_step(
         if not isinstance(model, nn.Module):
             raise CaptureError("model", f"the model factory returned {type(model).__name__}, not a torch.nn.Module",
                                where_defined(model_factory))
+        unwrapped = ()
+        if isinstance(model, torch._dynamo.eval_frame.OptimizedModule):
+            # torch.compile(model): the capture compiles the module itself (inductor would run on meta tensors)
+            model = model._orig_mod
+            unwrapped = (f"the model factory returned torch.compile({type(model).__name__}): captured is the module "
+                         "itself, compiled by the capture (its graphs are what torch.compile runs, before inductor's "
+                         "fusion: the fuse-pointwise pass prices that)",)
         if specs is None:
             specs = default_inputs(model, *default_batch)
             batch_shapes = {k: v.shape for k, v in specs.items()}
@@ -955,7 +962,7 @@ def capture_step(
             clip = None if custom else _capture_clip(parts, dm, mesh, plan.max_norm, plan.pp > 1)
             return CapturedStep(parts, mesh, plan_name, axes, param_dtype, local, global_params,
                                 None if custom or parallelize is not None else plan, partitioner, tp_rules, tp_refused,
-                                tuple(notes), clip)
+                                unwrapped + tuple(notes), clip)
         if repeat:
             _check_layers(model.layers)
         _check_batch(batch_shapes, ("tokens", "labels"))
@@ -1015,7 +1022,8 @@ def capture_step(
         _check_groups(parts, axes)
         clip = _capture_clip(parts, dm, mesh, plan.max_norm, plan.pp > 1)  # None unless the parts have norms
         torch._dynamo.reset()
-    return CapturedStep(parts, mesh, plan_name, axes, param_dtype, local, global_params, plan, partitioner, clip=clip)
+    return CapturedStep(parts, mesh, plan_name, axes, param_dtype, local, global_params, plan, partitioner,
+                        notes=unwrapped, clip=clip)
 
 
 class _Stack(nn.Module):
