@@ -419,8 +419,8 @@ def annotate(module: ModuleOp, plan: Plan, rules: Rules) -> None:
             part = name[:-4]
             part_params[part] = [(p, a.type) for i, a in enumerate(fn.body.block.args)
                                  for r, p in [_role(fn, i)] if r == "parameter" and p]
-    kept = kept_through_backward(module, plan, part_params)
     units = dp_units(module) if fsdp_axes(plan) else {}
+    kept = kept_through_backward(module, plan, part_params, units)
     for name, fn in funcs.items():
         part, _, phase = name.rpartition("_")
         if phase == "bwd" and fsdp_axes(plan) and part in part_params:
@@ -459,19 +459,18 @@ def _not_gathered_in_backward(fwd: func.FuncOp, units: dict[str, str]) -> set[st
     return set(order[:max(first - 1, 0)])
 
 
-def kept_through_backward(module: ModuleOp, plan: Plan, part_params: dict) -> frozenset[str]:
+def kept_through_backward(module: ModuleOp, plan: Plan, part_params: dict, units: dict[str, str]) -> frozenset[str]:
     """Parameters FSDP keeps unsharded from forward to backward under ZeRO-3: those of the last part in
     forward order that runs once (the zoo's head: final norm and output; a Hugging Face model's part around
     its blocks), as torchtitan wraps ``[norm, output]`` with ``reshard_after_forward=False`` and FSDP2 never
     reshards its root group: the backward starts there, so gathering again would repeat the forward's
-    gather. A token embedding or a layer that is its own unit (:func:`dp_units`) is still resharded."""
+    gather. A token embedding or a layer that is its own unit (``units``, :func:`dp_units`) is still resharded."""
     if plan.zero != 3 or not fsdp_axes(plan):
         return frozenset()
     once = [n[:-4] for n, count in get_schedule(module) if n.endswith("_fwd") and count == 1]
     if not once or once[-1] not in part_params:
         return frozenset()  # repeated blocks: one unit per layer, each resharded (the last one too)
-    own = dp_units(module)
-    return frozenset(p for p, _ in part_params[once[-1]] if p not in own)
+    return frozenset(p for p, _ in part_params[once[-1]] if p not in units)
 
 
 def _add_param_arg(fn: func.FuncOp, param: str, t: TensorType) -> None:
@@ -623,10 +622,12 @@ def dp_units(module: ModuleOp) -> dict[str, str]:
     the layer (``model.layers.2``): a training script wraps each layer with ``fully_shard`` / ``replicate``.
     The stack is the path before the first all-digit component of a repeated forward's parameter names."""
     units = {p: p for p in embedding_units(module)}
+    funcs = {f.sym_name.data: f for f in module.ops if isinstance(f, func.FuncOp)}
+    repeated = {n for n, count in get_schedule(module) if count > 1}
     stacks = set()
-    for name, count in get_schedule(module):
-        fn = next((f for f in module.ops if isinstance(f, func.FuncOp) and f.sym_name.data == name), None)
-        if count < 2 or fn is None or not name.endswith("_fwd"):
+    for name in repeated:
+        fn = funcs.get(name)
+        if fn is None or not name.endswith("_fwd"):
             continue
         for i in range(len(fn.body.block.args)):
             role, param = _role(fn, i)
@@ -636,15 +637,14 @@ def dp_units(module: ModuleOp) -> dict[str, str]:
                 stacks.add(".".join(parts[:j]))
     if not stacks:
         return units
-    repeated = {n for n, count in get_schedule(module) if count > 1}
-    for fn in module.ops:
-        if not isinstance(fn, func.FuncOp) or fn.sym_name.data in repeated:
+    for name, fn in funcs.items():
+        if name in repeated:
             continue
         for i in range(len(fn.body.block.args)):
             role, param = _role(fn, i)
             if role != "parameter" or not param or param in units:
                 continue
-            for stack in stacks:
+            for stack in sorted(stacks):
                 rest = param[len(stack) + 1:].split(".") if param.startswith(stack + ".") else []
                 if len(rest) > 1 and rest[0].isdigit():
                     units[param] = f"{stack}.{rest[0]}"
