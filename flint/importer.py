@@ -376,6 +376,10 @@ def import_step(step: CapturedStep) -> ModuleOp:
         from flint.sharding.rules import record_tp_rules
 
         record_tp_rules(module, step.tp_rules, step.tp_refused)
+    if step.layers is not None:
+        from flint.sharding.rules import LAYERS_ATTR
+
+        module.attributes[LAYERS_ATTR] = StringAttr(step.layers)
     if step.plan is not None:
         attach(module, step.plan)
         from flint.pipeline import split_by_plan

@@ -620,11 +620,16 @@ def dp_units(module: ModuleOp) -> dict[str, str]:
     the repeated blocks' stack that run outside the blocks (a Hugging Face model's leading layers whose input
     needs no gradient, DeepSeek-V3's dense first layers, the layers after the pattern's last repeat), keyed by
     the layer (``model.layers.2``): a training script wraps each layer with ``fully_shard`` / ``replicate``.
-    The stack is the path before the first all-digit component of a repeated forward's parameter names."""
+    The stack is the path before the first all-digit component of a repeated forward's parameter names, and
+    the one the capture records (``flint.layers``: the stack the captured path's preset wraps layer by layer,
+    whose layers need not repeat, as a ResNet's stages)."""
+    from flint.sharding.rules import LAYERS_ATTR
+
     units = {p: p for p in embedding_units(module)}
     funcs = {f.sym_name.data: f for f in module.ops if isinstance(f, func.FuncOp)}
     repeated = {n for n, count in get_schedule(module) if count > 1}
-    stacks = set()
+    recorded = module.attributes.get(LAYERS_ATTR)
+    stacks = {recorded.data} if isinstance(recorded, StringAttr) else set()
     for name in repeated:
         fn = funcs.get(name)
         if fn is None or not name.endswith("_fwd"):

@@ -227,7 +227,7 @@ class _State:
                                   "(expand a single-device program of aten ops)")
         if phase == "optim" and self.plan.zero == 1 and self.fsdp:
             self._zero1_sync(ex, fn, old, new_args)
-        results, result_sh = self._returns(ex, fn, phase, part, ret, returns, storage)
+        results, result_sh = self._returns(ex, fn, phase, part, ret, returns, storage, new_block)
         new_block.add_op(func.ReturnOp(*results))
         _erase_dead(new_block)
         if phase == "fwd":
@@ -241,14 +241,13 @@ class _State:
             return {}
         fwd = table[part]
         args = fn.body.block.args
+        # AOTAutograd's backward takes the saved values, then the tangents (what follows them the planned path
+        # added); its forward returns the mutated buffers' new values (BatchNorm's running statistics), its
+        # outputs (one per tangent), then the saved values
         n_tangents = sum(1 for i in range(len(args)) if _role(fn, i)[0] == "tangent")
-        saved_idx = [i for i in range(len(args)) if _role(fn, i)[0] != "tangent"]
-        out = {}
-        tail = fwd[n_tangents:]
-        for k, i in enumerate(saved_idx):
-            if k < len(tail):
-                out[i] = tail[k]
-        return out
+        saved_idx = list(range(next((i for i in range(len(args)) if _role(fn, i)[0] == "tangent"), len(args))))
+        tail = fwd[max(len(fwd) - len(saved_idx), n_tangents):]
+        return {i: tail[k] for k, i in enumerate(saved_idx) if k < len(tail)}
 
     # ------------------------------------------------------------ data parallel units
 
@@ -402,7 +401,7 @@ class _State:
                 w = self._aten(ex, "aten.slice.Tensor", [w], TensorType(et, local), dim=0, start=0, end=local[0])
             self._aten(ex, "aten.copy_.default", [new_args[i], w], new_args[i].type)
 
-    def _returns(self, ex, fn, phase, part, ret, returns, storage):
+    def _returns(self, ex, fn, phase, part, ret, returns, storage, block: Block):
         results, shardings = [], []
         grads = []
         for i, r in enumerate(ret.operands):
@@ -429,8 +428,12 @@ class _State:
                 results.append(new)
                 shardings.append(s)
         grads = reduce_expert_grads(self, ex, grads, results, shardings)
-        for unit in reversed(self._units(grads, lambda g: g[3])):
+        units = self._units(grads, lambda g: g[3])
+        for unit in reversed(units):
+            mark = block.last_op
             self._unit_reduce(ex, unit, results, shardings)
+            if len(units) > 1:
+                _issue_after_gradients(block, mark)
         return results, shardings
 
     def _unit_reduce(self, ex, grads, results, shardings) -> None:
@@ -504,6 +507,34 @@ class _State:
             final = Sharding(target.dims)
             shardings[i] = final
             self.grad_sharding[param] = final
+
+
+def _issue_after_gradients(block: Block, mark: Operation | None) -> None:
+    """Move what a unit's reduction emitted after ``mark``, up to its first collective's start (the copy into
+    the flat buffer and the start), to just after the last op computing one of its inputs: a function holding
+    several units (a ResNet's stages, an embedding beside other layers) reduces each once its gradients are
+    computed, not all after the function's last op. (FSDP2's post-backward runs a little later, once the
+    unit's input gradient is computed too; a function's one unit is reduced at its end, where that is.)"""
+    ops: list[Operation] = []
+    o = mark.next_op if mark is not None else block.first_op
+    while o is not None:
+        ops.append(o)
+        if isinstance(o, dist.CollectiveOp):
+            break
+        o = o.next_op
+    if not ops or not isinstance(ops[-1], dist.CollectiveOp):
+        return
+    group = set(ops)
+    producers = {v.owner for op in ops for v in op.operands if isinstance(v.owner, Operation) and v.owner not in group}
+    before = list(block.ops)
+    anchor = next((x for x in reversed(before[:before.index(ops[0])]) if x in producers), None)
+    if anchor is None or anchor is ops[0].prev_op:
+        return
+    for op in ops:
+        op.detach()
+    for op in ops:
+        block.insert_op_after(op, anchor)
+        anchor = op
 
 
 def _erase_dead(block: Block) -> None:

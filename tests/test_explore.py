@@ -181,8 +181,8 @@ def test_model_files_resolve_from_the_space_file_and_are_checked(tmp_path):
 def test_explore_model_files(tmp_path, cache):
     """A Hugging Face causal LM from a model file, swept over TP on the planned path: one single-device
     capture, every plan expanded from it (no point falls back to the captured path). A CNN whose file's
-    example_inputs() gives its batch (float32, so the model dtype too) runs on the captured path
-    (batch norm has no sharding rule: DDP's per-rank statistics and buffer broadcast are not built), saying why."""
+    example_inputs() gives its batch (float32, so the model dtype too) runs on the planned path too (batch norm
+    and pooling split over the batch; it took the captured path when they had no sharding rule)."""
     (tmp_path / "m.py").write_text(LLAMA_FILE)
     space = """
 name = "hf"
@@ -237,7 +237,7 @@ network = "switch"
     assert explore_main([str(p), "--out", str(out), "--cache", str(cache), "--no-progress", "--no-report"]) == 0
     (row,) = _rows(out / "results.db")
     assert row["status"] == "ok", row
-    assert row["outputs"]["path"] == "captured" and "batch_norm" in row["outputs"]["path_note"]
+    assert row["outputs"]["path"] == "planned" and row["outputs"]["path_note"] == "", row
 
 
 def test_planned_path_refusals_name_the_plan_field():

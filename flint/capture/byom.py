@@ -785,6 +785,25 @@ def _layer_pattern(name: str) -> str:
     return re.sub(r"\.\d+(?=\.)", ".*", name)
 
 
+def input_embeddings(model: nn.Module) -> nn.Module | None:
+    """A Hugging Face model's input embedding (``get_input_embeddings``), or None: a model without one (any
+    ``nn.Module``; transformers' vision models, whose ``get_input_embeddings`` raises NotImplementedError)."""
+    return _hf_module(model, "get_input_embeddings")
+
+
+def output_embeddings(model: nn.Module) -> nn.Module | None:
+    """A Hugging Face model's output projection (``get_output_embeddings``), or None (as :func:`input_embeddings`)."""
+    return _hf_module(model, "get_output_embeddings")
+
+
+def _hf_module(model: nn.Module, getter: str) -> nn.Module | None:
+    try:
+        found = getattr(model, getter)() if hasattr(model, getter) else None
+    except NotImplementedError:
+        return None
+    return found if isinstance(found, nn.Module) else None
+
+
 def apply_hf_tp(model: nn.Module, tp_mesh, hf_plan: Mapping[str, str]) -> None:
     """Tensor parallelism as Hugging Face applies it (``transformers.distributed.tensor_parallel.
     apply_tensor_parallelism`` on the resolved plan); a style Flint cannot capture is refused by name."""
@@ -798,8 +817,8 @@ def apply_hf_tp(model: nn.Module, tp_mesh, hf_plan: Mapping[str, str]) -> None:
                            f"'{name}' with '{style}', which Flint does not capture (it captures "
                            f"{', '.join(sorted(HF_TP_STYLES | {HF_GRAD_ALLREDUCE}))}); pass --parallelize with "
                            "your own parallelize_module plan", where_defined(model))
-    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-    out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    emb = input_embeddings(model)
+    out = output_embeddings(model)
     tied = emb is not None and out is not None and out.weight is emb.weight
     # a tied output weight is not a parameter of its own (named_parameters lists it once, under the
     # embedding); Hugging Face shards it at load time before tying, then ties the two again
@@ -846,7 +865,7 @@ def planned_tp_rules(model: nn.Module) -> tuple[tuple[tuple[str, int], ...] | No
         return None, ""
     modules = dict(model.named_modules())
     params = dict(model.named_parameters())
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    head = output_embeddings(model)
     rules: dict[str, int] = {}
     for name, style in sorted(plan.items()):
         if name not in params or style == HF_GRAD_ALLREDUCE:
@@ -995,8 +1014,8 @@ def preset_parallelize(plan, model: nn.Module, blocks_path: str | None,
             grouped.update(id(p) for x in (m if isinstance(m, list) else [m]) for p in x.parameters())
             wrap(m, **extra)
 
-        emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-        out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        emb = input_embeddings(model)
+        out = output_embeddings(model)
         tied = emb is not None and out is not None and out.weight is emb.weight
         if emb is not None and not tied:
             group(emb)

@@ -190,9 +190,12 @@ class _LastStage(nn.Module):
 def _stage_order(call: nn.Module, args: Sequence[torch.Tensor], blocks: nn.Module, keys: Sequence[str]):
     """Where each parameter is read in the model's forward, relative to the layers ``keys`` of the stack: one
     eager run on fake tensors, before the parallelize function. Returns (per parameter name, the call times of
-    the modules holding it; per layer key, the (start, end) times of its call)."""
+    the modules holding it; per layer key, the (start, end) times of its call; per buffer name, as per
+    parameter)."""
     names = {id(p): n for n, p in call.model.named_parameters()}
+    buffer_names = {id(b): n for n, b in call.model.named_buffers()}
     used: dict[str, list[int]] = {}
+    buffers: dict[str, list[int]] = {}
     spans: dict[str, list[int]] = {}
     clock = [0]
 
@@ -205,9 +208,12 @@ def _stage_order(call: nn.Module, args: Sequence[torch.Tensor], blocks: nn.Modul
         for p in mod._parameters.values():
             if p is not None and id(p) in names:
                 used.setdefault(names[id(p)], []).append(t)
+        for b in mod._buffers.values():
+            if b is not None and id(b) in buffer_names:
+                buffers.setdefault(buffer_names[id(b)], []).append(t)
 
     handles = [m.register_forward_pre_hook(on_call, with_kwargs=True) for m in call.model.modules()
-               if any(p is not None for p in m._parameters.values())]
+               if any(p is not None for p in (*m._parameters.values(), *m._buffers.values()))]
 
     def enter(key: str) -> Callable:
         def hook(mod, a) -> None:  # noqa: ANN001
@@ -223,14 +229,14 @@ def _stage_order(call: nn.Module, args: Sequence[torch.Tensor], blocks: nn.Modul
         handles.append(blocks._modules[key].register_forward_pre_hook(enter(key)))
         handles.append(blocks._modules[key].register_forward_hook(leave(key)))
     _run_on_fake(call, args, handles, grad=False)
-    return used, {k: tuple(v) for k, v in spans.items()}
+    return used, {k: tuple(v) for k, v in spans.items()}, buffers
 
 
 def _stage_params(order, run: Sequence[str], source: Any, strict: bool = True) -> tuple[set[str], set[str]]:
     """(the first stage's, the last stage's) parameter names: those read before the run's first layer and after
     its last (:func:`_stage_order`). One read on both sides (tied input and output embeddings) is refused
     (``strict``: pipeline stages), else kept on the first side (:func:`_why_one_part` then keeps one part)."""
-    used, spans = order
+    used, spans, _ = order
     start, end = spans[run[0]][0], spans[run[-1]][1]
     first = {n for n, ts in used.items() if any(t < start for t in ts)}
     last = {n for n, ts in used.items() if any(t > end for t in ts)}
@@ -242,6 +248,17 @@ def _stage_params(order, run: Sequence[str], source: Any, strict: bool = True) -
                         "would each hold them, which torch's pipelining does not share; untie them "
                         "(tie_word_embeddings = False) or capture without pp", source)
     return first, last
+
+
+def _buffer_sides(order, run: Sequence[str]) -> tuple[set[str], set[str]]:
+    """(the buffers only the work before the repeated run reads, those only the work after it reads): a stage's
+    part runs the other's modules too, for nothing but their buffer updates (BatchNorm's running statistics),
+    which are the other part's work (:func:`_stage_order`)."""
+    _, spans, buffers = order
+    start, end = spans[run[0]][0], spans[run[-1]][1]
+    before = {n for n, ts in buffers.items() if any(t < start for t in ts)}
+    after = {n for n, ts in buffers.items() if any(t > end for t in ts)}
+    return before - after, after - before
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -503,17 +520,19 @@ def _why_one_part(sides: tuple[set[str], set[str]], root: nn.Module, in_run: set
 
 
 def _capture_stages(call: nn.Module, holder: _Holder, args: Sequence[torch.Tensor], block_out: torch.Tensor,
-                    sides: tuple[set[str], set[str]], in_run: set[int], infos: dict[int, ParamInfo],
-                    capture_part: Callable, kw: dict[str, Any]) -> list[Any]:
+                    sides: tuple[set[str], set[str]], buffers: tuple[set[str], set[str]], in_run: set[int],
+                    infos: dict[int, ParamInfo], capture_part: Callable, kw: dict[str, Any]) -> list[Any]:
     """Parts ``first_stage`` (the model's forward up to the repeated run, returning the hidden state it sends)
     and ``last_stage`` (from the hidden state the run returns to the loss), each holding the parameters it reads
     (``sides``, :func:`_stage_params`; a parameter read on neither side, outside the run, stays with the first
-    stage, whose capture then names it as lacking a gradient)."""
+    stage, whose capture then names it as lacking a gradient) and updating the buffers only its side reads
+    (``buffers``, :func:`_buffer_sides`: each part runs the whole forward, the other side's work dead but for
+    those updates, which it leaves out)."""
     name = lambda p: infos[id(p)].name if id(p) in infos else None  # noqa: E731
     last = lambda p: name(p) in sides[1]  # noqa: E731
     first = lambda p: id(p) not in in_run and not last(p)  # noqa: E731
     fpart, hidden = capture_part("first_stage", _FirstStage(call, holder), args, ("input",) * len(args), 1,
-                                 only=first, **kw)
+                                 only=first, others_update=buffers[1], **kw)
     _check_gradients(call, infos, "first_stage", first)
     if tuple(hidden.shape) != tuple(block_out.shape) or hidden.dtype != block_out.dtype:
         raise CaptureError("model", f"the repeated layers take a {list(hidden.shape)} {hidden.dtype} hidden state "
@@ -523,7 +542,7 @@ def _capture_stages(call: nn.Module, holder: _Holder, args: Sequence[torch.Tenso
         p.grad = None
     h = _fresh(block_out.detach().requires_grad_())
     lpart, _ = capture_part("last_stage", _LastStage(call, holder), (h, *args),
-                            ("activation",) + ("input",) * len(args), 1, only=last, **kw)
+                            ("activation",) + ("input",) * len(args), 1, only=last, others_update=buffers[0], **kw)
     _check_gradients(call, infos, "last_stage", last)
     return [fpart, lpart]
 
@@ -607,7 +626,8 @@ def _without_hooks(capture_part: Callable, hooks: Sequence[tuple[str, nn.Module,
 
 
 def capture_generic(model: nn.Module, dm, mesh, inputs: Mapping[str, InputSpec], **kw):
-    """(parts, local batch shapes) of ``model`` (see the module docstring). A failure while a
+    """(parts, local batch shapes, notes, the path of the stack whose layers the preset wraps one by one or
+    None) of ``model`` (see the module docstring). A failure while a
     floating-point input is given a dtype other than the model's says so (the likely cause: a float32
     input into a model cast to bfloat16 fails inside the first layer, far from its cause)."""
     try:
@@ -663,7 +683,8 @@ def _capture_generic(model: nn.Module, dm, mesh, inputs: Mapping[str, InputSpec]
     order = _stage_order(CallModel(model, list(inputs), targets, loss), args, blocks, run) \
         if run and plan is not None else None
     staged = order is not None and plan.pp > 1
-    if parallelize is None and plan is not None:
+    preset = parallelize is None and plan is not None
+    if preset:
         # the preset applies the plan's activation checkpointing to the found blocks
         parallelize = preset_parallelize(plan, model, stack.path if stack else None,
                                          _stage_params(order, run, plan.source) if staged else None)
@@ -773,7 +794,8 @@ def _capture_generic(model: nn.Module, dm, mesh, inputs: Mapping[str, InputSpec]
         try:
             if holder is not None:
                 try:
-                    parts = _capture_stages(call, holder, args, block_out, sides, in_run, infos, capture_part, kw)
+                    parts = _capture_stages(call, holder, args, block_out, sides, _buffer_sides(order, run), in_run,
+                                            infos, capture_part, kw)
                 except CaptureError as e:
                     if staged:
                         raise
@@ -806,4 +828,5 @@ def _capture_generic(model: nn.Module, dm, mesh, inputs: Mapping[str, InputSpec]
         mpart, _ = capture_part("model", call, args, ("input",) * len(args), 1, **kw)
         _check_gradients(call, infos, "model")
         parts = [mpart]
-    return parts, local, notes
+    # the stack whose layers the preset wraps one by one (the planned path's FSDP / DDP units, flint.layers)
+    return parts, local, notes, stack.path if stack is not None and preset else None

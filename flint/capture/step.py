@@ -25,7 +25,7 @@ import traceback
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Collection, Iterator, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
@@ -141,6 +141,9 @@ class CapturedStep:
     # gradient-norm clipping's step-wide part (plan field max_norm): the total norm's all-reduces and the
     # scaling coefficient, between the parts' norm graphs and their optimizer graphs; function @grad_clip
     clip: CapturedGraph | None = None
+    # the stack whose layers the plan's preset wraps each as an FSDP / DDP unit (a model file's; the planned
+    # path's units, :func:`flint.passes.shard_annotate.dp_units`)
+    layers: str | None = None
 
     def part(self, name: str) -> CapturedPart:
         return next(p for p in self.parts if p.name == name)
@@ -235,6 +238,8 @@ class _Capture:
     fwd: torch.fx.GraphModule | None = None
     bwd: torch.fx.GraphModule | None = None
     inputs: list[tuple[str, Any]] = field(default_factory=list)  # dynamo placeholder (source, example)
+    # the forward's placeholders whose new values its leading outputs are, in order (mutated buffers)
+    mutated: list[str] = field(default_factory=list)
 
 
 _EAGER_SDPA = torch.nn.functional.scaled_dot_product_attention
@@ -320,6 +325,20 @@ def _python_data_as_constants() -> Iterator[None]:
         fake_tensor_tls.allow_non_fake_inputs_override = old
 
 
+def _results_of(gm: torch.fx.GraphModule) -> Callable:
+    """A stand-in for running the captured backward ``gm``: empty meta tensors shaped, strided and typed as its
+    traced results (the parameters' gradients). Nothing reads their values, and running the graph on meta tensors
+    can fail where tracing succeeded: a meta kernel may lay a result out otherwise than the fake kernel did (a
+    ConvNeXt stride-2 convolution's weight gradient, channels-last at run time, then viewed as contiguous)."""
+    out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+    metas = [n.meta.get("val") if isinstance(n, torch.fx.Node) else None for n in out]
+
+    def results(*args: Any) -> list[torch.Tensor | None]:
+        return [torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device="meta")
+                if isinstance(v, torch.Tensor) else v for v in metas]
+    return results
+
+
 def _compile_part(module: nn.Module, args: Sequence[torch.Tensor], part: str,
                   partitioner: str = "min-cut") -> tuple[_Capture, torch.Tensor]:
     """Run ``module(*args)`` and its backward through torch.compile, keeping the graphs; ``partitioner``
@@ -330,11 +349,17 @@ def _compile_part(module: nn.Module, args: Sequence[torch.Tensor], part: str,
         if cap.fwd is not None:
             raise CaptureError(part, "the part compiled into more than one forward graph")
         cap.fwd = gm
+        placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+        context = torch._guards.TracingContext.try_get()
+        meta = getattr(context, "fw_metadata", None)
+        # AOTAutograd returns the new values of the inputs it mutates (BatchNorm's running statistics) first
+        cap.mutated = [placeholders[i] for i in getattr(meta, "mutated_inp_runtime_indices", ())
+                       if i < len(placeholders)]
         return make_boxed_func(gm.forward)
 
     def bw_compiler(gm: torch.fx.GraphModule, example_inputs: Any) -> Callable:
         cap.bwd = gm
-        return make_boxed_func(gm.forward)
+        return make_boxed_func(_results_of(gm))
 
     aot = aot_autograd(fw_compiler=fw_compiler, bw_compiler=bw_compiler,
                        partition_fn=partition_fn(partitioner))
@@ -663,11 +688,13 @@ def _capture_part(name: str, module: nn.Module, args: Sequence[torch.Tensor], in
                   repeat: int, infos: dict[int, ParamInfo], buffers: dict[int, str], optimizer: str | None,
                   partitioner: str = "min-cut", master: torch.dtype | None = None,
                   only: Callable[[torch.Tensor], bool] | None = None,
-                  clip: bool = False, impl: str = "for-loop") -> tuple[CapturedPart, torch.Tensor]:
+                  clip: bool = False, impl: str = "for-loop",
+                  others_update: Collection[str] = ()) -> tuple[CapturedPart, torch.Tensor]:
     """``only``: the parameters of ``module`` the part holds (a pipeline stage's, when ``module`` runs the whole
-    model but computes one stage); default all. ``clip``: with gradient-norm clipping (the part's norm graph,
-    and an optimizer that scales its gradients). ``impl``: the optimizer's form (plan field ``optimizer_impl``,
-    :func:`_capture_optimizer`)."""
+    model but computes one stage); default all. ``others_update``: buffers another part updates (with ``only``:
+    their updates here are that part's work, dropped with it). ``clip``: with gradient-norm clipping (the part's
+    norm graph, and an optimizer that scales its gradients). ``impl``: the optimizer's form (plan field
+    ``optimizer_impl``, :func:`_capture_optimizer`)."""
     mine = [p for p in module.parameters() if only is None or only(p)]
     groups = [g for g in module.modules() if isinstance(g, ParamGroup)
               and (only is None or any(only(p) for p in g.local.values()))]
@@ -694,7 +721,7 @@ def _capture_part(name: str, module: nn.Module, args: Sequence[torch.Tensor], in
         pre_backward_unshard(cap.bwd, fsdp_groups)  # FSDP2 gathers before the unit's backward ops
     fwd_roles = _fwd_roles(cap, infos, buffers, input_kinds)
     if only is not None:
-        _drop_dead(cap, fwd_roles)
+        _drop_dead(cap, fwd_roles, others_update)
     fwd = CapturedGraph("fwd", cap.fwd, fwd_roles)
     bwd = CapturedGraph("bwd", cap.bwd, _bwd_roles(cap.bwd, fwd_roles)) if cap.bwd is not None else None
     optim = _capture_optimizer(mine, infos, master, clip, impl) if optimizer else None
@@ -703,10 +730,11 @@ def _capture_part(name: str, module: nn.Module, args: Sequence[torch.Tensor], in
     return CapturedPart(name, repeat, fwd, bwd, optim, params, norm), out
 
 
-def _drop_dead(cap: _Capture, roles: dict[str, Role]) -> None:
+def _drop_dead(cap: _Capture, roles: dict[str, Role], others_update: Collection[str] = ()) -> None:
     """Remove from the forward what a part that runs the whole model but computes one stage of it leaves dead:
     the other stage's ops AOTAutograd keeps (a functional collective's wait counts as impure there: the other
-    stage's FSDP gathers stay) and the parameters only they read. (The backward is left as captured: a forced
+    stage's FSDP gathers stay; the other stage's buffer updates, ``others_update``, returned as outputs) and the
+    parameters only they read. (The backward is left as captured: a forced
     FSDP re-gather, ``ParamGroup.backward_unshard``, is dead code there on purpose.)"""
     def impure(node: torch.fx.Node) -> bool:
         if node.op != "call_function":
@@ -716,6 +744,10 @@ def _drop_dead(cap: _Capture, roles: dict[str, Role]) -> None:
 
     graph = cap.fwd.graph
     out = next(n for n in graph.nodes if n.op == "output")
+    theirs = {i for i, n in enumerate(cap.mutated) if n in roles and roles[n].param in others_update}
+    if theirs:  # AOTAutograd returns the mutated inputs' new values first
+        out.args = (type(out.args[0])(r for i, r in enumerate(out.args[0]) if i not in theirs),)
+        cap.mutated = [n for i, n in enumerate(cap.mutated) if i not in theirs]
     if cap.bwd is not None and isinstance(out.args[0], (tuple, list)):
         # values saved for the backward that it does not read (the other stage's parameters): AOTAutograd's
         # forward returns its outputs then the saved values, which lead the backward's arguments, in order
@@ -950,7 +982,7 @@ def capture_step(
 
                 tp_rules, tp_refused = planned_tp_rules(model)
             with eager_mask_decisions(specs):
-                parts, local, notes = capture_generic(
+                parts, local, notes, layers = capture_generic(
                     model, dm, mesh, specs, parallelize=fn, plan=None if custom else plan, loss=loss,
                     repeat=repeat, capture_part=capture_part, param_dtype=param_dtype, data_axes=data_axes,
                     local_batch=_local_batch, optimizer=optimizer, buffers=buffers)
@@ -962,7 +994,7 @@ def capture_step(
             clip = None if custom else _capture_clip(parts, dm, mesh, plan.max_norm, plan.pp > 1)
             return CapturedStep(parts, mesh, plan_name, axes, param_dtype, local, global_params,
                                 None if custom or parallelize is not None else plan, partitioner, tp_rules, tp_refused,
-                                unwrapped + tuple(notes), clip)
+                                unwrapped + tuple(notes), clip, layers)
         if repeat:
             _check_layers(model.layers)
         _check_batch(batch_shapes, ("tokens", "labels"))

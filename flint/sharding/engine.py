@@ -1059,6 +1059,39 @@ class FunctionExpander:
                     [lead(r) if k == "input" else Sharding.replicated(len(shape_of(r))).with_partial(batch)
                      for k, r in zip(kinds, op.outputs)], batch)
 
+    def rule_per_sample(self, op: AtenOp) -> Rule:
+        """Pooling and resampling (and their backward): per sample and channel over the spatial dims, so dim 0 of
+        every tensor keeps the first operand's batch split and the other dims are whole (a channel or spatial
+        split is gathered first)."""
+        batch = self.sharding(op.inputs[0]).dims[0] if shape_of(op.inputs[0]) else ()
+
+        def shard(v) -> Sharding:
+            k = len(shape_of(v))
+            return Sharding((batch,) + ((),) * (k - 1)) if k else Sharding.replicated(0)
+
+        return Rule([shard(v) for v in op.inputs], [shard(r) for r in op.outputs])
+
+    def rule_batch_norm(self, op: AtenOp) -> Rule:
+        """Batch norm (forward in training or eval, and its backward) over the batch: dim 0 of the activations
+        keeps its split, their other dims are whole (a channel or spatial split is gathered first); the
+        per-channel tensors (weight, bias, running and saved statistics) are whole. Each rank normalizes by its
+        own batch's statistics and updates its own running statistics, as DDP and FSDP run ``BatchNorm``
+        (``SyncBatchNorm`` would reduce them; no collective here), so those results are each rank's values,
+        not pending sums. The weight and bias gradients sum over the batch: pending sums over its axes,
+        reduced with the other gradients."""
+        backward = op.overload.split(".")[1] == "native_batch_norm_backward"
+        ins = list(op.inputs)
+        x = ins[1] if backward else ins[0]
+        batch = self.sharding(x).dims[0]
+
+        def shard(v) -> Sharding:
+            k = len(shape_of(v))
+            return Sharding((batch,) + ((),) * (k - 1)) if k > 1 else Sharding.replicated(k)
+
+        res = [shard(r) if len(shape_of(r)) > 1 or not backward else shard(r).with_partial(batch)
+               for r in op.outputs]
+        return Rule([shard(v) for v in ins], res, batch if backward else ())
+
     def rule_layer_norm(self, op: AtenOp) -> Rule:
         name = op.overload.split(".")[1]
         norm = len(int_list(_arg(op, "normalized_shape")) or [1])

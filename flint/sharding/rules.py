@@ -119,6 +119,9 @@ def load_rules(path: str | None = None) -> Rules:
 # reproduce it, so that its expansion splits what the captured path splits.
 TP_RULES_ATTR = "flint.tp_rules"
 TP_REFUSED_ATTR = "flint.tp_refused"
+# the stack of layers (a model file's, flint.capture.byom.find_layers) whose layers the captured path's preset wraps
+# each as an FSDP / DDP unit: the planned path's units (flint.passes.shard_annotate.dp_units)
+LAYERS_ATTR = "flint.layers"
 # a model whose mixture-of-experts layers neither path splits over tp (its refusal reason says so)
 MOE_TP_REFUSED = "mixture-of-experts layers are split over tp on neither path"
 

@@ -27,12 +27,15 @@
 // FSDP:      dist.reduce_scatter {{.*}} : tensor<512xf32> -> !dist.future<tensor<256xf32>>
 // FSDP-NOT:  {{= dist\.(all|reduce)}}
 
-// With dp_replicate (DDP): one all-reduce per unit (the embedding's, then the output projection's: backward order).
+// With dp_replicate (DDP): one all-reduce per unit, each issued once its gradients are computed (the output
+// projection's after its weight gradient, the embedding's after the embedding's backward), not both at the end.
 // DDP:      func.func @model_fwd
 // DDP-NOT:  dist.
 // DDP:      "aten.nll_loss_backward.default"
-// DDP:      "aten.embedding_dense_backward.default"
+// DDP:      %[[HG:.*]] = aten.op "aten.mm.default"(%{{.*}}, %x) {{.*}} -> tensor<32x16xf32>
 // DDP:      dist.all_reduce {{.*}} reduction = average : tensor<512xf32> -> !dist.future<tensor<512xf32>>
+// DDP-NEXT: aten.op "aten.mm.default"(%{{.*}}, %head)
+// DDP:      "aten.embedding_dense_backward.default"
 // DDP:      dist.all_reduce {{.*}} reduction = average : tensor<512xf32> -> !dist.future<tensor<512xf32>>
 // DDP-NOT:  {{= dist\.(all|reduce)}}
 

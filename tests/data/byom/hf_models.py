@@ -325,6 +325,54 @@ def convnet():
     return ConvNet()
 
 
+class ResidualBlock(nn.Module):
+    def __init__(self, c: int) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(c, c, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(c)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return F.relu(h + self.bn(self.conv(h)))
+
+
+class CNNStack(nn.Module):
+    """Batch norm before, inside and after a stack of identical residual blocks (a repeated block between two
+    stage parts, each of which runs the whole forward: the other side's batch-norm updates are dead there)."""
+
+    def __init__(self, c: int = 8, n: int = 3) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, c, 3, padding=1, bias=False), nn.BatchNorm2d(c), nn.ReLU())
+        self.layers = nn.ModuleList(ResidualBlock(c) for _ in range(n))
+        self.head_conv = nn.Conv2d(c, 2 * c, 3, stride=2, padding=1, bias=False)
+        self.head_bn = nn.BatchNorm2d(2 * c)
+        self.fc = nn.Linear(2 * c, 10)
+
+    def forward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        h = self.stem(x)
+        for layer in self.layers:
+            h = layer(h)
+        h = F.adaptive_avg_pool2d(F.relu(self.head_bn(self.head_conv(h))), 1).flatten(1)
+        return F.cross_entropy(self.fc(h), target)
+
+
+def cnn_stack():
+    return CNNStack()
+
+
+def resnet():  # Hugging Face's ResNet: batch norm, max pooling, stages of unlike blocks; no input embedding
+    from transformers import ResNetConfig, ResNetForImageClassification
+
+    return ResNetForImageClassification(ResNetConfig(embedding_size=8, hidden_sizes=[8, 16, 16, 32],
+                                                     depths=[1, 1, 2, 1], layer_type="basic", num_labels=10))
+
+
+def convnext():  # Hugging Face's ConvNeXt: depthwise 7x7 convolutions, stride-2 downsampling, layer scale
+    from transformers import ConvNextConfig, ConvNextForImageClassification
+
+    return ConvNextForImageClassification(ConvNextConfig(hidden_sizes=[8, 16, 16, 32], depths=[1, 1, 2, 1],
+                                                         num_labels=10))
+
+
 class Encoder(nn.Module):
     """torch's own nn.TransformerEncoder, whose forward reads its first layer's attributes
     (``layers[0].self_attn.batch_first``) before running the layers."""
