@@ -646,7 +646,9 @@ def test_vision_models_expand_and_agree_with_the_captured_path(name, recipe):
     (they were all issued after the function's last op). Its capture at world size 2 failed before the planned path was
     reached (transformers' vision models raise NotImplementedError from get_input_embeddings). ConvNeXt under
     FSDP 2 failed in the capture (its stride-2 convolution's weight gradient, laid out channels-last by the meta
-    kernel when the captured backward ran); the backward's results are now its traced ones, not run.
+    kernel when the captured backward ran); the backward's results are now its traced ones, not run. ResNet's
+    collectives are also those of a real step of PyTorch's FSDP2 / replicate on gloo, each stage and the root
+    wrapped (tests/data/vision_distributed_run.py): every count and input byte per phase.
     A stack of identical blocks with batch norm before, inside and after it: each stage part runs the whole
     forward, and the other side's batch-norm updates kept its convolutions alive (the stem's convolution counted
     twice; shard-annotate then failed on the gradients). There the captured preset's root group holds the stem
@@ -677,12 +679,29 @@ def test_vision_models_expand_and_agree_with_the_captured_path(name, recipe):
     exp, cap = summarize_program(m), summarize_program(cm)
     assert exp.flops == cap.flops
     if name == "resnet":  # each stage's gradients reduced once computed, the first before the stem's backward
+        import json
+        import subprocess
+        import sys
+        from collections import Counter
+        from pathlib import Path
+
         from xdsl.dialects import func
 
         bwd = next(f for f in m.ops if isinstance(f, func.FuncOp) and f.sym_name.data == "model_bwd")
         ops = list(bwd.body.block.ops)
         first = next(i for i, o in enumerate(ops) if o.name in ("dist.all_reduce", "dist.reduce_scatter"))
         assert first < max(i for i, o in enumerate(ops) if getattr(o, "overload", "").startswith("aten.convolution_b"))
+        # and a real step of PyTorch's FSDP2 / replicate on gloo, wrapped as the preset wraps it, issues the same
+        script = Path(__file__).parent / "data" / "vision_distributed_run.py"
+        run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                              str(script), name, recipe, IMAGES[name]], capture_output=True, text=True, timeout=600)
+        assert run.returncode == 0, run.stderr[-4000:]
+        real = json.loads(next(line for line in run.stdout.splitlines() if line.startswith("{")))
+        count, nbytes = Counter(), Counter()
+        for (kind, _, phase), n in exp.collectives.items():
+            count[f"{kind} {phase}"] += n
+            nbytes[f"{kind} {phase}"] += exp.collective_bytes[(kind, _, phase)]
+        assert real["unknown"] == {} and dict(count) == real["count"] and dict(nbytes) == real["bytes"]
     if name != "cnn_stack":
         assert dict(exp.collectives) == dict(cap.collectives) and len(cap.collectives) == (1 if recipe == "dp" else 3)
         assert dict(exp.collective_bytes) == dict(cap.collective_bytes)
