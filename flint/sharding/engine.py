@@ -77,6 +77,12 @@ def int_list(attr: Attribute | None) -> list[int] | None:
     return None
 
 
+def _batch_lead(batch: tuple[str, ...], v: SSAValue) -> Sharding:
+    """``v``'s dim 0 split over ``batch``, its other dims whole (whole if it is a scalar)."""
+    rank = len(shape_of(v))
+    return Sharding((batch,) + ((),) * (rank - 1)) if rank else Sharding.replicated(0)
+
+
 def _arg(op: AtenOp, name: str) -> Attribute | None:
     return op.args.data.get(name) if op.args is not None else None
 
@@ -1041,10 +1047,7 @@ class FunctionExpander:
         name = op.overload.split(".")[1]
         x = op.inputs[0]
         batch = self.sharding(x).dims[0]
-
-        def lead(v) -> Sharding:
-            return Sharding((batch,) + ((),) * (len(shape_of(v)) - 1))
-
+        lead = lambda v: _batch_lead(batch, v)  # noqa: E731
         if name == "convolution":
             return Rule([lead(x)] + [Sharding.replicated(len(shape_of(v))) for v in op.inputs[1:]],
                         [lead(op.outputs[0])])
@@ -1064,12 +1067,7 @@ class FunctionExpander:
         every tensor keeps the first operand's batch split and the other dims are whole (a channel or spatial
         split is gathered first)."""
         batch = self.sharding(op.inputs[0]).dims[0] if shape_of(op.inputs[0]) else ()
-
-        def shard(v) -> Sharding:
-            k = len(shape_of(v))
-            return Sharding((batch,) + ((),) * (k - 1)) if k else Sharding.replicated(0)
-
-        return Rule([shard(v) for v in op.inputs], [shard(r) for r in op.outputs])
+        return Rule([_batch_lead(batch, v) for v in op.inputs], [_batch_lead(batch, r) for r in op.outputs])
 
     def rule_batch_norm(self, op: AtenOp) -> Rule:
         """Batch norm (forward in training or eval, and its backward) over the batch: dim 0 of the activations
@@ -1084,9 +1082,8 @@ class FunctionExpander:
         x = ins[1] if backward else ins[0]
         batch = self.sharding(x).dims[0]
 
-        def shard(v) -> Sharding:
-            k = len(shape_of(v))
-            return Sharding((batch,) + ((),) * (k - 1)) if k > 1 else Sharding.replicated(k)
+        def shard(v) -> Sharding:  # the activations split over the batch, the per-channel tensors whole
+            return _batch_lead(batch, v) if len(shape_of(v)) > 1 else Sharding.replicated(len(shape_of(v)))
 
         res = [shard(r) if len(shape_of(r)) > 1 or not backward else shard(r).with_partial(batch)
                for r in op.outputs]

@@ -82,12 +82,19 @@ def main():
     config = DistributedConfig(fsdp_size=fsdp, ep_size=ep, dp_replicate_size=replicate)
     cfg, _, mesh = type(model).prepare_distribute_model(config)
     model = type(model).maybe_distribute_model(model, cfg, mesh)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     ids = torch.randint(0, 256, (4 // (fsdp * replicate), 32))
-    for _ in range(2):  # the first step initializes the optimizer state
+    report_second_step(model, {"input_ids": ids, "labels": ids})
+
+
+def report_second_step(model, batch: dict) -> None:
+    """Two training steps of ``model`` on ``batch`` with AdamW (the first initializes the optimizer state); rank 0
+    prints the second step's collectives as JSON; then the process group ends."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for _ in range(2):
         seen = Collectives()
         with seen:
-            loss = model(input_ids=ids, labels=ids).loss
+            out = model(**batch)
+            loss = out.loss if hasattr(out, "loss") else out
             seen.phase = "bwd"
             loss.backward()
             seen.phase = "optim"

@@ -9,13 +9,12 @@ stages), then to the root; INPUTS, Flint's ``--inputs`` syntax with global shape
 BatchNorm runs as in any DDP / FSDP run: each rank's own batch statistics. The second step's collectives, by kind
 and phase (forward, backward, optimizer): count and input bytes, printed as JSON by rank 0.
 """
-import json
 import os
 import sys
 
 import torch
 import torch.distributed as dist
-from hf_distributed_run import Collectives
+from hf_distributed_run import report_second_step
 from torch.distributed._composable.replicate_with_fsdp import replicate
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
@@ -38,25 +37,11 @@ def main() -> None:
     for layer in model.get_submodule(stack.path).children():
         wrap(layer)
     wrap(model)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     batch = {}
     for key, spec in parse_inputs(inputs).items():
         shape = (spec.shape[0] // world, *spec.shape[1:])
         batch[key] = torch.randint(0, 10, shape) if spec.dtype == torch.int64 else torch.randn(shape)
-    for _ in range(2):  # the first step initializes the optimizer state
-        seen = Collectives()
-        with seen:
-            out = model(**batch)
-            loss = out.loss if hasattr(out, "loss") else out
-            seen.phase = "bwd"
-            loss.backward()
-            seen.phase = "optim"
-            opt.step()
-        opt.zero_grad()
-    if dist.get_rank() == 0:
-        print(json.dumps({"count": seen.count, "bytes": seen.bytes, "unknown": seen.unknown}, sort_keys=True))
-    dist.destroy_process_group()
-
+    report_second_step(model, batch)
 
 if __name__ == "__main__":
     main()
